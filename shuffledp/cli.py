@@ -1,0 +1,53 @@
+"""The ``shuffledp`` command line: one sub-command per module.
+
+Each command module exposes ``add_parser(subparsers)``, which registers its
+sub-command and sets ``func`` (a callable taking the parsed ``argparse.Namespace``
+and returning an exit code). Commands import their heavy dependencies lazily so
+``shuffledp --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from shuffledp import __version__
+
+#: Modules that provide sub-commands, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "shuffledp.simulate_cli",
+    "shuffledp.account_cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shuffledp",
+        description="Differentially private statistics in the local and shuffle models.",
+    )
+    parser.add_argument("--version", action="version", version=f"shuffledp {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:  # a command whose module is not built yet
+            if exc.name != name:
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
