@@ -1,0 +1,96 @@
+"""The analyzer's coordinator: drives multi-round protocols over a channel.
+
+For each round it builds a RoundSpec, signs it, subscribes to the round's batch
+topic, announces the spec to the shuffler, waits for the shuffled batch (until the
+round's deadline plus a grace period) and opens it. :meth:`Coordinator.scalar_mean`
+runs Algorithm 1 (range round, then mean round) this way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass
+
+from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
+from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
+from shuffledp.analyzer.service import Analyzer, OpenedBatch
+from shuffledp.protocol import codec
+from shuffledp.protocol.channel import Channel, announce_topic, batch_topic
+from shuffledp.protocol.errors import BatchTooSmall
+from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundSpec, ShuffledBatch
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One completed round: its spec, what was opened, and the bytes the batch took."""
+
+    spec: RoundSpec
+    opened: OpenedBatch
+    batch_bytes: int
+
+
+@dataclass(frozen=True)
+class ScalarMeanOutcome:
+    found_range: RangeEstimate
+    mean: MeanEstimate
+    rounds: tuple[RoundRecord, RoundRecord]
+
+
+class Coordinator:
+    """Runs rounds of one session against a shuffler reachable over ``channel``."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        analyzer: Analyzer,
+        *,
+        session_id: bytes | None = None,
+        round_timeout: float = 60.0,
+        grace: float = 5.0,
+    ) -> None:
+        self.channel = channel
+        self.analyzer = analyzer
+        self.session_id = session_id if session_id is not None else os.urandom(SESSION_ID_BYTES)
+        self.round_timeout = round_timeout
+        self.grace = grace
+        self._next_round = 0
+
+    async def run_round(
+        self, params: MechanismParams, epsilon0: float, min_batch: int, *, delta0: float = 0.0
+    ) -> RoundRecord:
+        spec = RoundSpec(
+            session_id=self.session_id,
+            round_id=self._next_round,
+            params=params,
+            epsilon0=epsilon0,
+            delta0=delta0,
+            analyzer_key=self.analyzer.keys.hpke_public,
+            min_batch=min_batch,
+            deadline=time.time() + self.round_timeout,
+        )
+        self._next_round += 1
+        batches = await self.channel.subscribe(batch_topic(self.session_id, spec.round_id))
+        try:
+            await self.channel.publish(announce_topic(self.session_id), self.analyzer.sign_spec(spec), retain=True)
+            try:
+                data = await asyncio.wait_for(batches.get(), timeout=self.round_timeout + self.grace)
+            except asyncio.TimeoutError:
+                raise BatchTooSmall(
+                    f"round {spec.round_id}: no batch of at least {min_batch} reports by the deadline"
+                ) from None
+        finally:
+            await batches.close()
+        batch = codec.decode(data, ShuffledBatch)
+        return RoundRecord(spec, self.analyzer.open_batch(batch, spec), len(data))
+
+    async def scalar_mean(self, config: ScalarMeanConfig, min_batch: int) -> ScalarMeanOutcome:
+        """Algorithm 1 over the channel: range at eps0/2, then the projected mean at eps0/2."""
+        first = await self.run_round(config.range_params(), config.round_epsilon, min_batch)
+        found = estimate_range(first.opened.values[:, 0], first.opened.values[:, 1], config)
+        second = await self.run_round(
+            config.mean_params(found), config.round_epsilon, min_batch, delta0=config.delta0
+        )
+        mean = estimate_mean(second.opened.values[:, 0], second.spec.params)
+        return ScalarMeanOutcome(found, mean, (first, second))

@@ -1,0 +1,59 @@
+"""The client's own ledger of local privacy spent.
+
+A device answers a round only if its budget allows. Local guarantees of one
+user's answers compose by basic composition (Dwork & Roth 2014, Thm. 3.16):
+answering rounds with ``(eps_i, delta_i)`` is ``(sum eps_i, sum delta_i)``-LDP.
+That is an upper bound valid for any adaptively chosen sequence of rounds, and it
+is what the client can check with no knowledge of other users. Each
+(session, round) is answered at most once, so re-delivered specs never spend twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from shuffledp.protocol.errors import BudgetExceeded, InvalidParameter
+
+# Slack for floating-point sums of epsilons (e.g. 0.5 + 0.5 against a budget of 1.0).
+_SUM_TOLERANCE = 1e-12
+
+
+@dataclass
+class PrivacyLedger:
+    """Local (user-level) budget ``(epsilon, delta)`` and what has been spent from it."""
+
+    epsilon_budget: float
+    delta_budget: float = 0.0
+    spent_epsilon: float = 0.0
+    spent_delta: float = 0.0
+    answered: set[tuple[bytes, int]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if not (self.epsilon_budget > 0 and math.isfinite(self.epsilon_budget)):
+            raise InvalidParameter("epsilon_budget", f"must be finite and > 0, got {self.epsilon_budget}")
+        if not 0 <= self.delta_budget < 1:
+            raise InvalidParameter("delta_budget", f"must be in [0, 1), got {self.delta_budget}")
+
+    @property
+    def remaining_epsilon(self) -> float:
+        return self.epsilon_budget - self.spent_epsilon
+
+    def check(self, session_id: bytes, round_id: int, epsilon: float, delta: float) -> None:
+        """Raise :class:`BudgetExceeded` unless this round may be answered."""
+        if (session_id, round_id) in self.answered:
+            raise BudgetExceeded(f"round {round_id} of session {session_id.hex()} was already answered")
+        if self.spent_epsilon + epsilon > self.epsilon_budget * (1 + _SUM_TOLERANCE):
+            raise BudgetExceeded(
+                f"round asks epsilon {epsilon:g}; {self.remaining_epsilon:g} of {self.epsilon_budget:g} remains"
+            )
+        if self.spent_delta + delta > self.delta_budget * (1 + _SUM_TOLERANCE):
+            raise BudgetExceeded(
+                f"round asks delta {delta:g}; {self.delta_budget - self.spent_delta:g} of {self.delta_budget:g} remains"
+            )
+
+    def spend(self, session_id: bytes, round_id: int, epsilon: float, delta: float) -> None:
+        self.check(session_id, round_id, epsilon, delta)
+        self.spent_epsilon += epsilon
+        self.spent_delta += delta
+        self.answered.add((session_id, round_id))

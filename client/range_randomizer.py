@@ -1,0 +1,58 @@
+"""Hadamard-response range randomizer (Girgis, Data & Diggavi 2022, Algorithm 4).
+
+A user maps its local mean ``y`` to the nearest of ``k`` bin centres over
+``[low, high]`` (bins of width ``2 tau``, index ``nu``), draws a uniform row ``j`` of
+the ``K x K`` Sylvester–Hadamard matrix (``K`` = ``k`` padded to a power of two) and
+sends ``(j, b)`` where ``b = H[j, nu]`` with probability ``e^eps / (e^eps + 1)`` and
+``-H[j, nu]`` otherwise.
+
+Guarantee: pure ``eps``-LDP at the user level (Lemma 1 / Appendix A). For any
+output ``(j, b)`` the probability is ``p/K`` or ``(1-p)/K`` with
+``p = e^eps/(e^eps+1)``, so the likelihood ratio between any two inputs is at most
+``p/(1-p) = e^eps``. The keep-probability passed to the random source is rounded
+*down* by secure sources (never up), which keeps the ratio at most ``e^eps``.
+
+Written once, vectorized over a batch of users; the device client calls it with a
+batch of one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.hadamard import hadamard_entry
+from shuffledp.protocol.messages import HadamardRangeParams
+from shuffledp.protocol.randomness import RandomSource
+
+
+def keep_probability(epsilon: float) -> float:
+    """``e^eps / (e^eps + 1)``, the probability of sending the true Hadamard sign."""
+    if not (epsilon > 0 and math.isfinite(epsilon)):
+        raise InvalidParameter("epsilon", f"must be finite and > 0, got {epsilon}")
+    return 1.0 / (1.0 + math.exp(-epsilon))
+
+
+def bin_index(local_means: np.ndarray, params: HadamardRangeParams) -> np.ndarray:
+    """Index of the bin centre nearest to each local mean (values outside are clamped)."""
+    y = np.asarray(local_means, dtype=np.float64)
+    index = np.floor((y - params.low) / (2.0 * params.tau)).astype(np.int64)
+    return np.clip(index, 0, params.num_bins - 1)
+
+
+def randomize_range(
+    local_means: np.ndarray, params: HadamardRangeParams, epsilon: float, source: RandomSource
+) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 4 for a batch of users: returns ``(rows, bits)``, int64 and int8 (+1/-1)."""
+    y = np.asarray(local_means, dtype=np.float64)
+    if y.ndim != 1:
+        raise InvalidParameter("local_means", f"must be one-dimensional, got shape {y.shape}")
+    n = y.shape[0]
+    nu = bin_index(y, params)
+    rows = source.integers(params.padded_bins, n)
+    keep = source.bernoulli(keep_probability(epsilon), n)
+    true_sign = hadamard_entry(rows, nu)
+    bits = np.where(keep, true_sign, -true_sign).astype(np.int8)
+    return rows.astype(np.int64), bits

@@ -1,0 +1,156 @@
+"""Versioned CBOR wire codec with hard size limits.
+
+Every message is one CBOR map (RFC 8949, deterministic encoding) with two fixed
+keys, ``"v"`` (wire version) and ``"t"`` (message type), plus one key per dataclass
+field of :mod:`shuffledp.protocol.messages`. Mechanism parameters are a nested
+map whose ``"mechanism"`` key selects the parameter type. The schema, in CDDL, is
+in ``docs/wire-format.md``; JSON test vectors are in ``tests/vectors/``.
+
+Decoding is strict: the size limit is checked before parsing, unknown or missing
+keys, wrong types and out-of-range values are all rejected with
+:class:`~shuffledp.protocol.errors.MalformedMessage` (or a subclass), never with a
+bare ``KeyError`` or ``TypeError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from typing import Any, TypeVar, get_args, get_origin
+
+import cbor2
+
+from shuffledp.protocol import messages as m
+from shuffledp.protocol.errors import (
+    InvalidParameter,
+    MalformedMessage,
+    MessageTooLarge,
+    UnsupportedVersion,
+)
+
+#: Message type tag on the wire -> (class, hard size limit in bytes).
+MESSAGE_TYPES: dict[str, tuple[type, int]] = {
+    "round-spec": (m.RoundSpec, 4096),
+    "signed-round-spec": (m.SignedRoundSpec, 8192),
+    "report": (m.Report, 256),
+    "envelope": (m.Envelope, 2048),
+    "shuffled-batch": (m.ShuffledBatch, 512 * 1024 * 1024),
+}
+_TYPE_OF: dict[type, str] = {cls: tag for tag, (cls, _) in MESSAGE_TYPES.items()}
+MAX_MESSAGE_BYTES = max(limit for _, limit in MESSAGE_TYPES.values())
+
+T = TypeVar("T")
+
+
+def _to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        out = {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if hasattr(value, "MECHANISM"):
+            out["mechanism"] = value.MECHANISM
+        return out
+    if isinstance(value, tuple):
+        return [_to_wire(v) for v in value]
+    return value
+
+
+def encode(message: Any) -> bytes:
+    """Encode a message dataclass as deterministic CBOR with its version and type."""
+    tag = _TYPE_OF.get(type(message))
+    if tag is None:
+        raise InvalidParameter("message", f"{type(message).__name__} is not a wire message")
+    body = _to_wire(message)
+    body["v"] = m.WIRE_VERSION
+    body["t"] = tag
+    data = cbor2.dumps(body, canonical=True)
+    limit = MESSAGE_TYPES[tag][1]
+    if len(data) > limit:
+        raise MessageTooLarge(f"{tag} encodes to {len(data)} bytes, over its limit of {limit}")
+    return data
+
+
+def _check_scalar(value: Any, kind: type, where: str) -> Any:
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise MalformedMessage(f"{where}: expected a number, got {type(value).__name__}")
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        raise MalformedMessage(f"{where}: expected an integer, got a boolean")
+    if not isinstance(value, kind):
+        raise MalformedMessage(f"{where}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _from_wire(kind: Any, value: Any, where: str) -> Any:
+    origin = get_origin(kind)
+    if origin is typing.Union:  # the mechanism parameter union
+        if not isinstance(value, dict) or not isinstance(value.get("mechanism"), str):
+            raise MalformedMessage(f"{where}: expected a parameter map with a 'mechanism' name")
+        cls = m.MECHANISMS.get(value["mechanism"])
+        if cls is None:
+            raise MalformedMessage(f"{where}: unknown mechanism {value['mechanism']!r}")
+        body = {k: v for k, v in value.items() if k != "mechanism"}
+        return _build(cls, body, where)
+    if origin is tuple:
+        item_kind = get_args(kind)[0]
+        if not isinstance(value, list):
+            raise MalformedMessage(f"{where}: expected an array, got {type(value).__name__}")
+        return tuple(_check_scalar(v, item_kind, where) for v in value)
+    return _check_scalar(value, kind, where)
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """The field types and fields of a message class (resolved once; get_type_hints is slow)."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _build(cls: type[T], body: dict, where: str) -> T:
+    hints, fields = _schema(cls)
+    unknown = set(body) - set(fields)
+    if unknown:
+        raise MalformedMessage(f"{where}: unknown keys {sorted(map(str, unknown))}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in body:
+            if f.default is dataclasses.MISSING:
+                raise MalformedMessage(f"{where}: missing key {name!r}")
+            continue
+        kwargs[name] = _from_wire(hints[name], body[name], f"{where}.{name}")
+    try:
+        return cls(**kwargs)
+    except InvalidParameter as exc:
+        raise MalformedMessage(f"{where}: {exc}") from None
+
+
+def decode(data: bytes, expected: type[T] | None = None) -> T:
+    """Decode bytes into a validated message; ``expected`` pins the message class.
+
+    Raises :class:`MessageTooLarge`, :class:`UnsupportedVersion` or
+    :class:`MalformedMessage`; never anything else for any input bytes.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+    limit = MESSAGE_TYPES[_TYPE_OF[expected]][1] if expected in _TYPE_OF else MAX_MESSAGE_BYTES
+    if len(data) > limit:
+        raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
+    try:
+        body = cbor2.loads(bytes(data))
+    except Exception as exc:  # cbor2 raises several types (CBORDecodeError, ValueError, ...)
+        raise MalformedMessage(f"not valid CBOR: {exc}") from None
+    if not isinstance(body, dict):
+        raise MalformedMessage("top level must be a CBOR map")
+    version = body.pop("v", None)
+    if version != m.WIRE_VERSION:
+        if isinstance(version, int) and not isinstance(version, bool):
+            raise UnsupportedVersion(f"wire version {version}; this build speaks {m.WIRE_VERSION}")
+        raise MalformedMessage("missing or invalid wire version 'v'")
+    tag = body.pop("t", None)
+    if not isinstance(tag, str) or tag not in MESSAGE_TYPES:
+        raise MalformedMessage(f"unknown message type {tag!r}")
+    cls, type_limit = MESSAGE_TYPES[tag]
+    if expected is not None and cls is not expected:
+        raise MalformedMessage(f"expected {_TYPE_OF.get(expected, expected)}, got {tag}")
+    if len(data) > type_limit:
+        raise MessageTooLarge(f"{tag} of {len(data)} bytes, over its limit of {type_limit}")
+    return _build(cls, body, tag)

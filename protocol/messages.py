@@ -1,0 +1,246 @@
+"""The messages the parties exchange, as frozen dataclasses validated at construction.
+
+One round flows as::
+
+    Analyzer --SignedRoundSpec--> Client --Envelope(sealed Report)--> Shuffler
+             --ShuffledBatch--> Analyzer
+
+* :class:`RoundSpec` names the mechanism and every public parameter of a round.
+  The analyzer signs its canonical encoding (:class:`SignedRoundSpec`).
+* :class:`Report` is a client's randomized answer. It is encoded and sealed to the
+  analyzer with HPKE, so the shuffler only ever sees opaque bytes.
+* :class:`Envelope` is what the shuffler sees: the round, an admission token, a
+  nonce for replay checks, and the sealed payload.
+* :class:`ShuffledBatch` is what the shuffler forwards: the sealed payloads alone,
+  permuted, with their count.
+
+The wire encoding of all of these lives in :mod:`shuffledp.protocol.codec`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar, Union
+
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.hadamard import next_power_of_two
+
+WIRE_VERSION = 1
+SESSION_ID_BYTES = 16
+NONCE_BYTES = 16
+TOKEN_BYTES = 16
+X25519_KEY_BYTES = 32
+MAX_BINS = 1 << 20
+MAX_GRID_LEVELS = 1 << 24
+MAX_MESSAGES_PER_USER = 64
+
+
+def _require(condition: bool, name: str, problem: str) -> None:
+    if not condition:
+        raise InvalidParameter(name, problem)
+
+
+def _finite(value: float, name: str) -> None:
+    _require(isinstance(value, (int, float)) and not isinstance(value, bool), name, "must be a number")
+    _require(math.isfinite(value), name, f"must be finite, got {value}")
+
+
+def _bytes_of(value: bytes, length: int, name: str) -> None:
+    _require(isinstance(value, bytes), name, "must be bytes")
+    _require(len(value) == length, name, f"must be {length} bytes, got {len(value)}")
+
+
+def _count(value: int, name: str, low: int, high: int) -> None:
+    _require(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer")
+    _require(low <= value <= high, name, f"must be in [{low}, {high}], got {value}")
+
+
+@dataclass(frozen=True)
+class HadamardRangeParams:
+    """Public parameters of Hadamard-response range estimation (Girgis et al. 2022, Alg. 3/4).
+
+    ``[low, high]`` is split into ``num_bins = ceil((high - low) / (2 tau))`` intervals
+    of width ``2 tau``; the Hadamard matrix has ``padded_bins`` (the next power of two)
+    rows and columns. The padding columns are never chosen by a client.
+    """
+
+    MECHANISM: ClassVar[str] = "hadamard-range"
+    low: float
+    high: float
+    tau: float
+
+    def __post_init__(self) -> None:
+        _finite(self.low, "low")
+        _finite(self.high, "high")
+        _finite(self.tau, "tau")
+        _require(self.high > self.low, "high", f"must exceed low ({self.low}), got {self.high}")
+        _require(self.tau > 0, "tau", f"must be > 0, got {self.tau}")
+        _require(
+            self.num_bins <= MAX_BINS,
+            "tau",
+            f"gives {self.num_bins} bins over [{self.low}, {self.high}]; at most {MAX_BINS} allowed",
+        )
+
+    @property
+    def num_bins(self) -> int:
+        return max(1, math.ceil((self.high - self.low) / (2.0 * self.tau) - 1e-12))
+
+    @property
+    def padded_bins(self) -> int:
+        return next_power_of_two(self.num_bins)
+
+    def bin_center(self, index: int) -> float:
+        return self.low + self.tau * (2 * index + 1)
+
+
+NOISE_KINDS = ("laplace", "gaussian")
+
+
+@dataclass(frozen=True)
+class ProjectedMeanParams:
+    """Public parameters of the projected mean report (Girgis et al. 2022, Alg. 2).
+
+    A user projects its local mean onto ``[lower, upper]``, rounds it at random to
+    one of ``grid_levels + 1`` points of a fixed grid, and adds discrete ``noise``
+    ("laplace": pure epsilon; "gaussian": (epsilon, delta)).
+    """
+
+    MECHANISM: ClassVar[str] = "projected-mean"
+    lower: float
+    upper: float
+    noise: str = "laplace"
+    grid_levels: int = 4096
+
+    def __post_init__(self) -> None:
+        _finite(self.lower, "lower")
+        _finite(self.upper, "upper")
+        _require(self.upper > self.lower, "upper", f"must exceed lower ({self.lower}), got {self.upper}")
+        _require(self.noise in NOISE_KINDS, "noise", f"must be one of {NOISE_KINDS}, got {self.noise!r}")
+        _count(self.grid_levels, "grid_levels", 1, MAX_GRID_LEVELS)
+
+    @property
+    def step(self) -> float:
+        return (self.upper - self.lower) / self.grid_levels
+
+
+MechanismParams = Union[HadamardRangeParams, ProjectedMeanParams]
+MECHANISMS: dict[str, type] = {
+    HadamardRangeParams.MECHANISM: HadamardRangeParams,
+    ProjectedMeanParams.MECHANISM: ProjectedMeanParams,
+}
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """Everything public about one round; clients check it before answering.
+
+    ``epsilon0``/``delta0`` is the local (user-level) guarantee one answer gives;
+    a client refuses a spec that would push its ledger past its budget.
+    ``min_batch`` is the batch size the shuffler waits for before forwarding, and
+    ``deadline`` (Unix seconds) when the round closes regardless.
+    """
+
+    session_id: bytes
+    round_id: int
+    params: MechanismParams
+    epsilon0: float
+    analyzer_key: bytes
+    min_batch: int
+    deadline: float
+    delta0: float = 0.0
+    messages_per_user: int = 1
+
+    def __post_init__(self) -> None:
+        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
+        _count(self.round_id, "round_id", 0, 2**63 - 1)
+        _require(isinstance(self.params, tuple(MECHANISMS.values())), "params", "unknown mechanism parameters")
+        _finite(self.epsilon0, "epsilon0")
+        _require(self.epsilon0 > 0, "epsilon0", f"must be > 0, got {self.epsilon0}")
+        _finite(self.delta0, "delta0")
+        _require(0.0 <= self.delta0 < 1.0, "delta0", f"must be in [0, 1), got {self.delta0}")
+        noise = getattr(self.params, "noise", "laplace")
+        _require(
+            (noise == "gaussian") == (self.delta0 > 0),
+            "delta0",
+            "must be > 0 exactly when the mechanism has Gaussian noise",
+        )
+        _bytes_of(self.analyzer_key, X25519_KEY_BYTES, "analyzer_key")
+        _count(self.min_batch, "min_batch", 1, 2**40)
+        _finite(self.deadline, "deadline")
+        _count(self.messages_per_user, "messages_per_user", 1, MAX_MESSAGES_PER_USER)
+
+    @property
+    def mechanism(self) -> str:
+        return self.params.MECHANISM
+
+
+@dataclass(frozen=True)
+class SignedRoundSpec:
+    """A RoundSpec's canonical encoding with the analyzer's Ed25519 signature over it."""
+
+    spec_bytes: bytes
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.spec_bytes, bytes) and len(self.spec_bytes) > 0, "spec_bytes", "must be non-empty bytes")
+        _bytes_of(self.signature, 64, "signature")
+
+
+@dataclass(frozen=True)
+class Report:
+    """One randomized answer, before sealing.
+
+    ``values`` holds the mechanism's output: ``(row, bit)`` for Hadamard range
+    (bit is +1/-1), ``(grid_value,)`` for a projected mean.
+    """
+
+    round_id: int
+    mechanism: str
+    values: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _count(self.round_id, "round_id", 0, 2**63 - 1)
+        _require(self.mechanism in MECHANISMS, "mechanism", f"unknown mechanism {self.mechanism!r}")
+        _require(isinstance(self.values, tuple) and 1 <= len(self.values) <= 8, "values", "must be 1 to 8 integers")
+        for v in self.values:
+            _require(isinstance(v, int) and not isinstance(v, bool), "values", "must be integers")
+            _require(-(2**62) <= v < 2**62, "values", "out of range")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a client hands the shuffler: routing data and an opaque sealed payload."""
+
+    session_id: bytes
+    round_id: int
+    token: bytes
+    nonce: bytes
+    sealed: bytes
+
+    def __post_init__(self) -> None:
+        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
+        _count(self.round_id, "round_id", 0, 2**63 - 1)
+        _bytes_of(self.token, TOKEN_BYTES, "token")
+        _bytes_of(self.nonce, NONCE_BYTES, "nonce")
+        _require(isinstance(self.sealed, bytes) and 0 < len(self.sealed) <= 1024, "sealed", "must be 1..1024 bytes")
+
+
+@dataclass(frozen=True)
+class ShuffledBatch:
+    """What the shuffler forwards: only the sealed payloads, in a uniformly random order."""
+
+    session_id: bytes
+    round_id: int
+    payloads: tuple[bytes, ...] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
+        _count(self.round_id, "round_id", 0, 2**63 - 1)
+        _require(isinstance(self.payloads, tuple), "payloads", "must be a tuple of bytes")
+        for p in self.payloads:
+            _require(isinstance(p, bytes) and 0 < len(p) <= 1024, "payloads", "each must be 1..1024 bytes")
+
+    @property
+    def size(self) -> int:
+        return len(self.payloads)

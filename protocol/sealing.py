@@ -1,0 +1,93 @@
+"""Sealing report payloads to the analyzer, and signing round specs.
+
+* **Sealing** is HPKE (RFC 9180) in base mode with the suite
+  DHKEM(X25519, HKDF-SHA256) / HKDF-SHA256 / ChaCha20-Poly1305, through
+  ``cryptography.hazmat.primitives.hpke``. The session id and round id are bound
+  into HPKE's ``info``, so a payload sealed for one round does not open in another,
+  and any change to the ciphertext fails the AEAD tag. The sealed form is
+  ``enc (32 bytes) || ciphertext+tag`` as the library produces it.
+* **Signing** is Ed25519 over the canonical encoding of a RoundSpec, so a client
+  answers only rounds its pinned analyzer really announced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives import hpke, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from shuffledp.protocol.errors import BadSignature, InvalidParameter, SealingError
+from shuffledp.protocol.messages import SESSION_ID_BYTES
+
+SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+INFO_LABEL = b"shuffledp/v1/report"
+_RAW = serialization.Encoding.Raw
+
+
+def report_info(session_id: bytes, round_id: int) -> bytes:
+    """HPKE ``info`` for a report: label || session id (16 bytes) || round id (8 bytes, big-endian)."""
+    if len(session_id) != SESSION_ID_BYTES:
+        raise InvalidParameter("session_id", f"must be {SESSION_ID_BYTES} bytes")
+    return INFO_LABEL + session_id + round_id.to_bytes(8, "big")
+
+
+def public_bytes(key: X25519PublicKey | Ed25519PublicKey) -> bytes:
+    return key.public_bytes(_RAW, serialization.PublicFormat.Raw)
+
+
+@dataclass(frozen=True)
+class AnalyzerKeys:
+    """The analyzer's long-term secrets: an X25519 key for HPKE and an Ed25519 signing key."""
+
+    hpke_private: X25519PrivateKey
+    signing_private: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> "AnalyzerKeys":
+        return cls(X25519PrivateKey.generate(), Ed25519PrivateKey.generate())
+
+    @property
+    def hpke_public(self) -> bytes:
+        """Raw 32-byte X25519 public key that clients seal to (carried in every RoundSpec)."""
+        return public_bytes(self.hpke_private.public_key())
+
+    @property
+    def signing_public(self) -> bytes:
+        """Raw 32-byte Ed25519 public key that clients pin to verify RoundSpecs."""
+        return public_bytes(self.signing_private.public_key())
+
+
+class Sealer:
+    """Client side: seals payloads to one analyzer public key."""
+
+    def __init__(self, analyzer_public: bytes) -> None:
+        try:
+            self._key = X25519PublicKey.from_public_bytes(analyzer_public)
+        except ValueError as exc:
+            raise InvalidParameter("analyzer_public", str(exc)) from None
+
+    def seal(self, payload: bytes, session_id: bytes, round_id: int) -> bytes:
+        return SUITE.encrypt(payload, self._key, info=report_info(session_id, round_id))
+
+
+def open_sealed(private: X25519PrivateKey, sealed: bytes, session_id: bytes, round_id: int) -> bytes:
+    """Analyzer side: open a sealed payload, or raise :class:`SealingError`."""
+    try:
+        return SUITE.decrypt(sealed, private, info=report_info(session_id, round_id))
+    except (InvalidTag, ValueError) as exc:
+        raise SealingError(f"payload does not open for this session and round ({type(exc).__name__})") from None
+
+
+def sign(private: Ed25519PrivateKey, data: bytes) -> bytes:
+    return private.sign(data)
+
+
+def verify(public: bytes, data: bytes, signature: bytes) -> None:
+    """Raise :class:`BadSignature` unless ``signature`` is ``public``'s Ed25519 signature of ``data``."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+    except (InvalidSignature, ValueError) as exc:
+        raise BadSignature(f"round spec signature does not verify ({type(exc).__name__})") from None

@@ -1,0 +1,116 @@
+"""Synthetic users for simulations: n users, m samples each, bounded in [-B, B].
+
+Documented distributions (``mu`` the mean, ``sigma`` the spread parameter):
+
+* ``gaussian``: N(mu, sigma^2) truncated to [-B, B] (sampled by rejection). Its exact
+  mean and variance follow from the truncated-normal formulas. A truncated normal
+  is sub-Gaussian with variance proxy sigma^2 (it is strongly log-concave with
+  parameter 1/sigma^2).
+* ``uniform``: U[mu - w, mu + w] with ``w = sigma * sqrt(3)`` (so its sd is sigma);
+  sub-Gaussian with proxy ``w^2`` (Hoeffding's lemma).
+* ``two-point``: mu ± sigma with probability 1/2 each; proxy ``sigma^2``.
+
+Users are generated in fixed blocks of :data:`BLOCK_USERS`, block ``b`` from the
+``b``-th child of the seed's SeedSequence, so user ``i``'s data does not depend on
+how a simulation chunks its work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shuffledp.protocol.errors import InvalidParameter
+
+DISTRIBUTIONS = ("gaussian", "uniform", "two-point")
+BLOCK_USERS = 1 << 16
+
+
+def _phi(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+
+
+def _Phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2))
+
+
+@dataclass(frozen=True)
+class Population:
+    """The data-generating model of a simulation."""
+
+    distribution: str
+    mu: float
+    sigma: float
+    bound: float
+    m: int
+
+    def __post_init__(self) -> None:
+        if self.distribution not in DISTRIBUTIONS:
+            raise InvalidParameter("distribution", f"must be one of {DISTRIBUTIONS}, got {self.distribution!r}")
+        if not (self.bound > 0 and math.isfinite(self.bound)):
+            raise InvalidParameter("bound", f"must be finite and > 0, got {self.bound}")
+        if not (self.sigma > 0 and math.isfinite(self.sigma)):
+            raise InvalidParameter("sigma", f"must be finite and > 0, got {self.sigma}")
+        if not (isinstance(self.m, int) and self.m >= 1):
+            raise InvalidParameter("m", f"must be an integer >= 1, got {self.m}")
+        half_width = {"gaussian": 0.0, "uniform": self.sigma * math.sqrt(3), "two-point": self.sigma}
+        reach = half_width[self.distribution]
+        if not (-self.bound <= self.mu - reach and self.mu + reach <= self.bound):
+            raise InvalidParameter(
+                "mu", f"the {self.distribution} data around {self.mu} must lie in [-{self.bound}, {self.bound}]"
+            )
+
+    @property
+    def proxy_sigma(self) -> float:
+        """Sub-Gaussian variance-proxy square root of one sample."""
+        return self.sigma * math.sqrt(3) if self.distribution == "uniform" else self.sigma
+
+    @property
+    def mean(self) -> float:
+        """Exact population mean."""
+        if self.distribution != "gaussian":
+            return self.mu
+        a, b = (-self.bound - self.mu) / self.sigma, (self.bound - self.mu) / self.sigma
+        z = _Phi(b) - _Phi(a)
+        return self.mu + self.sigma * (_phi(a) - _phi(b)) / z
+
+    @property
+    def variance(self) -> float:
+        """Exact variance of one sample."""
+        if self.distribution != "gaussian":
+            return self.sigma**2
+        a, b = (-self.bound - self.mu) / self.sigma, (self.bound - self.mu) / self.sigma
+        z = _Phi(b) - _Phi(a)
+        ratio = (_phi(a) - _phi(b)) / z
+        return self.sigma**2 * (1 + (a * _phi(a) - b * _phi(b)) / z - ratio**2)
+
+    def samples(self, rng: np.random.Generator, users: int) -> np.ndarray:
+        """A ``(users, m)`` array of samples."""
+        shape = (users, self.m)
+        if self.distribution == "uniform":
+            w = self.sigma * math.sqrt(3)
+            return rng.uniform(self.mu - w, self.mu + w, size=shape)
+        if self.distribution == "two-point":
+            return self.mu + self.sigma * (2.0 * rng.integers(0, 2, size=shape) - 1.0)
+        out = rng.normal(self.mu, self.sigma, size=shape)
+        bad = np.abs(out) > self.bound
+        while bad.any():
+            out[bad] = rng.normal(self.mu, self.sigma, size=int(bad.sum()))
+            bad = np.abs(out) > self.bound
+        return out
+
+
+def user_blocks(population: Population, n: int, seed: int) -> "list[tuple[int, int, np.random.SeedSequence]]":
+    """The fixed blocks ``(start, count, seed)`` that generate users ``0..n-1``."""
+    if n < 1:
+        raise InvalidParameter("n", f"must be >= 1, got {n}")
+    count = math.ceil(n / BLOCK_USERS)
+    children = np.random.SeedSequence([seed, 0x5EED]).spawn(count)
+    return [(b * BLOCK_USERS, min(BLOCK_USERS, n - b * BLOCK_USERS), children[b]) for b in range(count)]
+
+
+def block_samples(population: Population, block: "tuple[int, int, np.random.SeedSequence]") -> np.ndarray:
+    _, count, seed = block
+    return population.samples(np.random.default_rng(seed), count)

@@ -1,0 +1,308 @@
+"""The simulation runner: synthetic users through the scalar range -> mean protocol.
+
+Two execution paths run the same randomizer and decoder functions:
+
+* ``fast``: vectorized over blocks of users, no serialization or sealing. Users
+  are processed block by block (see :mod:`shuffledp.population`), so memory is
+  bounded by the block size plus one float per user.
+* ``messages``: every user is a real :class:`~shuffledp.client.Client`; reports are
+  encoded, HPKE-sealed, enveloped, admitted and permuted by the real
+  :class:`~shuffledp.shuffler.Shuffler`, and opened by the
+  :class:`~shuffledp.analyzer.Analyzer`, over the in-process channel.
+
+Randomness here is a seeded ``numpy`` generator, for reproducibility; it is
+labelled as simulation randomness in the result. Devices use the OS CSPRNG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from shuffledp.analyzer.coordinator import Coordinator
+from shuffledp.analyzer.scalar_mean import (
+    ScalarMeanConfig,
+    concentration_radius,
+    estimate_mean,
+    estimate_range,
+    theorem1_mse_bound,
+)
+from shuffledp.analyzer.service import Analyzer
+from shuffledp.client.client import Client
+from shuffledp.client.ledger import PrivacyLedger
+from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
+from shuffledp.client.pool import ClientPool
+from shuffledp.client.range_randomizer import randomize_range
+from shuffledp.population import Population, block_samples, user_blocks
+from shuffledp.protocol.channel import InProcessChannel, reports_topic
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.randomness import SeededSource
+from shuffledp.shuffler.service import Shuffler
+
+PATHS = ("fast", "messages")
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """One simulated run. ``tau=None`` derives the radius from the population (corrected Theorem 1 form)."""
+
+    population: Population
+    n: int
+    epsilon0: float
+    delta0: float = 0.0
+    noise: str = "laplace"
+    tau: float | None = None
+    gamma: float = 0.01
+    grid_levels: int = 4096
+    central_delta: float | None = None
+    seed: int = 0
+    path: str = "fast"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.n, int) and self.n >= 2):
+            raise InvalidParameter("n", f"must be an integer >= 2, got {self.n}")
+        if self.path not in PATHS:
+            raise InvalidParameter("path", f"must be one of {PATHS}, got {self.path!r}")
+        self.protocol_config()  # validates epsilon0, delta0, noise, tau
+
+    @property
+    def radius(self) -> float:
+        if self.tau is not None:
+            return self.tau
+        p = self.population
+        return min(p.bound, concentration_radius(p.proxy_sigma, self.n, p.m, self.gamma))
+
+    @property
+    def delta(self) -> float:
+        """Central delta for the shuffled accounting: given, or 1/n^1.1 (below 1/n)."""
+        return self.central_delta if self.central_delta is not None else 1.0 / self.n**1.1
+
+    def protocol_config(self) -> ScalarMeanConfig:
+        return ScalarMeanConfig(
+            bound=self.population.bound,
+            tau=self.radius,
+            epsilon0=self.epsilon0,
+            delta0=self.delta0,
+            noise=self.noise,
+            grid_levels=self.grid_levels,
+        )
+
+
+@dataclass
+class SimulationResult:
+    """Everything a run reports; :meth:`as_dict` is the ``--json`` output."""
+
+    config: dict[str, Any]
+    true_mean: float
+    population_mean: float
+    estimate: float
+    error: float
+    standard_error: float
+    rmse_theory: float
+    rmse_theory_population: float
+    theorem1_rmse_bound: float
+    range_found: tuple[float, float]
+    range_contains_true_mean: bool
+    fraction_users_in_range: float
+    rounds: list[dict[str, Any]]
+    local_epsilon: float
+    local_delta: float
+    central: dict[str, Any]
+    seconds: float
+    randomness: str = "seeded numpy PCG64 (simulation; devices use the OS CSPRNG)"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _local_means(config: SimulationConfig, progress: Progress | None) -> tuple[np.ndarray, float]:
+    """Local means of all users (one float each) and the exact mean of all n*m samples."""
+    means = np.empty(config.n)
+    total = 0.0
+    for block in user_blocks(config.population, config.n, config.seed):
+        samples = block_samples(config.population, block)
+        start, count, _ = block
+        means[start : start + count] = samples.mean(axis=1)
+        total += float(samples.sum())
+        if progress:
+            progress("generate users", count)
+    return means, total / (config.n * config.population.m)
+
+
+def _round_sources(config: SimulationConfig, round_index: int, blocks: int) -> list[SeededSource]:
+    seq = np.random.SeedSequence([config.seed, 0xD1CE, round_index])
+    return [SeededSource(s) for s in seq.spawn(blocks)]
+
+
+def _fast_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress | None):
+    protocol = config.protocol_config()
+    blocks = user_blocks(config.population, config.n, config.seed)
+    range_params = protocol.range_params()
+    rows = np.empty(config.n, dtype=np.int64)
+    bits = np.empty(config.n, dtype=np.int8)
+    for (start, count, _), source in zip(blocks, _round_sources(config, 0, len(blocks))):
+        r, b = randomize_range(means[start : start + count], range_params, protocol.round_epsilon, source)
+        rows[start : start + count], bits[start : start + count] = r, b
+        if progress:
+            progress("range round", count)
+    found = estimate_range(rows, bits, protocol)
+    mean_params = protocol.mean_params(found)
+    values = np.empty(config.n, dtype=np.int64)
+    for (start, count, _), source in zip(blocks, _round_sources(config, 1, len(blocks))):
+        values[start : start + count] = randomize_mean(
+            means[start : start + count], mean_params, protocol.round_epsilon, source, delta=protocol.delta0
+        )
+        if progress:
+            progress("mean round", count)
+    return found, mean_params, estimate_mean(values, mean_params), _fast_round_sizes(config, protocol, rows, bits, values)
+
+
+async def _message_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress | None):
+    protocol = config.protocol_config()
+    channel = InProcessChannel()
+    analyzer = Analyzer()
+    coordinator = Coordinator(channel, analyzer, round_timeout=3600.0)
+    signing_key = analyzer.keys.signing_public
+    clients = [
+        Client(np.array([y]), signing_key, PrivacyLedger(config.epsilon0, config.delta0)) for y in means
+    ]
+    source = SeededSource(np.random.SeedSequence([config.seed, 0xC11E]))
+    on_progress = (lambda k: progress("sealed reports", k)) if progress else None
+    pool = ClientPool(channel, coordinator.session_id, clients, source, on_progress=on_progress)
+    shuffler = Shuffler(channel, coordinator.session_id, signing_key)
+    shuffler_task = asyncio.create_task(shuffler.serve())
+    pool_task = asyncio.create_task(pool.serve(rounds=2))
+    try:
+        outcome = await coordinator.scalar_mean(protocol, min_batch=config.n)
+        await pool_task
+    finally:
+        shuffler_task.cancel()
+        pool_task.cancel()
+        await asyncio.gather(shuffler_task, pool_task, return_exceptions=True)
+    rounds = []
+    for record in outcome.rounds:
+        stats = shuffler.rounds[record.spec.round_id]
+        rounds.append(
+            {
+                "mechanism": record.spec.mechanism,
+                "epsilon0": record.spec.epsilon0,
+                "messages": stats.forwarded,
+                "envelope_bytes": channel.bytes_by_topic[reports_topic(record.spec.session_id, record.spec.round_id)],
+                "batch_bytes": record.batch_bytes,
+                "rejected_at_shuffler": dict(stats.rejected),
+                "rejected_at_analyzer": dict(record.opened.rejected),
+            }
+        )
+    extra = {"channel_bytes": sum(channel.bytes_by_topic.values()), "channel_messages": sum(channel.messages_by_topic.values())}
+    return outcome.found_range, outcome.rounds[1].spec.params, outcome.mean, rounds, extra
+
+
+def central_guarantee(config: SimulationConfig) -> dict[str, Any]:
+    """Central (eps, delta) of the two shuffled rounds, from the amplification accountant."""
+    from shuffledp.protocol.accounting import (
+        SessionAccountant,
+        hadamard_response_guarantee,
+        laplace_mean_guarantee,
+        shuffled_round,
+    )
+    from shuffledp.protocol.errors import ShuffleDPError
+
+    protocol = config.protocol_config()
+    if protocol.noise == "gaussian":
+        return {
+            "epsilon": None,
+            "delta": None,
+            "method": "none: Gaussian reports are (eps0, delta0)-LDP; no amplification is claimed",
+        }
+    delta = config.delta
+    guarantees = [
+        hadamard_response_guarantee(protocol.round_epsilon, protocol.range_params().padded_bins),
+        laplace_mean_guarantee(protocol.round_epsilon),
+    ]
+    try:
+        per_round = [shuffled_round(g, config.n, delta / 2) for g in guarantees]
+        session = SessionAccountant()
+        for g in guarantees:
+            session.add_round(g, config.n)
+        session_eps = session.epsilon(delta)
+    except ShuffleDPError as exc:
+        return {"epsilon": None, "delta": delta, "method": f"none: {exc}"}
+    basic = sum(r.epsilon for r in per_round)
+    return {
+        "epsilon": min(session_eps, basic),
+        "delta": delta,
+        "method": "min(session composition, basic composition of per-round bounds at delta/2 each)",
+        "session_composition_epsilon": session_eps,
+        "basic_composition_epsilon": basic,
+        "per_round": [{"epsilon": r.epsilon, "delta": r.delta, "method": r.method} for r in per_round],
+    }
+
+
+def run_simulation(config: SimulationConfig, progress: Progress | None = None) -> SimulationResult:
+    """Run one simulation end to end and report estimate, error, theory and privacy."""
+    started = time.perf_counter()
+    protocol = config.protocol_config()
+    means, true_mean = _local_means(config, progress)
+    if config.path == "fast":
+        found, mean_params, mean, rounds = _fast_rounds(config, means, progress)
+        extra = {}
+    else:
+        found, mean_params, mean, rounds, extra = asyncio.run(_message_rounds(config, means, progress))
+    n, pop = config.n, config.population
+    # Exact error model of round 2 given the range announced in round 1: clipping bias
+    # plus (noise + randomized-rounding) variance over n.
+    bias = float(np.clip(means, mean_params.lower, mean_params.upper).mean() - true_mean)
+    variance = (
+        noise_variance(mean_params, protocol.round_epsilon, protocol.delta0)
+        + float(rounding_variance(means, mean_params).mean())
+    ) / n
+    rmse = math.sqrt(bias**2 + variance)
+    rmse_population = math.sqrt(bias**2 + variance + pop.variance / (n * pop.m))
+    in_range = float(np.mean((means >= found.lower) & (means <= found.upper)))
+    config_dict = asdict(config)
+    config_dict["tau"] = config.radius
+    return SimulationResult(
+        config=config_dict,
+        true_mean=true_mean,
+        population_mean=pop.mean,
+        estimate=mean.estimate,
+        error=mean.estimate - true_mean,
+        standard_error=mean.standard_error,
+        rmse_theory=rmse,
+        rmse_theory_population=rmse_population,
+        theorem1_rmse_bound=math.sqrt(theorem1_mse_bound(protocol, n)),
+        range_found=(found.lower, found.upper),
+        range_contains_true_mean=bool(found.lower <= true_mean <= found.upper),
+        fraction_users_in_range=in_range,
+        rounds=rounds,
+        local_epsilon=config.epsilon0,
+        local_delta=config.delta0,
+        central=central_guarantee(config),
+        seconds=time.perf_counter() - started,
+        extra=extra,
+    )
+
+
+def _fast_round_sizes(config: SimulationConfig, protocol: ScalarMeanConfig, rows, bits, values) -> list[dict[str, Any]]:
+    """Messages and exact wire bytes per round had the fast path's reports been sent."""
+    from shuffledp.protocol.wire_size import total_envelope_bytes
+
+    range_values = np.stack([rows, bits.astype(np.int64)], axis=1)
+    return [
+        {
+            "mechanism": mechanism,
+            "epsilon0": protocol.round_epsilon,
+            "messages": config.n,
+            "envelope_bytes": total_envelope_bytes(mechanism, report_values, round_id),
+        }
+        for round_id, (mechanism, report_values) in enumerate(
+            (("hadamard-range", range_values), ("projected-mean", values[:, None]))
+        )
+    ]
