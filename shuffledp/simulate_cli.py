@@ -1,0 +1,183 @@
+"""``shuffledp simulate``: the scalar range -> mean protocol on synthetic users.
+
+Prints the true mean, the estimate, its error beside the theoretical RMSE and
+Theorem 1's bound, the range found, messages and bytes per round, and the local
+and central privacy spent. ``--json`` prints the same as one JSON document;
+``--plot`` draws where the estimate fell against the truth and the theory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from shuffledp.population import DISTRIBUTIONS, Population
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.simulation import PATHS, SimulationConfig, SimulationResult, run_simulation
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="run the scalar range -> mean protocol on simulated users",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--users", "-n", type=int, default=100_000, help="number of users n")
+    p.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
+    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="gaussian", help="data distribution")
+    p.add_argument("--mu", type=float, default=1.7, help="distribution mean parameter")
+    p.add_argument("--sigma", type=float, default=1.0, help="distribution spread parameter")
+    p.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B: samples lie in [-B, B]")
+    p.add_argument("--epsilon", "-e", type=float, default=1.0, help="local user-level budget eps0 (both rounds)")
+    p.add_argument("--noise", choices=("laplace", "gaussian"), default="laplace", help="mean-round noise")
+    p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
+    p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from the data model)")
+    p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
+    p.add_argument("--delta", type=float, default=None, help="central delta (default 1/n^1.1)")
+    p.add_argument("--seed", type=int, default=0, help="simulation seed")
+    path = p.add_mutually_exclusive_group()
+    path.add_argument("--fast", dest="path", action="store_const", const="fast", help="vectorized, no messages")
+    path.add_argument(
+        "--messages", dest="path", action="store_const", const="messages",
+        help="real clients, sealing, shuffler and analyzer over the in-process channel",
+    )
+    p.set_defaults(path="messages")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _progress(quiet: bool, total_units: int):
+    """A tqdm bar over user-steps on stderr, or None when quiet."""
+    if quiet:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total_units, unit="user-step", unit_scale=True, file=sys.stderr, mininterval=0.5)
+
+    def step(stage: str, count: int) -> None:
+        bar.set_description(stage, refresh=False)
+        bar.update(count)
+
+    return step, bar.close
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
+        config = SimulationConfig(
+            population=population,
+            n=args.users,
+            epsilon0=args.epsilon,
+            delta0=args.delta0,
+            noise=args.noise,
+            tau=args.tau,
+            gamma=args.gamma,
+            central_delta=args.delta,
+            seed=args.seed,
+            path=args.path,
+        )
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    step, close = _progress(args.quiet, 3 * config.n)
+    try:
+        result = run_simulation(config, progress=step)
+    finally:
+        close()
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2, default=float))
+    else:
+        print(format_result(result))
+    if args.plot:
+        plot_result(result, args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def _fmt_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
+
+
+def format_result(result: SimulationResult) -> str:
+    c = result.config
+    pop = c["population"]
+    lines = [
+        f"shuffledp simulate: scalar range -> mean (Girgis et al. 2022, Algorithm 1), {c['path']} path",
+        f"  users n = {c['n']:,}, samples per user m = {pop['m']}, {pop['distribution']} data "
+        f"(mu={pop['mu']}, sigma={pop['sigma']}) in [-{pop['bound']}, {pop['bound']}], tau = {c['tau']:.4g}",
+        "",
+        f"  true mean (all n*m samples)  {result.true_mean:.6f}",
+        f"  estimate                     {result.estimate:.6f}",
+        f"  error                        {result.error:+.6f}   ({result.error / result.rmse_theory:+.2f} x theoretical RMSE)",
+        f"  theoretical RMSE             {result.rmse_theory:.6f}   (exact: noise + rounding + clipping, given the range)",
+        f"  Theorem 1 bound (RMSE)       {result.theorem1_rmse_bound:.6f}   (noise term of the paper's bound)",
+        f"  empirical standard error     {result.standard_error:.6f}",
+        f"  vs population mean {result.population_mean:.6f}: error {result.estimate - result.population_mean:+.6f}, "
+        f"RMSE with sampling {result.rmse_theory_population:.6f}",
+        "",
+        f"  range found                  [{result.range_found[0]:.4f}, {result.range_found[1]:.4f}]"
+        f"   contains true mean: {'yes' if result.range_contains_true_mean else 'NO'};"
+        f" users inside: {100 * result.fraction_users_in_range:.2f}%",
+    ]
+    for i, r in enumerate(result.rounds, 1):
+        lines.append(
+            f"  round {i}: {r['mechanism']:<15} eps0 = {r['epsilon0']:.4g}   {r['messages']:,} messages, "
+            f"{_fmt_bytes(r['envelope_bytes'])} of envelopes"
+            + (f", batch {_fmt_bytes(r['batch_bytes'])}" if "batch_bytes" in r else " (computed; fast path sends none)")
+        )
+    lines.append("")
+    lines.append(f"  local privacy (user-level LDP)   eps0 = {result.local_epsilon:g}, delta0 = {result.local_delta:g}")
+    central = result.central
+    if central.get("epsilon") is None:
+        lines.append(f"  central privacy after shuffling  {central.get('method')}")
+    else:
+        lines.append(
+            f"  central privacy after shuffling  eps = {central['epsilon']:.4f}, delta = {central['delta']:.3g}"
+            f"   ({central['method']})"
+        )
+    lines.append(f"  randomness: {result.randomness};  {result.seconds:.2f} s")
+    return "\n".join(lines)
+
+
+def plot_result(result: SimulationResult, path: str) -> None:
+    """Estimate and truth on one axis, with bands of 1 and 2 theoretical RMSEs and the Theorem 1 bound."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    t, rmse = result.true_mean, result.rmse_theory
+    ax.axvspan(t - 2 * rmse, t + 2 * rmse, color="tab:blue", alpha=0.12, label="±2 theoretical RMSE")
+    ax.axvspan(t - rmse, t + rmse, color="tab:blue", alpha=0.25, label="±1 theoretical RMSE")
+    bound = result.theorem1_rmse_bound
+    ax.axvline(t - bound, color="tab:gray", ls=":", label="±Theorem 1 bound")
+    ax.axvline(t + bound, color="tab:gray", ls=":")
+    ax.axvline(t, color="black", lw=2, label=f"true mean {t:.4f}")
+    ax.plot([result.estimate], [0.5], "o", color="tab:red", ms=10, label=f"estimate {result.estimate:.4f}")
+    lo, hi = result.range_found
+    ax.axvline(lo, color="tab:green", ls="--", label="range found (round 1)")
+    ax.axvline(hi, color="tab:green", ls="--")
+    span = max(4 * rmse, abs(result.estimate - t) * 1.3, bound * 1.3)
+    ax.set_xlim(t - span, t + span)
+    ax.set_yticks([])
+    c = result.config
+    eps = result.central.get("epsilon")
+    priv = f"central ε={eps:.3g}" if eps is not None else "no central claim"
+    ax.set_title(f"n={c['n']:,}, m={c['population']['m']}, ε0={result.local_epsilon:g} ({priv}), {c['path']} path")
+    ax.set_xlabel("mean")
+    ax.legend(loc="upper left", fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
