@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--users", "-n", type=int, default=100_000, help="number of users n")
+    p.add_argument("--users", "-n", type=int, default=20_000, help="number of users n")
     p.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
     p.add_argument("--distribution", choices=DISTRIBUTIONS, default="gaussian", help="data distribution")
     p.add_argument("--mu", type=float, default=1.7, help="distribution mean parameter")
@@ -46,6 +46,10 @@ def add_parser(subparsers) -> None:
         help="real clients, sealing, shuffler and analyzer over the in-process channel",
     )
     p.set_defaults(path="messages")
+    p.add_argument(
+        "--broker", metavar="HOST[:PORT]", default=None,
+        help="carry the messages over this MQTT broker (each party its own connection) instead of in-process",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -81,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             central_delta=args.delta,
             seed=args.seed,
             path=args.path,
+            broker=args.broker,
         )
     except InvalidParameter as exc:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)

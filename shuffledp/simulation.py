@@ -17,6 +17,7 @@ labelled as simulation randomness in the result. Devices use the OS CSPRNG.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -63,12 +64,17 @@ class SimulationConfig:
     central_delta: float | None = None
     seed: int = 0
     path: str = "fast"
+    broker: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.n, int) and self.n >= 2):
             raise InvalidParameter("n", f"must be an integer >= 2, got {self.n}")
         if self.path not in PATHS:
             raise InvalidParameter("path", f"must be one of {PATHS}, got {self.path!r}")
+        if self.broker is not None:
+            if self.path != "messages":
+                raise InvalidParameter("broker", "a broker carries messages: use the messages path")
+            parse_broker(self.broker)
         self.protocol_config()  # validates epsilon0, delta0, noise, tau
 
     @property
@@ -164,19 +170,49 @@ def _fast_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress
     return found, mean_params, estimate_mean(values, mean_params), _fast_round_sizes(config, protocol, rows, bits, values)
 
 
+def parse_broker(address: str) -> tuple[str, int]:
+    """``host:port`` (port defaults to 1883)."""
+    host, _, port = address.rpartition(":") if ":" in address else (address, "", "1883")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidParameter("broker", f"must be HOST or HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+@contextlib.asynccontextmanager
+async def party_channels(broker: str | None):
+    """Channels for (coordinator, shuffler, client pool): one shared in-process channel,
+    or three separate connections to an MQTT broker."""
+    if broker is None:
+        channel = InProcessChannel()
+        yield channel, channel, channel
+        return
+    from shuffledp.protocol.mqtt_channel import MqttChannel
+
+    host, port = parse_broker(broker)
+    async with contextlib.AsyncExitStack() as stack:
+        channels = [await stack.enter_async_context(MqttChannel(host, port)) for _ in range(3)]
+        yield tuple(channels)
+
+
 async def _message_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress | None):
+    async with party_channels(config.broker) as (coordinator_channel, shuffler_channel, pool_channel):
+        return await _message_rounds_on(
+            config, means, progress, coordinator_channel, shuffler_channel, pool_channel
+        )
+
+
+async def _message_rounds_on(config, means, progress, coordinator_channel, shuffler_channel, pool_channel):
     protocol = config.protocol_config()
-    channel = InProcessChannel()
     analyzer = Analyzer()
-    coordinator = Coordinator(channel, analyzer, round_timeout=3600.0)
+    coordinator = Coordinator(coordinator_channel, analyzer, round_timeout=3600.0)
     signing_key = analyzer.keys.signing_public
     clients = [
         Client(np.array([y]), signing_key, PrivacyLedger(config.epsilon0, config.delta0)) for y in means
     ]
     source = SeededSource(np.random.SeedSequence([config.seed, 0xC11E]))
     on_progress = (lambda k: progress("sealed reports", k)) if progress else None
-    pool = ClientPool(channel, coordinator.session_id, clients, source, on_progress=on_progress)
-    shuffler = Shuffler(channel, coordinator.session_id, signing_key)
+    pool = ClientPool(pool_channel, coordinator.session_id, clients, source, on_progress=on_progress)
+    shuffler = Shuffler(shuffler_channel, coordinator.session_id, signing_key)
     shuffler_task = asyncio.create_task(shuffler.serve())
     pool_task = asyncio.create_task(pool.serve(rounds=2))
     try:
@@ -194,13 +230,13 @@ async def _message_rounds(config: SimulationConfig, means: np.ndarray, progress:
                 "mechanism": record.spec.mechanism,
                 "epsilon0": record.spec.epsilon0,
                 "messages": stats.forwarded,
-                "envelope_bytes": channel.bytes_by_topic[reports_topic(record.spec.session_id, record.spec.round_id)],
+                "envelope_bytes": pool_channel.bytes_by_topic[reports_topic(record.spec.session_id, record.spec.round_id)],
                 "batch_bytes": record.batch_bytes,
                 "rejected_at_shuffler": dict(stats.rejected),
                 "rejected_at_analyzer": dict(record.opened.rejected),
             }
         )
-    extra = {"channel_bytes": sum(channel.bytes_by_topic.values()), "channel_messages": sum(channel.messages_by_topic.values())}
+    extra = {"transport": "mqtt " + config.broker if config.broker else "in-process"}
     return outcome.found_range, outcome.rounds[1].spec.params, outcome.mean, rounds, extra
 
 
