@@ -1,0 +1,117 @@
+"""Throughput of the message path against the raw HPKE open rate, in the same run.
+
+The analyzer's work per report is: open the HPKE-sealed payload, decode the CBOR
+report, validate it against the round, and collect the values. Its rate is
+compared with the raw rate of ``Suite.decrypt`` on the same sealed payloads, the
+floor no implementation can beat; the target is at least 70 %. Also reported,
+for the whole picture: the client's rate (randomize + encode + seal + envelope),
+the shuffler's admission rate, and the end-to-end in-process protocol.
+
+Run: ``python benchmarks/bench_message_path.py``; writes benchmarks/results/message_path.json.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+from _common import best_of, pin_one_core, write_result
+
+from shuffledp.analyzer.service import Analyzer
+from shuffledp.client.client import Client
+from shuffledp.client.ledger import PrivacyLedger
+from shuffledp.population import Population
+from shuffledp.protocol import codec
+from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec, ShuffledBatch
+from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.sealing import SUITE, Sealer, report_info
+from shuffledp.shuffler.service import RoundAdmission
+from shuffledp.simulation import SimulationConfig, run_simulation
+
+N = 20_000
+
+
+def main() -> int:
+    pin_one_core()
+    analyzer = Analyzer()
+    session = os.urandom(16)
+    spec = RoundSpec(
+        session_id=session, round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
+        analyzer_key=analyzer.keys.hpke_public, min_batch=N, deadline=time.time() + 3600,
+    )
+    source = SeededSource(5)
+    clients = [
+        Client(np.array([y]), analyzer.keys.signing_public, PrivacyLedger(1e9), source=source)
+        for y in np.random.default_rng(0).normal(1.7, 0.3, N)
+    ]
+    sealer = Sealer(spec.analyzer_key)
+    envelopes: list[bytes] = []
+
+    def answer_all():
+        envelopes.clear()
+        for c in clients:
+            c.ledger.answered.clear()
+            envelopes.extend(c.answer_verified(spec, sealer))
+
+    t_client = best_of(answer_all, repeats=1)
+
+    def admit_all():
+        admission = RoundAdmission(spec)
+        for e in envelopes:
+            admission.admit(e)
+        return admission
+
+    t_admit = best_of(admit_all, repeats=3)
+    batch = admit_all().shuffled_batch()
+    batch_bytes = codec.encode(batch)
+    private = analyzer.keys.hpke_private
+    info = report_info(session, 0)
+    payloads = batch.payloads
+
+    def raw_open():
+        for p in payloads:
+            SUITE.decrypt(p, private, info=info)
+
+    def analyzer_open():
+        opened = analyzer.open_batch(codec.decode(batch_bytes, ShuffledBatch), spec)
+        assert opened.size == N
+
+    # Interleave the two so both see the same machine conditions.
+    raw, full = [], []
+    for _ in range(5):
+        raw.append(best_of(raw_open, repeats=1))
+        full.append(best_of(analyzer_open, repeats=1))
+    t_raw, t_full = min(raw), min(full)
+
+    population = Population("gaussian", 1.7, 1.0, 20.0, 10)
+    t0 = time.perf_counter()
+    run_simulation(SimulationConfig(population, N, 1.0, path="messages", seed=1))
+    t_end_to_end = time.perf_counter() - t0
+
+    result = {
+        "n": N,
+        "raw_hpke_open_per_s": N / t_raw,
+        "analyzer_open_decode_per_s": N / t_full,
+        "analyzer_to_raw_ratio": t_raw / t_full,
+        "target_ratio": 0.70,
+        "client_reports_per_s": N / t_client,
+        "shuffler_admissions_per_s": N / t_admit,
+        "end_to_end_users_per_s_two_rounds": N / t_end_to_end,
+    }
+    path = write_result("message_path", result)
+    print(f"message path, one core, {N:,} reports")
+    print(f"  raw HPKE open                  {result['raw_hpke_open_per_s']:>10,.0f} /s (baseline)")
+    print(f"  analyzer open+decode+validate  {result['analyzer_open_decode_per_s']:>10,.0f} /s "
+          f"= {100 * result['analyzer_to_raw_ratio']:.1f} % of raw (target >= 70 %)")
+    print(f"  client randomize+seal+envelope {result['client_reports_per_s']:>10,.0f} /s")
+    print(f"  shuffler admission             {result['shuffler_admissions_per_s']:>10,.0f} /s")
+    print(f"  end to end, two rounds         {result['end_to_end_users_per_s_two_rounds']:>10,.0f} users/s")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
