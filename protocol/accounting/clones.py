@@ -1,0 +1,406 @@
+"""Clone reductions for one shuffled round: FMT21, the stronger clone and variation-ratio.
+
+All three analyses reduce "shuffle n reports of a pure eps0-LDP randomizer" to a pair
+of distributions over *counts* (a dominating pair) and then compute the exact
+hockey-stick divergence of that pair. This module implements one engine for the
+common generalisation, :class:`ClonePair`:
+
+* User 1 (the one whose input changes from ``x0`` to ``x1``) outputs a draw from
+  ``Q0``, ``Q1`` or ``Q2`` with probabilities ``(a0, a1, a2)`` on ``x0`` and
+  ``(a1, a0, a2)`` on ``x1`` (``a0 > a1``; ``Q2`` is identical under both inputs).
+* Every other user, whatever its input, outputs a "clone" of ``Q0`` with probability
+  ``r``, of ``Q1`` with probability ``r`` and of ``Q2`` with probability ``r2``,
+  independently, and something else otherwise.
+
+The shuffled multiset is then a post-processing of the counts ``(a, b, z)`` of
+``Q0``/``Q1``/``Q2`` draws (given the counts, the non-clone users are a uniformly
+random subset of the others, whatever the hypothesis), so the divergence of the
+count pair bounds the round's divergence for *every* dataset.
+
+Special cases (``p = e^eps0``, ``rho = p/(p+1)``):
+
+* Feldman, McMillan & Talwar 2021 ("Hiding Among the Clones"), Lemma 3.3/Theorem 3.2:
+  ``a0 = rho, a1 = 1 - rho, a2 = 0, r = e^-eps0 / 2``. Valid for every eps0-LDP
+  randomizer.
+* Stronger clone (Feldman, McMillan & Talwar, SODA 2023, Theorem 3.2 after its
+  errata): ``r = 1/(e^eps0+1)``. The errata restricts it to randomizers with
+  ``R(x) >= (R(x0) + R(x1)) / (e^eps0 + 1)`` for all ``x, x0, x1`` (binary and k-ary
+  randomized response qualify). With the generic variation-ratio parameters of Wang
+  et al. 2024 the pair is the same one.
+* Variation-ratio (Wang, Guo, Wang et al. 2024, arXiv 2304.05007) with parameters
+  ``(p, beta, q)``: ``alpha = beta/(p-1)``, ``a0 = p alpha, a1 = alpha,
+  a2 = 1 - (p+1) alpha, r = alpha p / q``. The paper's numerical bound compares only
+  the ``(a, b)`` counts. That is **not** valid when ``a2 > 0``: exact enumeration
+  finds 4-ary randomized response and Hadamard response datasets whose shuffled
+  divergence exceeds it (see ``docs/accounting.md`` and the tests). Our corrected form
+  keeps the ``Q2`` count ``z`` in the view: every other user also holds a ``Q2``
+  clone with probability ``r2 >= a2 / q`` (proof: ``R(x) >= R(x0)/q`` pointwise and
+  ``R(x0) = p alpha Q0 + a2 Q2`` on the support of ``Q0``, ``= a2 Q2`` off it), and the
+  ``(a, b, z)`` pair is a genuine dominating pair.
+
+Exact evaluation. Conditional on the number ``c`` of clones among the others
+(revealed for free: the view shows ``a + b + z = c + 1``) and on ``z`` (whose law is
+the same under both hypotheses), the pair is
+
+    P = (1-w) X + w Y,   Q = (1-w) X' + w Y,
+    Y = Bin(s, 1/2),  X = Bin(s-1, 1/2) + Bern(b0),  X' = Bin(s-1, 1/2) + Bern(b1),
+
+with ``s = c + 1 - z``, ``b0 = a0/(a0+a1)`` and ``w`` the posterior probability that
+user 1 drew ``Q2``. Its likelihood ratio is a ratio of affine functions of ``a`` so
+the hockey-stick divergence ``G(s, w)`` has a closed form with two binomial tails.
+``G`` is non-increasing in ``s`` and in ``w`` (both are post-processings), and the
+per-``c`` divergence ``D_c`` is non-increasing in ``c`` (one more clone is a
+post-processing). We therefore sum over blocks of ``c`` and of ``z`` using the
+block's worst corner: every number returned by :meth:`ClonePair.delta` is an
+upper bound (plus the exactly computed binomial tail mass outside the window),
+and :meth:`ClonePair.delta_bounds` also returns the matching lower estimate so the
+block resolution can be refined until both agree to ``rtol``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shuffledp.protocol.accounting._numerics import (
+    TAIL_RTOL,
+    binom_cdf_le,
+    binom_log_pmf_half,
+    binom_sf_ge,
+    search_epsilon,
+    standardized_grid,
+)
+from shuffledp.protocol.errors import InvalidParameter
+
+#: Block-grid spacings (in standard deviations) for the clone count ``c`` and for
+#: the Q2 count ``z``; the direction contributing most slack is refined first.
+_C_STEPS = (0.25, 0.1, 0.04, 0.016, 0.0064, 0.0025)
+_Z_STEPS = (0.5, 0.25, 0.12, 0.06, 0.03, 0.015)
+
+
+def _validate_n(n: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
+    return int(n)
+
+
+def _edges(mu, sd, grid, lo, hi):
+    """Integer block edges ``lo = e_0 <= ... <= e_K = hi + 1`` placed at ``mu + sd * grid``.
+
+    ``mu``, ``sd``, ``lo``, ``hi`` may be arrays (one row of edges per entry).
+    """
+    mu = np.atleast_1d(np.asarray(mu, dtype=np.float64))
+    sd = np.atleast_1d(np.asarray(sd, dtype=np.float64))
+    lo = np.atleast_1d(np.asarray(lo, dtype=np.float64))
+    hi = np.atleast_1d(np.asarray(hi, dtype=np.float64))
+    inner = np.round(mu[:, None] + sd[:, None] * grid[None, :])
+    inner = np.clip(inner, lo[:, None], hi[:, None] + 1.0)
+    e = np.concatenate([lo[:, None], inner, hi[:, None] + 1.0], axis=1)
+    return np.maximum.accumulate(e, axis=1)
+
+
+@dataclass
+class ClonePair:
+    """Dominating count pair of one shuffled round (see the module docstring).
+
+    ``scale`` multiplies the divergence (used when part of user 1's output is
+    revealed to be uninformative); ``name`` labels the bound in reports.
+    """
+
+    n: int
+    a0: float
+    a1: float
+    a2: float
+    r: float
+    r2: float
+    scale: float = 1.0
+    name: str = "clone-pair"
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.n = _validate_n(self.n)
+        vals = {"a0": self.a0, "a1": self.a1, "a2": self.a2, "r": self.r, "r2": self.r2}
+        for label, v in vals.items():
+            if not math.isfinite(v) or not (0.0 <= v <= 1.0):
+                raise InvalidParameter(label, f"must be a probability, got {v}")
+            setattr(self, label, float(v))
+        if abs(self.a0 + self.a1 + self.a2 - 1.0) > 1e-9:
+            raise InvalidParameter("a0+a1+a2", f"must sum to 1, got {self.a0 + self.a1 + self.a2}")
+        if not self.a0 > self.a1 > 0.0:
+            raise InvalidParameter("a0, a1", "need a0 > a1 > 0")
+        if 2 * self.r + self.r2 > 1.0 + 1e-12:
+            raise InvalidParameter("r, r2", "clone probabilities exceed 1")
+        if self.a2 > 0.0 and self.r2 <= 0.0:
+            raise InvalidParameter("r2", "must be > 0 when a2 > 0 (else use scale to reveal Q2)")
+        if self.a2 < 1e-15:
+            total = self.a0 + self.a1
+            self.a0, self.a1, self.a2, self.r2 = self.a0 / total, self.a1 / total, 0.0, 0.0
+
+    # ----------------------------------------------------------------- basics
+    @property
+    def epsilon_max(self) -> float:
+        """``log(a0/a1)``: the largest privacy loss, so ``delta(epsilon_max) = 0``."""
+        return math.log(self.a0 / self.a1)
+
+    @property
+    def m(self) -> int:
+        return self.n - 1
+
+    @property
+    def clone_rate(self) -> float:
+        return 2.0 * self.r + self.r2
+
+    # --------------------------------------------------------------- G(s, w)
+    def _G(self, s: np.ndarray, w: np.ndarray, E: float) -> tuple[np.ndarray, np.ndarray]:
+        """``D_E((1-w)X + wY || (1-w)X' + wY)`` for ``s >= 1``; returns (value, fp padding).
+
+        ``Y = Bin(s, 1/2)``, ``X = Bin(s-1, 1/2) + Bern(b0)``, ``X' = ... + Bern(b1)``.
+        ``P(a) - E Q(a) = Y(a) (k1 a + k0)`` so the divergence is
+        ``k1 (s/2) Pr[Bin(s-1,1/2) >= j-1] + k0 Pr[Bin(s,1/2) >= j]`` with ``j`` the
+        first ``a`` where ``k1 a + k0 > 0``; and
+        ``Pr[Bin(s,1/2) >= j] = Pr[Bin(s-1,1/2) >= j-1] - pmf_{s-1}(j-1)/2``.
+        """
+        b0 = self.a0 / (self.a0 + self.a1)
+        b1 = 1.0 - b0
+        k1 = (1.0 - w) * (2.0 / s) * (b0 - b1) * (1.0 + E)
+        k0 = (1.0 - w) * 2.0 * (b1 - E * b0) + w * (1.0 - E)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(k1 > 0, -k0 / k1, np.inf)
+        j = np.floor(np.minimum(t, s + 1.0)) + 1.0
+        t1 = binom_sf_ge(j - 1.0, s - 1.0, 0.5)
+        pmf = np.exp(binom_log_pmf_half(j - 1.0, s - 1.0))
+        t2 = np.maximum(t1 - 0.5 * pmf, 0.0)
+        pos = k1 * (s / 2.0) * t1
+        val = np.maximum(pos + k0 * t2, 0.0)
+        return val, TAIL_RTOL * pos
+
+    # ---------------------------------------------------- block construction
+    def _layout(self, lc: int, lz: int) -> dict:
+        key = (lc, lz)
+        if key in self._cache:
+            return self._cache[key]
+        hc, hz = _C_STEPS[lc], _Z_STEPS[lz]
+        m, rt = self.m, self.clone_rate
+        if m == 0 or rt <= 0.0:
+            c_edges = np.array([[0.0, 1.0]])
+        else:
+            mu = m * rt
+            sd = math.sqrt(m * rt * (1.0 - rt))
+            lo_c = max(0.0, math.floor(mu - 13.0 * sd - 2.0))
+            hi_c = min(float(m), math.ceil(mu + 13.0 * sd + 2.0))
+            if sd * hc < 1.0 and sd < 25.0:  # every c of the window is its own block
+                inner = np.arange(lo_c, hi_c + 1.0)
+                c_edges = np.concatenate([[0.0], inner[inner > 0], [hi_c + 1.0]])[None, :]
+            else:
+                c_edges = _edges(mu, sd, standardized_grid(hc), 0, m)
+        c_edges = c_edges[0]
+        cdf = binom_cdf_le(c_edges - 1.0, m, rt) if m > 0 and rt > 0 else np.array([0.0, 1.0])
+        c_w = np.diff(cdf)
+        keep = c_w > 0
+        c_first = c_edges[:-1][keep]
+        c_last = (c_edges[1:] - 1.0)[keep]
+        c_w = c_w[keep]
+        layout = {"c_w": c_w, "tail_lo": float(cdf[0]), "tail_hi": float(1.0 - cdf[-1])}
+        c_hi = np.array([c_edges[-1] - 1.0])
+        corners = (("up", c_first, True), ("mid", c_last, True), ("dn", c_last, False), ("hi", c_hi, True))
+        for name, cs, upper in corners:
+            if self.a2 == 0.0:
+                layout[name] = (cs + 1.0, np.zeros_like(cs), np.ones_like(cs), np.zeros_like(cs))
+            else:
+                layout[name] = self._z_blocks(cs, hz, upper=upper)
+        self._cache[key] = layout
+        return layout
+
+    def _z_blocks(self, cs: np.ndarray, hz: float, *, upper: bool):
+        """Corners ``(s, w)``, weights and outside-window mass of the z-blocks, per c.
+
+        Given ``c``, ``z = Bin(c, pi2) + Bern(a2)`` (same law under both inputs) and
+        ``w(z) = Pr[user 1 drew Q2 | c, z]`` increases with ``z`` while ``s = c+1-z``
+        decreases, so ``G(s, w)`` on a z-block is at most ``G(s(z_last), w(z_first))``.
+        """
+        pi2 = self.r2 / self.clone_rate
+        a2 = self.a2
+        cs = np.asarray(cs, dtype=np.float64)
+        mu = (cs + 1.0) * pi2
+        sd = np.sqrt(np.maximum((cs + 1.0) * pi2 * (1.0 - pi2), 1e-300))
+        grid = standardized_grid(hz, core=6.0, outer=9.0)
+        edges = _edges(mu, sd, grid, np.zeros_like(cs), cs + 1.0)
+        # small c: exact per-z blocks
+        small = sd * hz < 1.0
+        if np.any(small):
+            width = edges.shape[1]
+            for i in np.nonzero(small)[0]:
+                c = cs[i]
+                row = np.arange(0.0, c + 3.0)  # edges 0, 1, ..., c + 2 (z ranges over 0..c+1)
+                if len(row) > width:  # keep rectangular: fall back to the grid row
+                    continue
+                edges[i] = np.concatenate([row, np.full(width - len(row), c + 2.0)])
+        c_col = cs[:, None]
+
+        def cdf_z(t):  # Pr[z <= t | c]
+            return a2 * binom_cdf_le(t - 1.0, c_col, pi2) + (1.0 - a2) * binom_cdf_le(t, c_col, pi2)
+
+        cz = cdf_z(edges - 1.0)
+        wt = np.maximum(np.diff(cz, axis=1), 0.0)
+        tail = cz[:, 0] + (1.0 - cz[:, -1])
+        z_first = edges[:, :-1]
+        z_last = np.maximum(edges[:, 1:] - 1.0, z_first)
+
+        def post_w(z):  # Pr[user 1 drew Q2 | c, z]
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                ratio = (c_col - z + 1.0) * pi2 / (z * (1.0 - pi2))
+                wv = 1.0 / (1.0 + (1.0 - a2) / a2 * ratio)
+            wv = np.where(z <= 0, 0.0, wv)
+            return np.where(z >= c_col + 1.0, 1.0, wv)
+
+        if upper:
+            s = np.maximum(1.0, c_col + 1.0 - z_last)
+            w = post_w(z_first)
+        else:
+            s = np.maximum(1.0, c_col + 1.0 - z_first)
+            w = post_w(z_last)
+        return s, w, wt, tail
+
+    def _per_c(self, corner, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        s, w, wt, tail = corner
+        g, padding = self._G(s, w, math.exp(eps))
+        if g.ndim == 1:
+            return g * wt, padding * wt + tail
+        return (g * wt).sum(axis=1), (padding * wt).sum(axis=1) + tail
+
+    # ------------------------------------------------------------ divergence
+    def delta_bounds(self, eps: float, lc: int = 1, lz: int = 1) -> tuple[float, float]:
+        """(lower estimate, rigorous upper bound) of ``delta(eps)`` at a block resolution."""
+        lo, _, up = self._bounds3(eps, lc, lz)
+        return lo, up
+
+    def _bounds3(self, eps: float, lc: int, lz: int) -> tuple[float, float, float]:
+        """Lower estimate, upper bound with c at block ends, rigorous upper bound."""
+        if eps >= self.epsilon_max:
+            return 0.0, 0.0, 0.0
+        eps = max(float(eps), 0.0)
+        lay = self._layout(lc, lz)
+        d_up, pad_up = self._per_c(lay["up"], eps)
+        d_mid, _ = self._per_c(lay["mid"], eps)
+        d_dn, _ = self._per_c(lay["dn"], eps)
+        d_hi, pad_hi = self._per_c(lay["hi"], eps)
+        upper = (
+            float(np.dot(lay["c_w"], d_up + pad_up))
+            + lay["tail_lo"]
+            + lay["tail_hi"] * float(d_hi[0] + pad_hi[0])
+        )
+        mid = float(np.dot(lay["c_w"], d_mid))
+        lower = float(np.dot(lay["c_w"], d_dn))
+        sc = self.scale
+        return min(1.0, sc * lower), min(1.0, sc * mid), min(1.0, sc * upper)
+
+    def delta(
+        self, eps: float, rtol: float = 5e-3, *, target: float | None = None, atol: float = 1e-17
+    ) -> float:
+        """Rigorous upper bound on the hockey-stick divergence at ``eps``.
+
+        The block grid is refined (in whichever of ``c`` and ``z`` contributes more
+        slack) until the lower estimate is within ``rtol`` of the upper bound (or
+        within ``atol``), or, when a search ``target`` is given, until the bound
+        settles on one side of it; the smallest upper bound seen is returned.
+        """
+        lc, lz = self._cache.get("start", (0, 0))  # resolution that sufficed last time
+        best = 1.0
+        while True:
+            lo, mid, up = self._bounds3(eps, lc, lz)
+            best = min(best, up)
+            done = up - lo <= rtol * up + atol or up == 0.0
+            if target is not None and (up <= target or lo >= 2.0 * target):
+                done = True
+            if done:
+                if up > 0.0:  # remember the resolution that sufficed (next call starts there)
+                    self._cache["start"] = (lc, lz)
+                return best
+            can_c, can_z = lc + 1 < len(_C_STEPS), lz + 1 < len(_Z_STEPS) and self.a2 > 0
+            if not (can_c or can_z):
+                return best
+            if can_c and (not can_z or up - mid >= mid - lo):
+                lc += 1
+            else:
+                lz += 1
+
+    def epsilon(self, delta: float, rtol: float = 1e-5) -> float:
+        """Smallest ``eps`` (to ``rtol``) with ``delta(eps) <= delta``: an upper bound on eps."""
+        if not 0.0 < delta < 1.0:
+            raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
+        self._cache.pop("start", None)  # deterministic: every search starts from the coarsest grid
+        _, b = search_epsilon(lambda e: self.delta(e, target=delta), delta, 0.0, self.epsilon_max, rtol=rtol)
+        return b
+
+
+# ------------------------------------------------------------------ factories
+def fmt21_pair(epsilon0: float, n: int) -> ClonePair:
+    """FMT21 Lemma 3.3 / Theorem 3.2: clones with probability ``e^-eps0`` (generic)."""
+    p = math.exp(epsilon0)
+    return ClonePair(n, p / (p + 1), 1 / (p + 1), 0.0, math.exp(-epsilon0) / 2, 0.0, name="fmt21-numerical")
+
+
+def strong_clone_pair(epsilon0: float, n: int) -> ClonePair:
+    """Stronger clone: clone probability ``2/(e^eps0+1)`` (restricted class, see module doc)."""
+    p = math.exp(epsilon0)
+    return ClonePair(n, p / (p + 1), 1 / (p + 1), 0.0, 1 / (p + 1), 0.0, name="strong-clone")
+
+
+def variation_ratio_pair(p: float, beta: float, q: float, n: int, r2: float | None = None) -> ClonePair:
+    """Corrected variation-ratio pair for a ``(p, beta, q)`` randomizer.
+
+    ``r2`` is the probability that another user holds a ``Q2`` clone; ``a2/q`` is always
+    valid, a mechanism may justify more (k-ary randomized response: ``r2 = a2``).
+    """
+    if not p > 1:
+        raise InvalidParameter("p", f"must be > 1, got {p}")
+    if not 0 < beta <= (p - 1) / (p + 1) + 1e-12:
+        raise InvalidParameter("beta", f"must be in (0, (p-1)/(p+1)], got {beta}")
+    if not q >= 1:
+        raise InvalidParameter("q", f"must be >= 1, got {q}")
+    alpha = beta / (p - 1)
+    a2 = max(0.0, 1.0 - (p + 1) * alpha)
+    rr = alpha * p / q
+    if r2 is None:
+        r2 = a2 / q
+    return ClonePair(n, p * alpha, alpha, a2, rr, r2, name="variation-ratio")
+
+
+# ------------------------------------------------------------ closed form
+def fmt21_closed_form_valid(epsilon0: float, n: int, delta: float) -> bool:
+    """Validity regime of FMT21 Theorem 3.1.
+
+    The paper states ``eps0 <= log(n / (16 log(2/delta)))``; the reference script
+    checks ``log(n / (16 log(4/delta)))``. We require the stricter (script) form.
+    """
+    inner = n / (16.0 * math.log(4.0 / delta))
+    return inner > 1.0 and epsilon0 <= math.log(inner)
+
+
+def fmt21_closed_form(epsilon0: float, n: int, delta: float) -> float | None:
+    """FMT21 Theorem 3.1 closed form, or ``None`` outside its validity regime.
+
+    With ``e^eps' = 1 + 8 sqrt(e^eps0 log(4/delta) / n) + 8 e^eps0 / n`` (the bound on
+    the likelihood ratio of the clone counts that holds except with probability
+    ``delta``), the round is ``(eps, delta)``-DP for
+
+        eps = log(1 + (1 - e^-eps0) / (1 + e^-(eps0 + eps')) * (e^eps' - 1)).
+
+    This is the form whose value the authors print for their example
+    (n = 1e5, eps0 = 4, delta = 1e-6: 0.5378). The theorem as typeset uses the factor
+    ``(e^eps0 - 1)/(e^eps0 + 1)`` instead (0.5347 on the example); mixing the two
+    clone pairs exactly gives ``(e^eps0 - 1)/(e^eps0 + e^eps')``, smaller still. All
+    three are valid in the regime; we report the largest, published value.
+    """
+    n = _validate_n(n)
+    if not 0.0 < delta < 1.0:
+        raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
+    if not fmt21_closed_form_valid(epsilon0, n, delta):
+        return None
+    a = 8.0 * math.sqrt(math.exp(epsilon0) * math.log(4.0 / delta) / n)
+    c = 8.0 * math.exp(epsilon0) / n
+    eps_prime = math.log1p(a + c)
+    coef = (1.0 - math.exp(-epsilon0)) / (1.0 + math.exp(-epsilon0 - eps_prime))
+    return min(epsilon0, math.log1p(coef * (a + c)))

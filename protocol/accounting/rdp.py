@@ -1,0 +1,206 @@
+"""Rényi DP of one shuffled round, subsampling, and conversion to (eps, delta).
+
+Three RDP curves, all upper bounds on ``D_lambda`` of the round for every pair of
+neighbouring datasets (replace-one), at integer orders ``lambda >= 2``:
+
+* :func:`girgis_rdp` -- Girgis, Data, Diggavi, Suresh & Kairouz, "On the Rényi
+  Differential Privacy of the Shuffle Model" (CCS 2021), Theorem 1 (general
+  ``eps0``-LDP randomizers)::
+
+      eps(lambda) <= 1/(lambda-1) log( 1 + C(lambda,2) (e^eps0 - 1)^2 / (nbar e^eps0)
+                      + sum_{j=3}^{lambda} C(lambda,j) j Gamma(j/2) ((e^{2 eps0} - 1)^2 / (2 e^{2 eps0} nbar))^{j/2}
+                      + e^{eps0 lambda - (n-1)/(8 e^eps0)} ),
+      nbar = floor((n-1)/(2 e^eps0)) + 1.
+
+  The last term is the Chernoff probability that fewer than half the expected
+  ``(n-1) e^-eps0`` clones appear, times the worst moment ``e^{eps0 lambda}``. We also
+  cap by the always-valid ``min(eps0, lambda eps0^2 / 2)`` (pure ``eps0``-DP implies
+  ``eps0^2/2``-zCDP; Bun & Steinke 2016).
+* :func:`clone_pair_rdp` -- the Rényi divergence of a clone dominating pair
+  (:class:`~shuffledp.protocol.accounting.clones.ClonePair` with ``a2 = 0``: FMT21 or
+  the stronger clone), computed numerically. The round is a post-processing of the
+  pair, and Rényi divergence obeys data processing, so this is a valid RDP bound
+  (FMT21 point out their reduction yields RDP bounds numerically). Given the clone
+  count ``c`` (which the view reveals), the moment ``E_Q[(P/Q)^lambda]`` is a sum over
+  ``a`` of ``Bin(c+1, 1/2)(a) l_P(a)^lambda l_Q(a)^(1-lambda)``; it is non-increasing in
+  ``c``, so blocks of ``c`` are bounded by their left end.
+* :func:`wor_subsampled_rdp` -- Wang, Balle & Kasiviswanathan (AISTATS 2019),
+  Theorem 9: RDP of a mechanism run on a uniformly random subset of ``m`` of ``N``
+  records (``gamma = m/N``), replace-one neighbours::
+
+      eps'(lambda) <= 1/(lambda-1) log(1 + gamma^2 C(lambda,2) min{4 (e^{eps(2)} - 1),
+                        e^{eps(2)} min{2, (e^{eps(inf)} - 1)^2}}
+                      + sum_{j=3}^{lambda} gamma^j C(lambda,j) e^{(j-1) eps(j)} min{2, (e^{eps(inf)} - 1)^j}).
+
+  dp-accounting implements the Gaussian special case (``eps(inf) = inf``,
+  ``_compute_rdp_sample_wor_gaussian``, with the sharper Theorem 27 for j >= 3); the
+  tests check that this generic form reproduces its order-2 value and dominates it
+  elsewhere.
+
+Conversion to ``(eps, delta)`` uses dp-accounting's
+``rdp_privacy_accountant.compute_epsilon`` (Proposition 12 of Canonne, Kamath &
+Steinke 2020).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+from scipy import special
+
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from shuffledp.protocol.accounting._numerics import binom_cdf_le, binom_log_pmf_half
+from shuffledp.protocol.accounting.clones import ClonePair
+from shuffledp.protocol.errors import InvalidParameter
+
+#: Integer orders used throughout (subsampling needs every integer up to the max).
+DEFAULT_ORDERS = tuple(range(2, 65))
+
+
+def _orders(orders: Sequence[int] | None) -> np.ndarray:
+    o = np.asarray(DEFAULT_ORDERS if orders is None else orders)
+    if o.size == 0 or np.any(o < 2) or np.any(o != np.round(o)):
+        raise InvalidParameter("orders", "must be integers >= 2")
+    return o.astype(int)
+
+
+def pure_dp_rdp(epsilon0: float, orders: Sequence[int] | None = None) -> np.ndarray:
+    """RDP valid for any pure ``eps0``-DP mechanism: ``min(eps0, lambda eps0^2/2)``."""
+    o = _orders(orders)
+    return np.minimum(epsilon0, o * epsilon0**2 / 2.0)
+
+
+def girgis_rdp(epsilon0: float, n: int, orders: Sequence[int] | None = None) -> np.ndarray:
+    """Girgis et al. (CCS 2021) Theorem 1 upper bound on the RDP of one shuffled round."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
+    o = _orders(orders)
+    e0 = float(epsilon0)
+    nbar = math.floor((n - 1) / (2.0 * math.exp(e0))) + 1
+    log_t2_base = 2.0 * math.log(math.expm1(e0)) - math.log(nbar) - e0
+    log_x = 2.0 * math.log(math.expm1(2.0 * e0)) - math.log(2.0) - 2.0 * e0 - math.log(nbar)
+    out = np.empty(o.shape, dtype=np.float64)
+    for idx, lam in enumerate(o):
+        terms = [0.0, special.gammaln(lam + 1) - special.gammaln(3) - special.gammaln(lam - 1) + log_t2_base]
+        if lam >= 3:
+            j = np.arange(3, lam + 1, dtype=np.float64)
+            log_comb = special.gammaln(lam + 1) - special.gammaln(j + 1) - special.gammaln(lam - j + 1)
+            terms.extend(log_comb + np.log(j) + special.gammaln(j / 2.0) + (j / 2.0) * log_x)
+        terms.append(e0 * lam - (n - 1) / (8.0 * math.exp(e0)))
+        out[idx] = special.logsumexp(terms) / (lam - 1)
+    return np.minimum(out, pure_dp_rdp(e0, o))
+
+
+def clone_pair_rdp(pair: ClonePair, orders: Sequence[int] | None = None, c_blocks: int = 48) -> np.ndarray:
+    """Numerical RDP (max over both directions) of a clone pair with ``a2 = 0``.
+
+    Upper bound: ``c``-blocks use their left end (moments are non-increasing in ``c``),
+    the ``a``-window outside ``+-w`` standard deviations is bounded by its probability
+    times the largest ratio ``(a0/a1)^(lambda-1)``, and the ``c``-tails likewise.
+    """
+    if pair.a2 != 0.0 or pair.scale != 1.0:
+        raise InvalidParameter("pair", "numerical RDP is implemented for pairs without a Q2 part (a2 = 0, scale 1)")
+    o = _orders(orders).astype(np.float64)
+    m, rt = pair.m, pair.clone_rate
+    b0 = pair.a0 / (pair.a0 + pair.a1)
+    b1 = 1.0 - b0
+    log_ratio = math.log(b0 / b1)
+    if m == 0 or rt <= 0:
+        edges = np.array([0.0, 1.0])
+        wts = np.array([1.0])
+        tail_lo = tail_hi = 0.0
+    else:
+        mu, sd = m * rt, math.sqrt(m * rt * (1 - rt))
+        lo = max(0.0, math.floor(mu - 13 * sd - 2))
+        hi = min(float(m), math.ceil(mu + 13 * sd + 2))
+        if hi - lo + 1 <= c_blocks:
+            edges = np.arange(lo, hi + 2.0)
+        else:
+            edges = np.unique(np.round(np.linspace(lo, hi + 1, c_blocks + 1)))
+        if lo > 0:  # lower tail: geometric blocks down to c = 0 (small c = large moments)
+            below = np.unique(np.round(lo - np.geomspace(1.0, lo, 24)))
+            edges = np.unique(np.concatenate([below[below >= 0], [0.0], edges]))
+        cdf = binom_cdf_le(edges - 1.0, m, rt)
+        wts = np.diff(cdf)
+        tail_lo, tail_hi = 0.0, float(1 - cdf[-1])
+    cs = list(edges[:-1]) + [edges[-1] - 1.0]  # block left ends, then the window's last c
+    log_moments = []
+    for c in cs:
+        s = c + 1.0
+        half = math.sqrt(s) / 2.0
+        width = max(14.0, math.sqrt(2.0 * (o.max() - 1) * log_ratio + 80.0))
+        a_lo = max(0.0, math.floor(s / 2 - width * half - 1))
+        a_hi = min(s, math.ceil(s / 2 + width * half + 1))
+        a = np.arange(a_lo, a_hi + 1.0)
+        logy = binom_log_pmf_half(a, s)
+        lp = np.log(2.0 / s) + np.log(b0 * a + b1 * (s - a))
+        lq = np.log(2.0 / s) + np.log(b1 * a + b0 * (s - a))
+        mom = special.logsumexp(logy[None, :] + o[:, None] * lp[None, :] + (1 - o[:, None]) * lq[None, :], axis=1)
+        # mass of P outside the a-window, times the largest ratio^(lambda-1)
+        out_mass = float(binom_cdf_le(a_lo - 1.0, s - 1.0, 0.5) + (1.0 - binom_cdf_le(a_hi - 1.0, s - 1.0, 0.5)))
+        if out_mass > 0:
+            mom = np.logaddexp(mom, math.log(out_mass) + (o - 1) * log_ratio)
+        log_moments.append(mom)
+    log_moments = np.array(log_moments)  # (blocks + 1, orders)
+    terms = [np.log(np.maximum(wts, 1e-300))[:, None] + log_moments[:-1]]
+    extra = []
+    if tail_lo > 0:
+        extra.append(math.log(tail_lo) + (o - 1) * log_ratio)
+    if tail_hi > 0:
+        extra.append(math.log(tail_hi) + log_moments[-1])
+    total = special.logsumexp(terms[0], axis=0)
+    for e in extra:
+        total = np.logaddexp(total, e)
+    rdp = total / (o - 1)
+    return np.minimum(np.maximum(rdp, 0.0), pure_dp_rdp(pair.epsilon_max, o.astype(int)))
+
+
+def wor_subsampled_rdp(
+    inner_rdp: np.ndarray, orders: Sequence[int], gamma: float, eps_inf: float = math.inf
+) -> np.ndarray:
+    """Wang-Balle-Kasiviswanathan Theorem 9 (uniform subsampling without replacement).
+
+    ``inner_rdp[i]`` is the inner mechanism's RDP at ``orders[i]``; every integer
+    order from 2 to ``max(orders)`` must be present. ``eps_inf`` is the inner
+    mechanism's pure-DP epsilon (``inf`` if none).
+    """
+    o = _orders(orders)
+    if not 0.0 <= gamma <= 1.0:
+        raise InvalidParameter("gamma", f"must be in [0, 1], got {gamma}")
+    inner = dict(zip(o.tolist(), np.asarray(inner_rdp, dtype=np.float64).tolist()))
+    need = set(range(2, int(o.max()) + 1))
+    if not need.issubset(inner):
+        raise InvalidParameter("orders", "need every integer order from 2 to max(orders)")
+    if gamma == 0.0:
+        return np.zeros(o.shape)
+    if gamma == 1.0:
+        return np.asarray([inner[int(x)] for x in o])
+    log_g = math.log(gamma)
+    if math.isinf(eps_inf):
+        log_cap = lambda j: math.log(2.0)  # noqa: E731
+    else:
+        lx = math.log(math.expm1(eps_inf)) if eps_inf > 0 else -math.inf
+        log_cap = lambda j: min(math.log(2.0), j * lx)  # noqa: E731
+    e2 = inner[2]
+    log_j2 = min(math.log(4.0) + math.log(math.expm1(e2)) if e2 > 0 else -math.inf, e2 + log_cap(2))
+    out = np.empty(o.shape, dtype=np.float64)
+    for idx, lam in enumerate(o.tolist()):
+        terms = [0.0]
+        log_comb2 = special.gammaln(lam + 1) - special.gammaln(3) - special.gammaln(lam - 1)
+        terms.append(2 * log_g + log_comb2 + log_j2)
+        for j in range(3, lam + 1):
+            log_comb = special.gammaln(lam + 1) - special.gammaln(j + 1) - special.gammaln(lam - j + 1)
+            terms.append(j * log_g + log_comb + (j - 1) * inner[j] + log_cap(j))
+        out[idx] = special.logsumexp(terms) / (lam - 1)
+    return out
+
+
+def rdp_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> float:
+    """(eps, delta) from an RDP curve via dp-accounting's conversion."""
+    if not 0 < delta < 1:
+        raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
+    eps, _ = rdp_privacy_accountant.compute_epsilon(list(orders), list(rdp), delta)
+    return float(eps)

@@ -1,0 +1,308 @@
+"""Composition of shuffled rounds into a session ledger.
+
+Every round group is turned into two objects that dp-accounting composes:
+
+1. A **privacy loss distribution** built from the round's ``delta(eps)`` curve with
+   dp-accounting's pessimistic connect-the-dots discretisation
+   (``pld_pmf.create_pmf_pessimistic_connect_dots``; Doroshenko, Ghazi, Kamath, Kumar
+   & Manurangsi 2022). The curve is the pointwise minimum of the round's valid
+   numerical curves (each an upper bound), evaluated on an epsilon grid, extended to
+   negative epsilons by ``delta(-e) = 1 - e^-e + e^-e delta(e)`` (our curves bound
+   both directions), rounded *up* to the PLD's discretisation (``delta`` is
+   non-increasing, so the old value remains an upper bound at the larger epsilon),
+   and replaced by its lower convex hull in ``(e^eps, delta)``: the true curve is
+   convex there and below every point, hence below the hull. Connect-the-dots then
+   yields a PLD whose hockey-stick curve interpolates these points linearly in
+   ``e^eps``, i.e. dominates the round. Rounds are composed with
+   ``PrivacyLossDistribution.compose`` / ``self_compose``.
+2. An **RDP curve** at integer orders (minimum of Girgis et al.'s bound and the
+   numerical RDP of the valid clone pairs), composed by addition and converted with
+   dp-accounting's ``compute_epsilon``.
+
+The session's epsilon is the smaller of the two, both being upper bounds.
+
+Subsampled rounds (``sampling_rate``; ``n`` is the batch size the shuffler delivers,
+in expectation for Poisson sampling):
+
+* ``uniform``: a fixed batch of ``n`` reports drawn from ``N = n / rate`` users.
+  Conditionally on being absent, user 1's round is a mixture of rounds in which
+  user 1's slot holds another user's data, so the round with and without user 1 is
+  ``(eps, delta_round(eps))``-indistinguishable and the advanced joint convexity of
+  Balle, Barthe & Gaboardi (NeurIPS 2018, Theorem 2) gives
+  ``eps' = log(1 + rate (e^eps - 1))`` at ``delta' = rate * delta_round(eps)``. On the
+  RDP side, Wang, Balle & Kasiviswanathan's Theorem 9 (see :mod:`.rdp`).
+* ``poisson``: each of ``N = round(n / rate)`` users joins independently. The batch
+  size ``S ~ Bin(N, rate)`` has the same law under both neighbouring datasets and,
+  given ``S = k``, the batch is a uniform ``k``-subset, i.e. the uniform case with
+  ``gamma = k / N``. We bound all ``k`` in ``[k_lo, k_hi]`` (binomial tails of 1e-14
+  outside, added to delta) by the worst corner: the round at ``k_lo`` reports and
+  ``gamma = k_hi / N``. Outside the window the round is still ``eps0``-DP (RDP side).
+
+Approximate-DP randomizers are refused (:class:`AmplificationNotClaimed`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from dp_accounting.pld import pld_pmf
+from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+from shuffledp.protocol.accounting._numerics import binom_cdf_le
+from shuffledp.protocol.accounting.clones import ClonePair
+from shuffledp.protocol.accounting.guarantees import LocalGuarantee
+from shuffledp.protocol.accounting.rdp import (
+    DEFAULT_ORDERS,
+    clone_pair_rdp,
+    girgis_rdp,
+    pure_dp_rdp,
+    rdp_epsilon,
+    wor_subsampled_rdp,
+)
+from shuffledp.protocol.accounting.shuffle_round import (
+    _check_round,
+    dominating_pairs,
+    round_curve_support,
+    round_delta_curve,
+    shuffled_round,
+)
+from shuffledp.protocol.errors import InvalidParameter
+
+SAMPLING_SCHEMES = ("poisson", "uniform")
+#: Binomial tail mass left outside the batch-size window of a Poisson-sampled round.
+POISSON_TAIL = 1e-14
+#: Number of points on the positive side of each round's epsilon grid.
+CURVE_POINTS = 80
+
+
+@dataclass
+class RoundGroup:
+    """``count`` identical rounds."""
+
+    local: LocalGuarantee
+    n: int
+    sampling_rate: float | None
+    sampling: str
+    count: int
+    _pld: PrivacyLossDistribution | None = field(default=None, repr=False)
+    _rdp: np.ndarray | None = field(default=None, repr=False)
+    _reference: dict = field(default_factory=dict, repr=False)
+
+
+def _poisson_window(n: int, rate: float) -> tuple[int, int, int, float]:
+    """Population ``N``, batch window ``[k_lo, k_hi]`` and its outside mass."""
+    N = max(n, int(round(n / rate)))
+    mu = N * rate
+    sd = math.sqrt(N * rate * (1 - rate))
+    z = 8.0
+    while True:
+        k_lo = max(1, int(math.floor(mu - z * sd)))
+        k_hi = min(N, int(math.ceil(mu + z * sd)))
+        tail = float(binom_cdf_le(k_lo - 1.0, N, rate) + (1.0 - binom_cdf_le(k_hi, N, rate)))
+        if tail <= POISSON_TAIL or z > 40:
+            return N, k_lo, k_hi, tail
+        z += 1.0
+
+
+class SessionAccountant:
+    """Composes shuffled rounds into a session; every epsilon it reports is an upper bound.
+
+    ``value_discretization_interval`` is the PLD grid (dp-accounting's default 1e-4);
+    composing ``T`` rounds can cost up to ``T`` times it in epsilon, on the safe side.
+    """
+
+    def __init__(self, *, value_discretization_interval: float = 1e-4, orders=None, reference_delta: float = 1e-6):
+        if not 0 < value_discretization_interval <= 0.1:
+            raise InvalidParameter("value_discretization_interval", "must be in (0, 0.1]")
+        if not 0 < reference_delta < 1:
+            raise InvalidParameter("reference_delta", "must be in (0, 1)")
+        self._d = float(value_discretization_interval)
+        self._orders = tuple(DEFAULT_ORDERS if orders is None else orders)
+        if list(self._orders) != list(range(2, max(self._orders) + 1)):
+            raise InvalidParameter("orders", "must be every integer from 2 to its maximum")
+        self._reference_delta = reference_delta
+        self._groups: list[RoundGroup] = []
+
+    # ---------------------------------------------------------------- ledger
+    def add_round(
+        self,
+        local: LocalGuarantee,
+        n: int,
+        *,
+        sampling_rate: float | None = None,
+        sampling: str = "poisson",
+        count: int = 1,
+    ) -> None:
+        """Record ``count`` rounds, each shuffling ``n`` reports of ``local``.
+
+        With ``sampling_rate``, each round's batch is drawn from a population of
+        ``n / sampling_rate`` users (``sampling``: ``"poisson"`` or ``"uniform"``) and
+        ``n`` is the (expected) batch size.
+        """
+        n = _check_round(local, n)
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+            raise InvalidParameter("count", f"must be an integer >= 1, got {count!r}")
+        if sampling not in SAMPLING_SCHEMES:
+            raise InvalidParameter("sampling", f"must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
+        if sampling_rate is not None:
+            if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, (int, float, np.floating)):
+                raise InvalidParameter("sampling_rate", f"must be a number in (0, 1], got {sampling_rate!r}")
+            if not 0 < sampling_rate <= 1:
+                raise InvalidParameter("sampling_rate", f"must be in (0, 1], got {sampling_rate}")
+            if sampling_rate == 1:
+                sampling_rate = None
+        self._groups.append(RoundGroup(local, n, None if sampling_rate is None else float(sampling_rate), sampling, int(count)))
+
+    def __len__(self) -> int:
+        return sum(g.count for g in self._groups)
+
+    # ------------------------------------------------------------- per group
+    def _inner_n(self, g: RoundGroup) -> tuple[int, float, float]:
+        """(reports in the worst batch, worst inclusion probability, extra delta)."""
+        if g.sampling_rate is None:
+            return g.n, 1.0, 0.0
+        if g.sampling == "uniform":
+            return g.n, g.sampling_rate, 0.0
+        N, k_lo, k_hi, tail = _poisson_window(g.n, g.sampling_rate)
+        return k_lo, k_hi / N, tail
+
+    def _group_pld(self, g: RoundGroup) -> PrivacyLossDistribution:
+        if g._pld is not None:
+            return g._pld
+        n_in, gamma, tail = self._inner_n(g)
+        e_top = round_curve_support(g.local, n_in)
+        e_max = float(max(p.epsilon_max for p in dominating_pairs(g.local, n_in).values()))
+        grid = np.unique(np.concatenate([np.linspace(0.0, e_top, CURVE_POINTS), [e_max]]))
+        deltas = round_delta_curve(g.local, n_in, grid)
+        deltas[grid >= e_max] = 0.0
+        # subsampling (advanced joint convexity), then the extra tail mass
+        eps_p = np.log1p(gamma * np.expm1(grid))
+        del_p = np.minimum(1.0, gamma * deltas + tail)
+        pld = _pld_from_curve(eps_p, del_p, self._d)
+        g._pld = pld.self_compose(g.count) if g.count > 1 else pld
+        return g._pld
+
+    def _group_rdp(self, g: RoundGroup) -> np.ndarray:
+        if g._rdp is not None:
+            return g._rdp
+        orders = self._orders
+        n_in, gamma, tail = self._inner_n(g)
+        e0 = g.local.epsilon0
+        inner = girgis_rdp(e0, n_in, orders)
+        for name, pair in dominating_pairs(g.local, n_in).items():
+            if isinstance(pair, ClonePair) and pair.a2 == 0.0 and pair.scale == 1.0:
+                inner = np.minimum(inner, clone_pair_rdp(pair, orders))
+        if gamma < 1.0:
+            sub = wor_subsampled_rdp(inner, orders, gamma, eps_inf=e0)
+            if tail > 0:  # Poisson: outside the batch window the round is still eps0-DP
+                o = np.asarray(orders, dtype=np.float64)
+                worst = pure_dp_rdp(e0, orders)
+                sub = np.logaddexp(math.log1p(-tail) + (o - 1) * sub, math.log(tail) + (o - 1) * worst) / (o - 1)
+            inner = np.minimum(sub, pure_dp_rdp(e0, orders))
+        g._rdp = g.count * inner
+        return g._rdp
+
+    # ------------------------------------------------------------- answers
+    def _check_ready(self) -> None:
+        if not self._groups:
+            raise InvalidParameter("session", "no rounds added")
+
+    def pld(self) -> PrivacyLossDistribution:
+        """The composed privacy loss distribution of the whole session."""
+        self._check_ready()
+        total = None
+        for g in self._groups:
+            p = self._group_pld(g)
+            total = p if total is None else total.compose(p)
+        return total
+
+    def rdp(self) -> tuple[tuple[int, ...], np.ndarray]:
+        """(orders, composed RDP) of the whole session."""
+        self._check_ready()
+        return self._orders, sum(self._group_rdp(g) for g in self._groups)
+
+    def epsilon_breakdown(self, delta: float) -> dict[str, float]:
+        """Session epsilon by each composition route (both are upper bounds)."""
+        if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)) or not 0 < delta < 1:
+            raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
+        self._check_ready()
+        eps_pld = float(self.pld().get_epsilon_for_delta(float(delta)))
+        orders, rdp = self.rdp()
+        eps_rdp = rdp_epsilon(orders, rdp, float(delta))
+        return {"pld": eps_pld, "rdp": eps_rdp}
+
+    def epsilon(self, delta: float) -> float:
+        """Central epsilon of the whole session at ``delta`` (an upper bound)."""
+        b = self.epsilon_breakdown(delta)
+        return min(b["pld"], b["rdp"])
+
+    def delta(self, epsilon: float) -> float:
+        """Central delta of the whole session at ``epsilon`` (an upper bound, PLD route)."""
+        if not (isinstance(epsilon, (int, float, np.floating)) and epsilon >= 0):
+            raise InvalidParameter("epsilon", f"must be >= 0, got {epsilon!r}")
+        self._check_ready()
+        return float(self.pld().get_delta_for_epsilon(float(epsilon)))
+
+    def describe(self) -> list[dict]:
+        """One row per added round group, with the single-round bound at ``reference_delta``."""
+        rows = []
+        for g in self._groups:
+            if not g._reference:
+                rb = shuffled_round(g.local, g.n, self._reference_delta)
+                g._reference = {"round_epsilon": rb.epsilon, "round_method": rb.method}
+            rows.append(
+                {
+                    "mechanism": g.local.mechanism,
+                    "epsilon0": g.local.epsilon0,
+                    "delta0": g.local.delta0,
+                    "num_bins": g.local.num_bins,
+                    "k": g.local.k,
+                    "n": g.n,
+                    "count": g.count,
+                    "sampling_rate": g.sampling_rate,
+                    "sampling": g.sampling if g.sampling_rate is not None else None,
+                    "reference_delta": self._reference_delta,
+                    **g._reference,
+                }
+            )
+        return rows
+
+
+def _pld_from_curve(eps: np.ndarray, deltas: np.ndarray, d: float) -> PrivacyLossDistribution:
+    """Pessimistic symmetric PLD dominating a curve given at ``eps >= 0`` (see module doc)."""
+    eps = np.asarray(eps, dtype=np.float64)
+    deltas = np.clip(np.asarray(deltas, dtype=np.float64), 0.0, 1.0)
+    pos = eps > 0
+    neg_eps = -eps[pos]
+    neg_del = 1.0 - np.exp(-eps[pos]) + np.exp(-eps[pos]) * deltas[pos]
+    all_eps = np.concatenate([neg_eps, eps])
+    all_del = np.concatenate([neg_del, deltas])
+    # round epsilons up to the grid (delta is non-increasing, so this stays an upper bound)
+    k = np.ceil(all_eps / d - 1e-9).astype(np.int64)
+    order = np.argsort(k, kind="stable")
+    k, all_del = k[order], all_del[order]
+    uniq, start = np.unique(k, return_index=True)
+    mins = np.minimum.reduceat(all_del, start)
+    # an upper bound at e is one at every e' > e (delta is non-increasing): running minimum
+    mins = np.minimum.accumulate(mins)
+    hull_k, hull_d = _lower_convex_hull(uniq, mins, d)
+    pmf = pld_pmf.create_pmf_pessimistic_connect_dots(d, hull_k, hull_d)
+    return PrivacyLossDistribution(pmf)
+
+
+def _lower_convex_hull(k: np.ndarray, deltas: np.ndarray, d: float) -> tuple[np.ndarray, np.ndarray]:
+    """Lower convex hull of the points ``(e^{k d}, delta)`` (monotone chain)."""
+    x = np.exp(k * d)
+    hk, hx, hd = [], [], []
+    for ki, xi, di in zip(k.tolist(), x.tolist(), deltas.tolist()):
+        while len(hx) >= 2:
+            x1, d1, x2, d2 = hx[-2], hd[-2], hx[-1], hd[-1]
+            # drop the middle point if it lies on or above the segment (x1,d1)-(xi,di)
+            if (d2 - d1) * (xi - x1) >= (di - d1) * (x2 - x1):
+                hk.pop(), hx.pop(), hd.pop()
+            else:
+                break
+        hk.append(ki), hx.append(xi), hd.append(di)
+    return np.array(hk, dtype=np.int64), np.array(hd)

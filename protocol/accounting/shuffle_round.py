@@ -1,0 +1,171 @@
+"""One shuffled round: every applicable bound, the tightest one, and the privacy curve.
+
+:func:`shuffled_round` answers "what central (eps, delta) does this round give?" for a
+local guarantee and the batch size the shuffler actually delivered. Each bound is
+reported in :attr:`RoundBound.candidates` (``None`` where its theorem does not apply),
+and :attr:`RoundBound.epsilon` is the smallest valid one. All numbers are *upper*
+bounds on the round's epsilon, except :attr:`RoundBound.lower_bound`, which is the
+exact epsilon of shuffled binary randomized response on a fixed neighbouring pair:
+a floor no bound that only uses ``eps0`` may go under (for ``binary-rr`` with
+``n <= RR_EXACT_MAX_N`` it is the exact value, maximised over all datasets).
+
+:func:`round_delta_curve` gives the round's ``delta(eps)`` on a grid (pointwise minimum
+of the valid numerical curves), which :mod:`.session` turns into a privacy loss
+distribution for composition.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from shuffledp.protocol.accounting.clones import (
+    ClonePair,
+    fmt21_closed_form,
+    fmt21_pair,
+    strong_clone_pair,
+    variation_ratio_pair,
+)
+from shuffledp.protocol.accounting.guarantees import (
+    AmplificationNotClaimed,
+    LocalGuarantee,
+    in_strong_clone_class,
+    variation_ratio_parameters,
+)
+from shuffledp.protocol.accounting.rdp import DEFAULT_ORDERS, girgis_rdp, rdp_epsilon
+from shuffledp.protocol.accounting.rr_exact import (
+    RR_EXACT_MAX_N,
+    rr_exact_delta,
+    rr_exact_epsilon,
+    rr_lower_epsilon,
+)
+from shuffledp.protocol.errors import InvalidParameter
+
+#: Order in which bounds are listed (and tie-broken).
+BOUND_NAMES = (
+    "rr-exact",
+    "variation-ratio",
+    "strong-clone",
+    "fmt21-numerical",
+    "fmt21-closed",
+    "rdp-girgis",
+    "local",
+)
+
+
+@dataclass(frozen=True)
+class RoundBound:
+    """Central guarantee of one shuffled round."""
+
+    epsilon: float
+    delta: float
+    method: str
+    candidates: dict[str, float | None]
+    lower_bound: float | None
+
+    def as_dict(self) -> dict:
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "method": self.method,
+            "candidates": dict(self.candidates),
+            "lower_bound": self.lower_bound,
+        }
+
+
+def _check_round(local: LocalGuarantee, n: int) -> int:
+    if not isinstance(local, LocalGuarantee):
+        raise InvalidParameter("local", f"must be a LocalGuarantee, got {type(local).__name__}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise InvalidParameter("n", f"must be an integer >= 1 (reports in the shuffled batch), got {n!r}")
+    if not local.pure:
+        raise AmplificationNotClaimed(
+            f"{local.mechanism} reports are only (eps0={local.epsilon0}, delta0={local.delta0})-LDP; "
+            "the amplification bounds implemented here need pure eps0-LDP randomizers, so no "
+            "amplification is claimed (the round is still (eps0, delta0)-DP by post-processing)"
+        )
+    return int(n)
+
+
+def dominating_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair]:
+    """Every clone dominating pair whose theorem applies to this mechanism."""
+    n = _check_round(local, n)
+    e0 = local.epsilon0
+    pairs: dict[str, ClonePair] = {"fmt21-numerical": fmt21_pair(e0, n)}
+    if in_strong_clone_class(local):
+        pairs["strong-clone"] = strong_clone_pair(e0, n)
+    vr = variation_ratio_parameters(local)
+    if not vr.generic:
+        if vr.a2 <= 1e-15:  # binary RR: same pair as the stronger clone
+            pairs["variation-ratio"] = pairs.get("strong-clone") or strong_clone_pair(e0, n)
+        else:
+            pairs["variation-ratio"] = variation_ratio_pair(vr.p, vr.beta, vr.q, n, r2=vr.r2)
+    return pairs
+
+
+def rr_floor_applies(local: LocalGuarantee) -> bool:
+    """Whether shuffled binary RR's exact epsilon is a floor for this mechanism's bounds.
+
+    It is for bounds that only use ``eps0`` (generic, laplace-mean) and for binary RR
+    itself; k-ary RR and Hadamard response can genuinely be more private than binary
+    RR at the same ``eps0``.
+    """
+    return local.mechanism in ("generic", "laplace-mean", "binary-rr")
+
+
+def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
+    """Central ``(epsilon, delta)`` of one round shuffling ``n`` reports of ``local``.
+
+    Raises :class:`InvalidParameter` on bad input and :class:`AmplificationNotClaimed`
+    for approximate-DP randomizers.
+    """
+    n = _check_round(local, n)
+    if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)) or not 0 < delta < 1:
+        raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
+    delta = float(delta)
+    e0 = float(local.epsilon0)
+    cand: dict[str, float | None] = {name: None for name in BOUND_NAMES}
+    cand["local"] = e0
+    for name, pair in dominating_pairs(local, n).items():
+        cand[name] = min(e0, pair.epsilon(delta))
+    cand["fmt21-closed"] = fmt21_closed_form(e0, n, delta)
+    cand["rdp-girgis"] = min(e0, rdp_epsilon(DEFAULT_ORDERS, girgis_rdp(e0, n, DEFAULT_ORDERS), delta))
+    lower: float | None = None
+    if local.mechanism == "binary-rr" and n <= RR_EXACT_MAX_N:
+        cand["rr-exact"] = rr_exact_epsilon(delta, n, e0)
+        lower = cand["rr-exact"]
+    elif rr_floor_applies(local):
+        lower = rr_lower_epsilon(delta, n, e0)
+    valid = {k: v for k, v in cand.items() if v is not None}
+    best = min(valid.values())
+    method = next(k for k in BOUND_NAMES if valid.get(k) == best)
+    if lower is not None and best < lower * (1 - 1e-6) - 1e-9:
+        raise RuntimeError(  # pragma: no cover - would mean a bug in a bound
+            f"bound {method}={best} is below the exact RR floor {lower}"
+        )
+    return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=lower)
+
+
+def round_delta_curve(local: LocalGuarantee, n: int, eps_grid: np.ndarray, rtol: float = 2e-2) -> np.ndarray:
+    """Upper bound on the round's ``delta(eps)`` at each grid point (min over valid curves)."""
+    n = _check_round(local, n)
+    eps_grid = np.asarray(eps_grid, dtype=np.float64)
+    pairs = list(dominating_pairs(local, n).values())
+    exact_rr = local.mechanism == "binary-rr" and n <= RR_EXACT_MAX_N
+    out = np.empty_like(eps_grid)
+    for i, e in enumerate(eps_grid):
+        vals = [p.delta(float(e), rtol=rtol) for p in pairs]
+        if exact_rr:
+            vals.append(rr_exact_delta(float(e), n, local.epsilon0))
+        out[i] = min(vals)
+    return out
+
+
+def round_curve_support(local: LocalGuarantee, n: int, floor_delta: float = 1e-15) -> float:
+    """Epsilon beyond which the round's best curve is below ``floor_delta`` (grid end)."""
+    n = _check_round(local, n)
+    pairs = dominating_pairs(local, n)
+    best = min(p.epsilon(floor_delta, rtol=1e-3) for p in pairs.values())
+    return min(best, local.epsilon0)

@@ -1,0 +1,240 @@
+"""``shuffledp account``: what does a shuffled deployment really give?
+
+For a local guarantee (``--epsilon0`` and ``--mechanism`` with its parameters) and the
+batch size the shuffler delivers (``--n``), prints every amplification bound the
+accountant knows (``n/a`` where its theorem does not apply), the exact
+shuffled-randomized-response floor where one exists, and the bound it uses. With
+``--rounds`` and/or ``--sampling-rate`` it also composes the rounds into a session.
+``--json`` prints one JSON document; ``--plot FILE.png`` draws epsilon against n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+BOUND_LABELS = {
+    "rr-exact": "exact shuffled binary RR (all datasets)",
+    "variation-ratio": "variation-ratio, corrected (Wang et al. 2024)",
+    "strong-clone": "stronger clone (Feldman et al. 2023)",
+    "fmt21-numerical": "clones, numerical (Feldman et al. 2021, Thm 3.2)",
+    "fmt21-closed": "clones, closed form (Feldman et al. 2021, Thm 3.1)",
+    "rdp-girgis": "Renyi DP (Girgis et al. 2021) -> (eps, delta)",
+    "local": "no amplification (local eps0)",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _probability(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {v}")
+    return v
+
+
+def _rate(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {v}")
+    return v
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "account",
+        help="central (eps, delta) of shuffled rounds: every bound, the floor, the one used",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--epsilon0", "-e", type=_positive_float, required=True, help="local epsilon of one report")
+    p.add_argument(
+        "--mechanism",
+        choices=("generic", "binary-rr", "hadamard-response", "k-rr", "laplace-mean", "gaussian-mean"),
+        default="generic",
+        help="randomizer (generic: any pure eps0-LDP randomizer)",
+    )
+    p.add_argument("--num-bins", "-K", type=_positive_int, default=None, help="Hadamard size K (hadamard-response)")
+    p.add_argument("--k", type=_positive_int, default=None, help="domain size (k-rr)")
+    p.add_argument("--delta0", type=float, default=0.0, help="local delta (gaussian-mean)")
+    p.add_argument("--n", "-n", type=_positive_int, required=True, help="reports in the shuffled batch")
+    p.add_argument("--delta", "-d", type=_probability, default=1e-6, help="central delta")
+    p.add_argument("--rounds", "-T", type=_positive_int, default=1, help="number of identical rounds to compose")
+    p.add_argument(
+        "--sampling-rate", "-q", type=_rate, default=None,
+        help="per-round sampling probability of each user (n is then the expected batch size)",
+    )
+    p.add_argument("--sampling", choices=("poisson", "uniform"), default="poisson", help="sampling scheme")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--plot", metavar="PNG", default=None, help="draw epsilon against n (log x) for all bounds")
+    p.add_argument("--plot-n-min", type=_positive_int, default=100, help="smallest n in the plot")
+    p.add_argument("--plot-n-max", type=_positive_int, default=10_000_000, help="largest n in the plot")
+    p.add_argument("--plot-points", type=_positive_int, default=13, help="number of n values in the plot")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _local(args):
+    from shuffledp.protocol.accounting import LocalGuarantee
+
+    return LocalGuarantee(
+        args.mechanism,
+        args.epsilon0,
+        delta0=args.delta0,
+        num_bins=args.num_bins if args.mechanism == "hadamard-response" else None,
+        k=args.k if args.mechanism == "k-rr" else None,
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.6g}"
+
+
+def _report(args) -> dict[str, Any]:
+    from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
+
+    local = _local(args)
+    rb = shuffled_round(local, args.n, args.delta)
+    out: dict[str, Any] = {
+        "mechanism": local.mechanism,
+        "epsilon0": local.epsilon0,
+        "num_bins": local.num_bins,
+        "k": local.k,
+        "n": args.n,
+        "delta": args.delta,
+        "round": rb.as_dict(),
+        "session": None,
+    }
+    if args.rounds > 1 or args.sampling_rate is not None:
+        acc = SessionAccountant(reference_delta=args.delta)
+        acc.add_round(local, args.n, sampling_rate=args.sampling_rate, sampling=args.sampling, count=args.rounds)
+        br = acc.epsilon_breakdown(args.delta)
+        out["session"] = {
+            "rounds": args.rounds,
+            "sampling_rate": args.sampling_rate,
+            "sampling": args.sampling if args.sampling_rate is not None else None,
+            "epsilon": min(br.values()),
+            "epsilon_pld": br["pld"],
+            "epsilon_rdp": br["rdp"],
+            "delta": args.delta,
+        }
+    return out
+
+
+def _print_text(rep: dict[str, Any], out=sys.stdout) -> None:
+    r = rep["round"]
+    extra = ""
+    if rep["mechanism"] == "hadamard-response":
+        extra = f", K={rep['num_bins']}"
+    elif rep["mechanism"] == "k-rr":
+        extra = f", k={rep['k']}"
+    print(f"one shuffled round: {rep['mechanism']}{extra}, eps0={rep['epsilon0']:g}, n={rep['n']}, "
+          f"delta={rep['delta']:g}", file=out)
+    width = max(len(v) for v in BOUND_LABELS.values())
+    for name, label in BOUND_LABELS.items():
+        val = r["candidates"].get(name)
+        mark = "  <- used" if name == r["method"] else ""
+        print(f"  {label:<{width}}  {_fmt(val):>10}{mark}", file=out)
+    if r["lower_bound"] is not None:
+        print(f"  {'exact shuffled binary RR floor':<{width}}  {_fmt(r['lower_bound']):>10}", file=out)
+    else:
+        print(f"  {'exact shuffled binary RR floor':<{width}}  {'n/a':>10}  (not a floor for this mechanism)",
+              file=out)
+    print(f"central guarantee: ({r['epsilon']:.6g}, {r['delta']:g})-DP via {r['method']}", file=out)
+    s = rep["session"]
+    if s is not None:
+        samp = ""
+        if s["sampling_rate"] is not None:
+            samp = f", {s['sampling']} sampling at rate {s['sampling_rate']:g}"
+        print(f"session of {s['rounds']} round(s){samp}: eps={s['epsilon']:.6g} at delta={s['delta']:g} "
+              f"(PLD {s['epsilon_pld']:.6g}, RDP {s['epsilon_rdp']:.6g})", file=out)
+
+
+def _plot(args, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from tqdm import tqdm
+
+    from shuffledp.protocol.accounting import shuffled_round
+
+    local = _local(args)
+    lo, hi = args.plot_n_min, max(args.plot_n_min, args.plot_n_max)
+    ns = np.unique(np.round(np.geomspace(lo, hi, args.plot_points)).astype(int))
+    series: dict[str, list] = {name: [] for name in BOUND_LABELS}
+    floor = []
+    for n in tqdm(ns, desc="bounds vs n", unit="n", file=sys.stderr, disable=args.quiet):
+        rb = shuffled_round(local, int(n), args.delta)
+        for name in BOUND_LABELS:
+            series[name].append(rb.candidates.get(name))
+        floor.append(rb.lower_bound)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for name, label in BOUND_LABELS.items():
+        ys = [np.nan if v is None else v for v in series[name]]
+        if all(np.isnan(ys)):
+            continue
+        ax.plot(ns, ys, marker="o", ms=3, label=label, ls=":" if name == "local" else "-")
+    if any(v is not None for v in floor):
+        ax.plot(ns, [np.nan if v is None else v for v in floor], "k--", lw=1.5, label="exact shuffled RR (floor)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("reports per shuffled batch n")
+    ax.set_ylabel(f"central epsilon at delta={args.delta:g}")
+    ax.set_title(f"{local.mechanism}, eps0={local.epsilon0:g}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shuffledp.protocol.errors import ShuffleDPError
+
+    try:
+        rep = _report(args)
+        if args.plot:
+            _plot(args, args.plot)
+    except ShuffleDPError as exc:  # InvalidParameter, AmplificationNotClaimed
+        print(f"shuffledp account: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"shuffledp account: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(rep, sys.stdout, indent=2, allow_nan=False)
+        print()
+    else:
+        _print_text(rep)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
