@@ -22,7 +22,9 @@ the sensitivity is taken in grid units after projection and rounding.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from fractions import Fraction
+from typing import Union
 
 import numpy as np
 
@@ -36,14 +38,37 @@ from shuffledp.protocol.messages import ProjectedMeanParams
 from shuffledp.protocol.randomness import RandomSource
 
 
-def laplace_scale(params: ProjectedMeanParams, epsilon: float) -> Fraction:
+@dataclass(frozen=True)
+class PerUserGrid:
+    """Projection intervals given per user (arrays), with one noise kind and grid size.
+
+    The vector protocol uses it: each user reports one sampled coordinate, and each
+    coordinate has its own announced range. Every function below that takes
+    ``params`` accepts a :class:`ProjectedMeanParams` or a :class:`PerUserGrid`;
+    privacy is unchanged, since each user's sensitivity in grid units is still ``G``.
+    """
+
+    lower: np.ndarray
+    upper: np.ndarray
+    noise: str
+    grid_levels: int
+
+    @property
+    def step(self) -> np.ndarray:
+        return (self.upper - self.lower) / self.grid_levels
+
+
+GridParams = Union[ProjectedMeanParams, PerUserGrid]
+
+
+def laplace_scale(params: GridParams, epsilon: float) -> Fraction:
     """Discrete Laplace scale ``G / eps`` in grid units, as an exact rational."""
     if not epsilon > 0:
         raise InvalidParameter("epsilon", f"must be > 0, got {epsilon}")
     return Fraction(params.grid_levels) / Fraction(epsilon)
 
 
-def gaussian_sigma2(params: ProjectedMeanParams, epsilon: float, delta: float) -> float:
+def gaussian_sigma2(params: GridParams, epsilon: float, delta: float) -> float:
     """Discrete Gaussian variance parameter (grid units) for ``(eps, delta)`` at sensitivity ``G``."""
     if not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1) for Gaussian noise, got {delta}")
@@ -55,7 +80,7 @@ def _calibrated_sigma2(epsilon: float, delta: float, grid_levels: int) -> float:
     return calibrate_discrete_gaussian(epsilon, delta, grid_levels)
 
 
-def noise_variance(params: ProjectedMeanParams, epsilon: float, delta: float = 0.0) -> float:
+def noise_variance(params: GridParams, epsilon: float, delta: float = 0.0) -> float | np.ndarray:
     """Exact variance of one report's noise, in the data's units (grid variance times step^2)."""
     if params.noise == "laplace":
         grid_var = discrete_laplace_variance(laplace_scale(params, epsilon))
@@ -64,7 +89,7 @@ def noise_variance(params: ProjectedMeanParams, epsilon: float, delta: float = 0
     return grid_var * params.step**2
 
 
-def to_grid(local_means: np.ndarray, params: ProjectedMeanParams) -> tuple[np.ndarray, np.ndarray]:
+def to_grid(local_means: np.ndarray, params: GridParams) -> tuple[np.ndarray, np.ndarray]:
     """Projection onto ``[lower, upper]`` in grid units: integer part and fractional part."""
     y = np.clip(np.asarray(local_means, dtype=np.float64), params.lower, params.upper)
     u = (y - params.lower) / params.step
@@ -73,7 +98,7 @@ def to_grid(local_means: np.ndarray, params: ProjectedMeanParams) -> tuple[np.nd
     return floor.astype(np.int64), frac
 
 
-def rounding_variance(local_means: np.ndarray, params: ProjectedMeanParams) -> np.ndarray:
+def rounding_variance(local_means: np.ndarray, params: GridParams) -> np.ndarray:
     """Exact variance of the randomized rounding of each user, ``frac (1 - frac) step^2``."""
     _, frac = to_grid(local_means, params)
     return frac * (1.0 - frac) * params.step**2
@@ -81,7 +106,7 @@ def rounding_variance(local_means: np.ndarray, params: ProjectedMeanParams) -> n
 
 def randomize_mean(
     local_means: np.ndarray,
-    params: ProjectedMeanParams,
+    params: GridParams,
     epsilon: float,
     source: RandomSource,
     delta: float = 0.0,
@@ -101,6 +126,6 @@ def randomize_mean(
     return grid + noise.astype(np.int64)
 
 
-def decode_values(grid_values: np.ndarray, params: ProjectedMeanParams) -> np.ndarray:
+def decode_values(grid_values: np.ndarray, params: GridParams) -> np.ndarray:
     """Map reported grid integers back to the data's units: ``lower + step * value``."""
     return params.lower + params.step * np.asarray(grid_values, dtype=np.float64)

@@ -18,6 +18,7 @@ from shuffledp import __version__
 #: Modules that provide sub-commands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
     "shuffledp.simulate_cli",
+    "shuffledp.vector_cli",
     "shuffledp.account_cli",
 )
 

@@ -1,0 +1,195 @@
+"""The vector mean protocol's analyzer side (Girgis, Data & Diggavi 2022, Algorithm 5).
+
+Streaming accumulators, so reports can arrive block by block with bounded memory:
+
+* :class:`VectorRangeAccumulator` keeps the signed row histogram per coordinate,
+  ``S[l, j]``, and the report count per coordinate; one FWHT per coordinate gives the
+  frequency estimates, and each coordinate's range is its arg-max bin ± 3 tau'.
+* :class:`VectorMeanAccumulator` keeps per-coordinate sums of decoded reports. The
+  estimate is ``z_hat = (D / n) sum_i z_i e_{l_i}`` (Algorithm 5 line 15: each user's
+  report scaled by D in its sampled coordinate), then ``x_hat = U^{-1} z_hat``.
+
+Exact error model (fixed data, the ranges given). With ``y~_i`` the projected rotated
+mean of user i, ``s_l^2`` the noise variance in coordinate l and ``r_il`` the
+randomized-rounding variance, ``Cov(z_hat) = (1/n^2) sum_i [D diag(y~_i^2 + s^2 + r_i) -
+y~_i y~_i^T]``. Because ``U_lk^2 = 1/D``, the variance of coordinate k of
+``x_hat = U^T z_hat`` is ``(1/n^2) sum_i [A_i - (U^T y~_i)_k^2]`` with
+``A_i = ||y~_i||^2 + sum_l (s_l^2 + r_il)`` (:meth:`VectorMeanAccumulator.variance`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shuffledp.analyzer.decoders import hadamard_scale
+from shuffledp.client.mean_randomizer import PerUserGrid, decode_values, noise_variance, rounding_variance
+from shuffledp.client.vector_randomizer import VECTOR_MODES, CoordinateReports
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.hadamard import fwht
+from shuffledp.protocol.messages import NOISE_KINDS, HadamardRangeParams
+from shuffledp.protocol.rotation import RandomRotation
+
+
+@dataclass(frozen=True)
+class VectorMeanConfig:
+    """Public parameters of Algorithm 5, in the rotated domain.
+
+    ``rotated_bound``: every rotated coordinate of an admissible local mean lies in
+    ``[-rotated_bound, rotated_bound]`` (the range round's interval).
+    ``rotated_tau``: per-coordinate concentration radius of the rotated local means.
+    """
+
+    dim: int
+    rotated_bound: float
+    rotated_tau: float
+    epsilon0: float
+    delta0: float = 0.0
+    noise: str = "laplace"
+    grid_levels: int = 4096
+    mode: str = "sampled"
+    rotation_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.dim, int) and self.dim >= 1):
+            raise InvalidParameter("dim", f"must be an integer >= 1, got {self.dim}")
+        if not (self.rotated_bound > 0 and math.isfinite(self.rotated_bound)):
+            raise InvalidParameter("rotated_bound", f"must be finite and > 0, got {self.rotated_bound}")
+        if not 0 < self.rotated_tau:
+            raise InvalidParameter("rotated_tau", f"must be > 0, got {self.rotated_tau}")
+        if not (self.epsilon0 > 0 and math.isfinite(self.epsilon0)):
+            raise InvalidParameter("epsilon0", f"must be finite and > 0, got {self.epsilon0}")
+        if self.noise not in NOISE_KINDS:
+            raise InvalidParameter("noise", f"must be one of {NOISE_KINDS}, got {self.noise!r}")
+        if (self.noise == "gaussian") != (self.delta0 > 0):
+            raise InvalidParameter("delta0", "must be > 0 exactly when noise is 'gaussian'")
+        if self.mode not in VECTOR_MODES:
+            raise InvalidParameter("mode", f"must be one of {VECTOR_MODES}, got {self.mode!r}")
+
+    @property
+    def rotation(self) -> RandomRotation:
+        return _rotation(self.dim, self.rotation_seed)
+
+    @property
+    def padded_dim(self) -> int:
+        return self.rotation.padded_dim
+
+    @property
+    def range_epsilon(self) -> float:
+        """Local epsilon of one range report: eps0/2 (sampled) or eps0/(2D) (paper)."""
+        return self.epsilon0 / 2.0 if self.mode == "sampled" else self.epsilon0 / (2.0 * self.padded_dim)
+
+    def range_params(self) -> HadamardRangeParams:
+        tau = min(self.rotated_tau, self.rotated_bound)
+        return HadamardRangeParams(-self.rotated_bound, self.rotated_bound, tau)
+
+
+_ROTATIONS: dict[tuple[int, int], RandomRotation] = {}
+
+
+def _rotation(dim: int, seed: int) -> RandomRotation:
+    key = (dim, seed)
+    if key not in _ROTATIONS:
+        _ROTATIONS[key] = RandomRotation(dim, seed)
+    return _ROTATIONS[key]
+
+
+class VectorRangeAccumulator:
+    """Per-coordinate signed histograms of range reports; :meth:`ranges` decodes them."""
+
+    def __init__(self, config: VectorMeanConfig) -> None:
+        self.config = config
+        self.params = config.range_params()
+        dim, rows = config.padded_dim, self.params.padded_bins
+        self.histogram = np.zeros((dim, rows))
+        self.counts = np.zeros(dim, dtype=np.int64)
+
+    def add(self, reports: CoordinateReports) -> None:
+        rows, bits = reports.values
+        dim, k = self.histogram.shape
+        flat = reports.coords * k + rows
+        self.histogram += np.bincount(flat, weights=bits.astype(np.float64), minlength=dim * k).reshape(dim, k)
+        self.counts += np.bincount(reports.coords, minlength=dim)
+
+    def frequencies(self) -> np.ndarray:
+        """``(D, K)`` unbiased frequency estimates, one FWHT per coordinate."""
+        if (self.counts == 0).any():
+            raise InvalidParameter("reports", "some coordinate received no range report; n is too small for D")
+        scale = hadamard_scale(self.config.range_epsilon) / self.counts[:, None]
+        return fwht(self.histogram) * scale
+
+    def ranges(self) -> np.ndarray:
+        """``(D, 2)``: ``[a_max - 3 tau', a_max + 3 tau']`` per coordinate (Algorithm 3 step 8)."""
+        p = self.params
+        best = np.argmax(self.frequencies()[:, : p.num_bins], axis=1)
+        centers = p.low + p.tau * (2 * best + 1)
+        return np.stack([centers - 3 * p.tau, centers + 3 * p.tau], axis=1)
+
+
+@dataclass
+class VectorMeanAccumulator:
+    """Sums of decoded mean reports per coordinate, and the exact error-model terms."""
+
+    config: VectorMeanConfig
+    ranges: np.ndarray
+    n: int = 0
+    sums: np.ndarray = field(init=False)
+    a_total: float = 0.0
+    w_squared: np.ndarray = field(init=False)
+    w_sum: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        dim = self.config.padded_dim
+        self.sums = np.zeros(dim)
+        self.w_squared = np.zeros(dim)
+        self.w_sum = np.zeros(dim)
+
+    def add(self, reports: CoordinateReports, grid: PerUserGrid) -> None:
+        decoded = decode_values(reports.values[0], grid)
+        self.sums += np.bincount(reports.coords, weights=decoded, minlength=self.config.padded_dim)
+        self.n += len(reports.coords)
+
+    def add_truth(self, rotated: np.ndarray) -> None:
+        """Accumulate the exact error model from the users' true rotated means (simulation only)."""
+        c = self.config
+        lower, upper = self.ranges[:, 0], self.ranges[:, 1]
+        projected = np.clip(rotated, lower, upper)
+        full = PerUserGrid(np.broadcast_to(lower, rotated.shape), np.broadcast_to(upper, rotated.shape), c.noise, c.grid_levels)
+        noise = noise_variance(PerUserGrid(lower, upper, c.noise, c.grid_levels), c.epsilon0 / 2.0, c.delta0)
+        self.a_total += float((projected**2).sum() + len(rotated) * noise.sum() + rounding_variance(rotated, full).sum())
+        back = fwht(projected * 1.0) / math.sqrt(c.padded_dim) * c.rotation.signs  # U^T y~_i, padded
+        self.w_squared += (back**2).sum(axis=0)
+        self.w_sum += back.sum(axis=0)
+
+    def rotated_estimate(self) -> np.ndarray:
+        if self.n == 0:
+            raise InvalidParameter("reports", "no mean reports")
+        return self.config.padded_dim * self.sums / self.n
+
+    def estimate(self) -> np.ndarray:
+        """``x_hat = U^{-1} z_hat`` in the original coordinates."""
+        return self.config.rotation.inverse(self.rotated_estimate())
+
+    def variance(self) -> np.ndarray:
+        """Exact per-coordinate variance of :meth:`estimate` (original coordinates)."""
+        dim = self.config.dim
+        return (self.a_total - self.w_squared[:dim]) / self.n**2
+
+    def projected_mean(self) -> np.ndarray:
+        """Mean of ``U^T y~_i`` (what the estimator is unbiased for), original coordinates."""
+        return self.w_sum[: self.config.dim] / self.n
+
+
+def theorem2_mse_bound(config: VectorMeanConfig, n: int, mean_sq_norm: float) -> float:
+    """Theorem 2's error as its proof (Appendix B) evaluates it, for comparison:
+    ``(D^2 var_noise + (D - 1) mean ||y~_i||^2) / n`` with the paper's noise variance for a
+    range of width ``6 tau'`` at ``eps0/2``: Laplace ``288 tau'^2/eps0^2`` (Remark 3),
+    Gaussian ``432 tau'^2 log(1.25/delta)/eps0^2``."""
+    tau, eps, dim = config.range_params().tau, config.epsilon0, config.padded_dim
+    if config.noise == "gaussian":
+        var = 432.0 * tau**2 * math.log(1.25 / config.delta0) / eps**2
+    else:
+        var = 288.0 * tau**2 / eps**2
+    return (dim**2 * var + (dim - 1) * mean_sq_norm) / n
