@@ -148,7 +148,8 @@ def _report(args) -> dict[str, Any]:
     return out
 
 
-def _print_text(rep: dict[str, Any], out=sys.stdout) -> None:
+def _print_text(rep: dict[str, Any], out=None) -> None:
+    out = sys.stdout if out is None else out
     r = rep["round"]
     extra = ""
     if rep["mechanism"] == "hadamard-response":

@@ -1,0 +1,198 @@
+"""Composition: dp-accounting regression values, our curve->PLD path, the session ledger."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import stats
+
+from shuffledp.protocol.accounting import (
+    AmplificationNotClaimed,
+    SessionAccountant,
+    binary_rr_guarantee,
+    clone_pair_rdp,
+    fmt21_pair,
+    gaussian_mean_guarantee,
+    generic_guarantee,
+    girgis_rdp,
+    hadamard_response_guarantee,
+    rdp_epsilon,
+    shuffled_round,
+    strong_clone_pair,
+    wor_subsampled_rdp,
+)
+from shuffledp.protocol.accounting.rr_exact import _log_views
+from shuffledp.protocol.accounting.session import _pld_from_curve
+from shuffledp.protocol.errors import InvalidParameter
+
+D = 1e-4  # PLD discretisation used throughout
+
+
+# ------------------------------------------------ dp-accounting's own regression values
+def _gaussian_curve(sigma, eps):
+    mu = 1.0 / sigma
+    return stats.norm.cdf(-eps / mu + mu / 2) - np.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2)
+
+
+def test_curve_pld_reproduces_dp_accounting_gaussian_regression():
+    # dp-accounting's pld_privacy_accountant_test.test_gaussian_basic: three Gaussian
+    # mechanisms with noise multiplier sqrt(3) give delta(eps=1) = 0.126936.
+    sigma = math.sqrt(3)
+    grid = np.linspace(0, 12, 600)
+    pld = _pld_from_curve(grid, _gaussian_curve(sigma, grid), D)
+    composed = pld.self_compose(3)
+    delta = composed.get_delta_for_epsilon(1.0)
+    assert delta == pytest.approx(0.126936, abs=1e-3)
+    assert delta >= 0.126936 - 1e-6  # pessimistic
+    assert composed.get_epsilon_for_delta(0.126936) >= 1.0 - 1e-3
+
+
+def test_curve_pld_reproduces_dp_accounting_laplace_regression():
+    # dp-accounting's test_laplace_basic: Lap(1) three times and Lap(2) twice is pure 4-DP.
+    def lap_curve(b, eps):
+        return np.maximum(0.0, 1.0 - np.exp((eps - 1.0 / b) / 2.0))
+
+    g1 = np.linspace(0, 1.0, 300)
+    g2 = np.linspace(0, 0.5, 300)
+    total = _pld_from_curve(g1, lap_curve(1.0, g1), D).self_compose(3).compose(
+        _pld_from_curve(g2, lap_curve(2.0, g2), D).self_compose(2)
+    )
+    eps = total.get_epsilon_for_delta(1e-14)
+    assert 4.0 - 1e-9 <= eps <= 4.0 + 10 * D
+    ref = pld_lib.from_laplace_mechanism(1.0, value_discretization_interval=D).self_compose(3).compose(
+        pld_lib.from_laplace_mechanism(2.0, value_discretization_interval=D).self_compose(2)
+    )
+    for e in (0.5, 1.0, 2.0, 3.0):
+        ours, theirs = total.get_delta_for_epsilon(e), ref.get_delta_for_epsilon(e)
+        assert ours >= theirs * (1 - 1e-3) - 1e-12  # ours is the pessimistic side
+        assert ours == pytest.approx(theirs, rel=2e-2, abs=1e-9)
+
+
+def test_rdp_conversion_matches_dp_accounting_regression():
+    # rdp_privacy_accountant_test.test_compute_epsilon_delta_pure_dp
+    assert rdp_epsilon(range(2, 33), [1.1] * 31, 1e-5) == pytest.approx(1.32783806176)
+
+
+def test_wor_subsampling_matches_dp_accounting_gaussian():
+    sigma, q = 2.0, 0.05
+    orders = list(range(2, 41))
+    inner = np.array([o / (2 * sigma**2) for o in orders])
+    ours = wor_subsampled_rdp(inner, orders, q)
+    theirs = rdp_privacy_accountant._compute_rdp_sample_wor_gaussian(q, sigma, orders)
+    assert ours[0] == pytest.approx(theirs[0], rel=1e-12)  # order 2: same term
+    assert np.all(ours >= theirs * (1 - 1e-12))  # dp-accounting uses the sharper Thm 27
+
+
+# ---------------------------------------------------------------- RDP of rounds
+def _rr_rdp(n, e0, orders):
+    lp, lq = _log_views(n, e0, 0)
+    o = np.asarray(orders, dtype=float)[:, None]
+    from scipy.special import logsumexp
+
+    a = logsumexp(o * lp + (1 - o) * lq, axis=1) / (o[:, 0] - 1)
+    b = logsumexp(o * lq + (1 - o) * lp, axis=1) / (o[:, 0] - 1)
+    return np.maximum(a, b)
+
+
+@pytest.mark.parametrize("n,e0", [(1000, 1.0), (20_000, 2.0), (100_000, 4.0)])
+def test_rdp_bounds_dominate_exact_rr(n, e0):
+    orders = list(range(2, 65))
+    exact = _rr_rdp(n, e0, orders)  # one dataset pair: a lower bound on the round's RDP
+    for curve in (girgis_rdp(e0, n, orders), clone_pair_rdp(fmt21_pair(e0, n), orders),
+                  clone_pair_rdp(strong_clone_pair(e0, n), orders)):
+        assert np.all(curve >= exact * (1 - 1e-9))
+        assert np.all(curve <= e0 + 1e-12)
+
+
+# ---------------------------------------------------------------- session ledger
+@pytest.fixture(scope="module")
+def generic_round():
+    return shuffled_round(generic_guarantee(1.0), 10_000, 1e-6)
+
+
+def test_one_round_session_equals_round_bound(generic_round):
+    acc = SessionAccountant(value_discretization_interval=D)
+    acc.add_round(generic_guarantee(1.0), 10_000)
+    eps = acc.epsilon(1e-6)
+    numerical = generic_round.candidates["fmt21-numerical"]
+    assert eps >= numerical * (1 - 1e-4)  # the PLD never undercuts the curve it discretises
+    assert eps <= numerical + 2e-3
+
+
+def test_one_round_session_binary_rr_small_n_uses_exact_curve():
+    local = binary_rr_guarantee(2.0)
+    rb = shuffled_round(local, 800, 1e-6)
+    assert rb.method == "rr-exact" and rb.lower_bound == rb.epsilon
+    acc = SessionAccountant(value_discretization_interval=D)
+    acc.add_round(local, 800)
+    eps = acc.epsilon(1e-6)
+    assert rb.epsilon * (1 - 1e-4) <= eps <= rb.epsilon + 2e-3
+
+
+def test_composition_between_single_round_and_k_times(generic_round):
+    eps1 = generic_round.candidates["fmt21-numerical"]
+    prev = eps1
+    for k in (2, 5, 20):
+        acc = SessionAccountant(value_discretization_interval=D)
+        acc.add_round(generic_guarantee(1.0), 10_000, count=k)
+        epsk = acc.epsilon(1e-6)
+        assert eps1 <= epsk <= k * eps1
+        assert epsk >= prev
+        prev = epsk
+
+
+def test_mixed_rounds_and_ledger_rows():
+    acc = SessionAccountant(value_discretization_interval=D)
+    acc.add_round(generic_guarantee(1.0), 10_000, count=3)
+    acc.add_round(binary_rr_guarantee(0.5), 5_000)
+    acc.add_round(generic_guarantee(1.0), 10_000, sampling_rate=0.05, sampling="uniform", count=4)
+    rows = acc.describe()
+    assert len(rows) == 3 and len(acc) == 8
+    assert rows[0]["count"] == 3 and rows[1]["mechanism"] == "binary-rr"
+    assert rows[2]["sampling"] == "uniform" and rows[2]["sampling_rate"] == 0.05
+    assert rows[0]["round_epsilon"] > 0
+    eps = acc.epsilon(1e-6)
+    only_first = SessionAccountant(value_discretization_interval=D)
+    only_first.add_round(generic_guarantee(1.0), 10_000, count=3)
+    assert eps >= only_first.epsilon(1e-6)
+    assert acc.delta(eps) <= 1e-6 * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "uniform"])
+def test_subsampling_reduces_epsilon(sampling):
+    base = SessionAccountant(value_discretization_interval=D)
+    base.add_round(generic_guarantee(1.0), 10_000, count=10)
+    sub = SessionAccountant(value_discretization_interval=D)
+    sub.add_round(generic_guarantee(1.0), 10_000, count=10, sampling_rate=0.1, sampling=sampling)
+    lower_rate = SessionAccountant(value_discretization_interval=D)
+    lower_rate.add_round(generic_guarantee(1.0), 10_000, count=10, sampling_rate=0.01, sampling=sampling)
+    e_base, e_sub, e_low = base.epsilon(1e-6), sub.epsilon(1e-6), lower_rate.epsilon(1e-6)
+    assert e_low < e_sub < e_base
+
+
+def test_session_refuses_gaussian_and_bad_input():
+    acc = SessionAccountant()
+    with pytest.raises(AmplificationNotClaimed):
+        acc.add_round(gaussian_mean_guarantee(1.0, 1e-6), 1000)
+    with pytest.raises(InvalidParameter):
+        acc.add_round(generic_guarantee(1.0), 1000, count=0)
+    with pytest.raises(InvalidParameter):
+        acc.add_round(generic_guarantee(1.0), 1000, sampling_rate=1.5)
+    with pytest.raises(InvalidParameter):
+        acc.add_round(generic_guarantee(1.0), 1000, sampling_rate=0.1, sampling="bernoulli")
+    with pytest.raises(InvalidParameter):
+        acc.epsilon(1e-6)  # empty session
+    acc.add_round(generic_guarantee(1.0), 1000)
+    with pytest.raises(InvalidParameter):
+        acc.epsilon(0.0)
+
+
+def test_hadamard_round_in_session():
+    acc = SessionAccountant(value_discretization_interval=D)
+    acc.add_round(hadamard_response_guarantee(2.0, 64), 1_000_000, count=2)
+    single = shuffled_round(hadamard_response_guarantee(2.0, 64), 1_000_000, 1e-6)
+    assert single.epsilon <= acc.epsilon(1e-6) <= 2 * single.epsilon
