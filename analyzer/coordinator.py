@@ -12,6 +12,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
@@ -49,6 +50,7 @@ class Coordinator:
         session_id: bytes | None = None,
         round_timeout: float = 60.0,
         grace: float = 5.0,
+        on_progress: Callable[[int], None] | None = None,
     ) -> None:
         self.channel = channel
         self.analyzer = analyzer
@@ -56,6 +58,7 @@ class Coordinator:
         self.round_timeout = round_timeout
         self.grace = grace
         self._next_round = 0
+        self.on_progress = on_progress
 
     async def run_round(
         self, params: MechanismParams, epsilon0: float, min_batch: int, *, delta0: float = 0.0
@@ -83,7 +86,7 @@ class Coordinator:
         finally:
             await batches.close()
         batch = codec.decode(data, ShuffledBatch)
-        return RoundRecord(spec, self.analyzer.open_batch(batch, spec), len(data))
+        return RoundRecord(spec, self.analyzer.open_batch(batch, spec, self.on_progress), len(data))
 
     async def scalar_mean(self, config: ScalarMeanConfig, min_batch: int) -> ScalarMeanOutcome:
         """Algorithm 1 over the channel: range at eps0/2, then the projected mean at eps0/2."""

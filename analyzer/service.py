@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -63,15 +64,22 @@ class Analyzer:
         spec_bytes = codec.encode(spec)
         return codec.encode(SignedRoundSpec(spec_bytes, sign(self.keys.signing_private, spec_bytes)))
 
-    def open_batch(self, batch: ShuffledBatch, spec: RoundSpec) -> OpenedBatch:
-        """Open and validate every payload of a batch for ``spec``'s round."""
+    def open_batch(
+        self, batch: ShuffledBatch, spec: RoundSpec, on_progress: Callable[[int], None] | None = None
+    ) -> OpenedBatch:
+        """Open and validate every payload of a batch for ``spec``'s round.
+
+        ``on_progress(k)`` is called as payloads are opened (every 1024, and the rest at the end).
+        """
         rejected: Counter = Counter()
         if batch.session_id != spec.session_id or batch.round_id != spec.round_id:
             rejected["unknown-round"] += batch.size
             return OpenedBatch(np.empty((0, 0), dtype=np.int64), rejected)
         private = self.keys.hpke_private
         rows: list[tuple[int, ...]] = []
-        for sealed in batch.payloads:
+        for index, sealed in enumerate(batch.payloads, 1):
+            if on_progress is not None and index % 1024 == 0:
+                on_progress(1024)
             try:
                 report = codec.decode(open_sealed(private, sealed, spec.session_id, spec.round_id), Report)
                 _check_values(spec, report)
@@ -79,6 +87,8 @@ class Analyzer:
                 rejected[exc.reason] += 1
                 continue
             rows.append(report.values)
+        if on_progress is not None:
+            on_progress(batch.size % 1024)
         width = 2 if isinstance(spec.params, HadamardRangeParams) else 1
         values = np.array(rows, dtype=np.int64).reshape(len(rows), width)
         return OpenedBatch(values, rejected)

@@ -90,11 +90,20 @@ def run(args: argparse.Namespace) -> int:
     except InvalidParameter as exc:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
         return 2
-    step, close = _progress(args.quiet, 3 * config.n)
+    units = (5 if config.path == "messages" else 3) * config.n  # generate, then per round: seal+open or randomize
+    step, close = _progress(args.quiet, units)
     try:
         result = run_simulation(config, progress=step)
     finally:
         close()
+    try:
+        _print_and_plot(args, result)
+    except BrokenPipeError:  # e.g. piped into `head`
+        sys.stderr.close()
+    return 0
+
+
+def _print_and_plot(args: argparse.Namespace, result: SimulationResult) -> None:
     if args.json:
         print(json.dumps(result.as_dict(), indent=2, default=float))
     else:
@@ -103,7 +112,6 @@ def run(args: argparse.Namespace) -> int:
         plot_result(result, args.plot)
         if not args.json:
             print(f"plot written to {args.plot}")
-    return 0
 
 
 def _fmt_bytes(count: int) -> str:
@@ -156,33 +164,46 @@ def format_result(result: SimulationResult) -> str:
 
 
 def plot_result(result: SimulationResult, path: str) -> None:
-    """Estimate and truth on one axis, with bands of 1 and 2 theoretical RMSEs and the Theorem 1 bound."""
+    """Two panels: round 1's Hadamard frequency estimates against the true bin fractions,
+    with the range it announced; and round 2's estimate against the truth, with bands of
+    1 and 2 theoretical RMSEs and the Theorem 1 bound."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    t, rmse = result.true_mean, result.rmse_theory
-    ax.axvspan(t - 2 * rmse, t + 2 * rmse, color="tab:blue", alpha=0.12, label="±2 theoretical RMSE")
-    ax.axvspan(t - rmse, t + rmse, color="tab:blue", alpha=0.25, label="±1 theoretical RMSE")
-    bound = result.theorem1_rmse_bound
-    ax.axvline(t - bound, color="tab:gray", ls=":", label="±Theorem 1 bound")
-    ax.axvline(t + bound, color="tab:gray", ls=":")
-    ax.axvline(t, color="black", lw=2, label=f"true mean {t:.4f}")
-    ax.plot([result.estimate], [0.5], "o", color="tab:red", ms=10, label=f"estimate {result.estimate:.4f}")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    hist = result.extra["round1_histogram"]
+    centers = hist["bin_centers"]
+    width = (centers[1] - centers[0]) * 0.8 if len(centers) > 1 else 1.0
+    left.bar(centers, hist["true_fractions"], width=width, color="lightgray", label="true fraction of users")
+    left.plot(centers, hist["estimated_fractions"], "o-", color="tab:purple", ms=3, label="Hadamard estimate")
     lo, hi = result.range_found
-    ax.axvline(lo, color="tab:green", ls="--", label="range found (round 1)")
-    ax.axvline(hi, color="tab:green", ls="--")
-    span = max(4 * rmse, abs(result.estimate - t) * 1.3, bound * 1.3)
-    ax.set_xlim(t - span, t + span)
-    ax.set_yticks([])
-    c = result.config
+    left.axvspan(lo, hi, color="tab:green", alpha=0.15, label="range announced")
+    left.set_xlabel("bin centre")
+    left.set_ylabel("fraction of users")
+    left.set_title("round 1: private range (ε0/2)")
+    left.legend(fontsize=7)
+
+    t, rmse = result.true_mean, result.rmse_theory
+    right.axvspan(t - 2 * rmse, t + 2 * rmse, color="tab:blue", alpha=0.12, label="±2 theoretical RMSE")
+    right.axvspan(t - rmse, t + rmse, color="tab:blue", alpha=0.25, label="±1 theoretical RMSE")
+    bound = result.theorem1_rmse_bound
+    right.axvline(t - bound, color="tab:gray", ls=":", label="±Theorem 1 bound")
+    right.axvline(t + bound, color="tab:gray", ls=":")
+    right.axvline(t, color="black", lw=2, label=f"true mean {t:.4f}")
+    right.plot([result.estimate], [0.5], "o", color="tab:red", ms=10, label=f"estimate {result.estimate:.4f}")
+    span = max(3 * rmse, abs(result.estimate - t) * 1.3, bound * 1.3)
+    right.set_xlim(t - span, t + span)
+    right.set_ylim(0, 1)
+    right.set_yticks([])
     eps = result.central.get("epsilon")
-    priv = f"central ε={eps:.3g}" if eps is not None else "no central claim"
-    ax.set_title(f"n={c['n']:,}, m={c['population']['m']}, ε0={result.local_epsilon:g} ({priv}), {c['path']} path")
-    ax.set_xlabel("mean")
-    ax.legend(loc="upper left", fontsize=7, ncol=2)
+    priv = f"central ε = {eps:.3g}" if eps is not None else "no central claim"
+    right.set_title(f"round 2: mean (ε0/2); {priv}")
+    right.set_xlabel("mean")
+    right.legend(loc="upper left", fontsize=7)
+    c = result.config
+    fig.suptitle(f"shuffledp simulate: n = {c['n']:,}, m = {c['population']['m']}, ε0 = {result.local_epsilon:g}, {c['path']} path")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

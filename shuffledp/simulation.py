@@ -38,7 +38,7 @@ from shuffledp.client.client import Client
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
 from shuffledp.client.pool import ClientPool
-from shuffledp.client.range_randomizer import randomize_range
+from shuffledp.client.range_randomizer import bin_index, randomize_range
 from shuffledp.population import Population, block_samples, user_blocks
 from shuffledp.protocol.channel import InProcessChannel, reports_topic
 from shuffledp.protocol.errors import InvalidParameter
@@ -204,7 +204,8 @@ async def _message_rounds(config: SimulationConfig, means: np.ndarray, progress:
 async def _message_rounds_on(config, means, progress, coordinator_channel, shuffler_channel, pool_channel):
     protocol = config.protocol_config()
     analyzer = Analyzer()
-    coordinator = Coordinator(coordinator_channel, analyzer, round_timeout=3600.0)
+    on_open = (lambda k: progress("opened reports", k)) if progress else None
+    coordinator = Coordinator(coordinator_channel, analyzer, round_timeout=3600.0, on_progress=on_open)
     signing_key = analyzer.keys.signing_public
     clients = [
         Client(np.array([y]), signing_key, PrivacyLedger(config.epsilon0, config.delta0)) for y in means
@@ -302,6 +303,13 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
     rmse = math.sqrt(bias**2 + variance)
     rmse_population = math.sqrt(bias**2 + variance + pop.variance / (n * pop.m))
     in_range = float(np.mean((means >= found.lower) & (means <= found.upper)))
+    range_params = protocol.range_params()
+    true_bins = np.bincount(bin_index(means, range_params), minlength=range_params.num_bins) / n
+    extra["round1_histogram"] = {
+        "bin_centers": [range_params.bin_center(i) for i in range(range_params.num_bins)],
+        "estimated_fractions": found.frequencies.tolist(),
+        "true_fractions": true_bins.tolist(),
+    }
     config_dict = asdict(config)
     config_dict["tau"] = config.radius
     return SimulationResult(
