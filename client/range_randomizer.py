@@ -24,15 +24,25 @@ import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.hadamard import hadamard_entry
-from shuffledp.protocol.messages import HadamardRangeParams
+from shuffledp.protocol.messages import MAX_EPSILON, HadamardRangeParams
 from shuffledp.protocol.randomness import RandomSource
 
 
 def keep_probability(epsilon: float) -> float:
-    """``e^eps / (e^eps + 1)``, the probability of sending the true Hadamard sign."""
-    if not (epsilon > 0 and math.isfinite(epsilon)):
-        raise InvalidParameter("epsilon", f"must be finite and > 0, got {epsilon}")
-    return 1.0 / (1.0 + math.exp(-epsilon))
+    """A double ``p <= e^eps / (e^eps + 1)``, the probability of sending the true Hadamard sign.
+
+    Computing ``1 / (1 + exp(-eps))`` in double precision has relative error below
+    3 ulps (exp within 1 ulp, the sum and the quotient each within half an ulp), so
+    stepping the result down 4 ulps gives a value at most the exact one. Since
+    ``p / (1 - p)`` increases in p, the realised likelihood ratio is then at most
+    ``e^eps`` exactly (the loss in accuracy is ~1e-15).
+    """
+    if not (0 < epsilon <= MAX_EPSILON):
+        raise InvalidParameter("epsilon", f"must be in (0, {MAX_EPSILON}], got {epsilon}")
+    p = 1.0 / (1.0 + math.exp(-epsilon))
+    for _ in range(4):
+        p = math.nextafter(p, 0.0)
+    return p
 
 
 def bin_index(local_means: np.ndarray, params: HadamardRangeParams) -> np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import typing
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -73,7 +74,10 @@ def _check_scalar(value: Any, kind: type, where: str) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise MalformedMessage(f"{where}: expected a number, got {type(value).__name__}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise MalformedMessage(f"{where}: integer too large for a float") from None
     if kind is int and isinstance(value, bool):
         raise MalformedMessage(f"{where}: expected an integer, got a boolean")
     if not isinstance(value, kind):
@@ -134,17 +138,21 @@ def decode(data: bytes, expected: type[T] | None = None) -> T:
     limit = MESSAGE_TYPES[_TYPE_OF[expected]][1] if expected in _TYPE_OF else MAX_MESSAGE_BYTES
     if len(data) > limit:
         raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
+    raw = bytes(data)
+    stream = io.BytesIO(raw)
     try:
-        body = cbor2.loads(bytes(data))
+        body = cbor2.CBORDecoder(stream).decode()
     except Exception as exc:  # cbor2 raises several types (CBORDecodeError, ValueError, ...)
         raise MalformedMessage(f"not valid CBOR: {exc}") from None
+    if stream.tell() != len(raw):
+        raise MalformedMessage(f"{len(raw) - stream.tell()} trailing bytes after the CBOR item")
     if not isinstance(body, dict):
         raise MalformedMessage("top level must be a CBOR map")
     version = body.pop("v", None)
-    if version != m.WIRE_VERSION:
-        if isinstance(version, int) and not isinstance(version, bool):
-            raise UnsupportedVersion(f"wire version {version}; this build speaks {m.WIRE_VERSION}")
+    if type(version) is not int:  # not bool, not float: True == 1 == 1.0 in Python
         raise MalformedMessage("missing or invalid wire version 'v'")
+    if version != m.WIRE_VERSION:
+        raise UnsupportedVersion(f"wire version {version}; this build speaks {m.WIRE_VERSION}")
     tag = body.pop("t", None)
     if not isinstance(tag, str) or tag not in MESSAGE_TYPES:
         raise MalformedMessage(f"unknown message type {tag!r}")

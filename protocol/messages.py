@@ -34,6 +34,10 @@ X25519_KEY_BYTES = 32
 MAX_BINS = 1 << 20
 MAX_GRID_LEVELS = 1 << 24
 MAX_MESSAGES_PER_USER = 64
+#: Largest local epsilon a round may ask for. Beyond ~36 the keep-probability of
+#: randomized response rounds to 1 in double precision (no randomization at all);
+#: 30 leaves room for the safety margin of range_randomizer.keep_probability.
+MAX_EPSILON = 30.0
 
 
 def _require(condition: bool, name: str, problem: str) -> None:
@@ -76,6 +80,12 @@ class HadamardRangeParams:
         _finite(self.tau, "tau")
         _require(self.high > self.low, "high", f"must exceed low ({self.low}), got {self.high}")
         _require(self.tau > 0, "tau", f"must be > 0, got {self.tau}")
+        ratio = (self.high - self.low) / (2.0 * self.tau)
+        _require(
+            math.isfinite(ratio) and ratio <= MAX_BINS,
+            "tau",
+            f"gives {ratio:.3g} bins over [{self.low}, {self.high}]; at most {MAX_BINS} allowed",
+        )
         _require(
             self.num_bins <= MAX_BINS,
             "tau",
@@ -156,7 +166,7 @@ class RoundSpec:
         _count(self.round_id, "round_id", 0, 2**63 - 1)
         _require(isinstance(self.params, tuple(MECHANISMS.values())), "params", "unknown mechanism parameters")
         _finite(self.epsilon0, "epsilon0")
-        _require(self.epsilon0 > 0, "epsilon0", f"must be > 0, got {self.epsilon0}")
+        _require(0 < self.epsilon0 <= MAX_EPSILON, "epsilon0", f"must be in (0, {MAX_EPSILON}], got {self.epsilon0}")
         _finite(self.delta0, "delta0")
         _require(0.0 <= self.delta0 < 1.0, "delta0", f"must be in [0, 1), got {self.delta0}")
         noise = getattr(self.params, "noise", "laplace")

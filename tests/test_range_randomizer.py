@@ -138,13 +138,6 @@ def test_exact_ldp(num_bins, epsilon):
         assert ratio == 1  # one bin: the output does not depend on the input
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (float-level): client/range_randomizer.py keep_probability() rounds e^eps/(e^eps+1) to "
-    "nearest, so it can exceed the exact value; SystemSource's round-down of an already-rounded-up float "
-    "cannot undo that, and the realised likelihood ratio exceeds e^eps by ~1e-16..1e-14 relatively "
-    "(contradicting the module docstring's 'keeps the ratio at most e^eps')",
-)
 def test_device_keep_probability_never_exceeds_e_eps_exactly():
     """With SystemSource the keep probability realised is floor(p 2^53)/2^53 (exact)."""
     for epsilon in EPSILONS:
@@ -154,16 +147,16 @@ def test_device_keep_probability_never_exceeds_e_eps_exactly():
         assert as_mpf(ratio) <= mpmath.exp(mpmath.mpf(epsilon)), epsilon
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: client/range_randomizer.py keep_probability() returns exactly 1.0 once e^-eps < 2^-54 "
-    "(eps >= ~37.4), so the wrong sign is never sent and the likelihood ratio is infinite, not e^eps; "
-    "RoundSpec accepts any finite epsilon0",
-)
 def test_large_epsilon_still_randomizes():
-    assert keep_probability(40.0) < 1.0
-    worst_ratio(exact_output_probabilities(2, 40.0))  # asserts every output has positive probability
+    """Past MAX_EPSILON the keep probability would round to 1 (no privacy): refused. At the
+    limit every output still has positive probability and the ratio is at most e^eps."""
+    from shuffledp.protocol.messages import MAX_EPSILON
+
+    with pytest.raises(InvalidParameter):
+        keep_probability(40.0)
+    assert keep_probability(MAX_EPSILON) < 1.0
+    ratio = worst_ratio(exact_output_probabilities(2, MAX_EPSILON))
+    assert as_mpf(ratio) <= mpmath.exp(mpmath.mpf(MAX_EPSILON))
 
 
 @settings(max_examples=200, deadline=None)
