@@ -90,11 +90,12 @@ class VectorPopulation:
             counts = np.bincount((symbols + offsets).ravel(), minlength=users * self.dim).reshape(users, self.dim)
             return counts / self.m, counts.sum(axis=0).astype(np.float64)
         mu = self.mu * np.sin(np.arange(1, self.dim + 1))
-        samples = rng.normal(mu, self.sigma, size=(users, self.m, self.dim))
+        samples = rng.standard_normal((users, self.m, self.dim))
+        samples *= self.sigma
+        samples += mu
         bad = np.abs(samples) > self.bound
         while bad.any():
-            redraw = rng.normal(mu, self.sigma, size=(users, self.m, self.dim))
-            samples[bad] = redraw[bad]
+            samples[bad] = rng.normal(np.broadcast_to(mu, samples.shape)[bad], self.sigma)
             bad = np.abs(samples) > self.bound
         return samples.mean(axis=1), samples.sum(axis=(0, 1))
 
