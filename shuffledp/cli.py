@@ -19,6 +19,7 @@ from shuffledp import __version__
 COMMAND_MODULES = (
     "shuffledp.simulate_cli",
     "shuffledp.vector_cli",
+    "shuffledp.distribution_cli",
     "shuffledp.account_cli",
 )
 

@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
             results.append(run_vector_simulation(config, progress=step))
     documents = [r.as_dict() for r in results]
     for d in documents:
-        d.pop("true_mean")
-        d.pop("estimate")
+        for key in ("true_mean", "estimate", "variance_per_coordinate"):
+            d.pop(key)
     if args.output:
         with open(args.output, "w") as f:
             json.dump(documents, f, indent=2)

@@ -76,6 +76,7 @@ class VectorSimulationResult:
     estimate: np.ndarray = field(repr=False)
     l2_error: float
     mse_theory: float
+    variance_per_coordinate: np.ndarray = field(repr=False)
     theorem2_mse_bound: float
     linf_error: float
     tv_error: float | None
@@ -85,6 +86,7 @@ class VectorSimulationResult:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["true_mean"] = self.true_mean.tolist()
+        out["variance_per_coordinate"] = self.variance_per_coordinate.tolist()
         out["estimate"] = self.estimate.tolist()
         return out
 
@@ -160,6 +162,7 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
         estimate=estimate,
         l2_error=float(np.linalg.norm(error)),
         mse_theory=mse,
+        variance_per_coordinate=mean_acc.variance(),
         theorem2_mse_bound=theorem2_mse_bound(protocol, config.n, sq_norm / config.n),
         linf_error=float(np.abs(error).max()),
         tv_error=float(0.5 * np.abs(error).sum()) if population.kind == "categorical" else None,
