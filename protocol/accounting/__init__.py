@@ -34,6 +34,7 @@ from shuffledp.protocol.accounting.guarantees import (
 )
 from shuffledp.protocol.accounting.rdp import (
     DEFAULT_ORDERS,
+    EXTENDED_ORDERS,
     clone_pair_rdp,
     girgis_rdp,
     rdp_epsilon,
@@ -61,6 +62,7 @@ __all__ = [
     "BOUND_NAMES",
     "ClonePair",
     "DEFAULT_ORDERS",
+    "EXTENDED_ORDERS",
     "LocalGuarantee",
     "MECHANISMS",
     "RR_EXACT_MAX_N",

@@ -56,8 +56,13 @@ from shuffledp.protocol.accounting._numerics import binom_cdf_le, binom_log_pmf_
 from shuffledp.protocol.accounting.clones import ClonePair
 from shuffledp.protocol.errors import InvalidParameter
 
-#: Integer orders used throughout (subsampling needs every integer up to the max).
+#: Contiguous integer orders (subsampling needs every integer up to the max).
 DEFAULT_ORDERS = tuple(range(2, 65))
+#: Plus sparse large orders: converting a single round (or few rounds) to
+#: (eps, delta) costs ``log(1/delta)/(lambda-1)``, so small epsilons need large orders.
+EXTENDED_ORDERS = DEFAULT_ORDERS + (80, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 8192, 16384)
+#: Largest order at which :func:`clone_pair_rdp` is evaluated (above: ``inf``, i.e. no claim).
+CLONE_RDP_MAX_ORDER = 256
 
 
 def _orders(orders: Sequence[int] | None) -> np.ndarray:
@@ -100,10 +105,21 @@ def clone_pair_rdp(pair: ClonePair, orders: Sequence[int] | None = None, c_block
     Upper bound: ``c``-blocks use their left end (moments are non-increasing in ``c``),
     the ``a``-window outside ``+-w`` standard deviations is bounded by its probability
     times the largest ratio ``(a0/a1)^(lambda-1)``, and the ``c``-tails likewise.
+    Orders above :data:`CLONE_RDP_MAX_ORDER` get ``inf`` (no claim).
     """
     if pair.a2 != 0.0 or pair.scale != 1.0:
         raise InvalidParameter("pair", "numerical RDP is implemented for pairs without a Q2 part (a2 = 0, scale 1)")
-    o = _orders(orders).astype(np.float64)
+    o_all = _orders(orders)
+    keep = o_all <= CLONE_RDP_MAX_ORDER
+    result = np.full(o_all.shape, np.inf)
+    if not np.any(keep):
+        return result
+    result[keep] = _clone_pair_rdp(pair, o_all[keep], c_blocks)
+    return result
+
+
+def _clone_pair_rdp(pair: ClonePair, orders: np.ndarray, c_blocks: int) -> np.ndarray:
+    o = orders.astype(np.float64)
     m, rt = pair.m, pair.clone_rate
     b0 = pair.a0 / (pair.a0 + pair.a1)
     b1 = 1.0 - b0
@@ -155,7 +171,7 @@ def clone_pair_rdp(pair: ClonePair, orders: Sequence[int] | None = None, c_block
     for e in extra:
         total = np.logaddexp(total, e)
     rdp = total / (o - 1)
-    return np.minimum(np.maximum(rdp, 0.0), pure_dp_rdp(pair.epsilon_max, o.astype(int)))
+    return np.minimum(np.maximum(rdp, 0.0), pure_dp_rdp(pair.epsilon_max, orders))
 
 
 def wor_subsampled_rdp(
@@ -163,21 +179,24 @@ def wor_subsampled_rdp(
 ) -> np.ndarray:
     """Wang-Balle-Kasiviswanathan Theorem 9 (uniform subsampling without replacement).
 
-    ``inner_rdp[i]`` is the inner mechanism's RDP at ``orders[i]``; every integer
-    order from 2 to ``max(orders)`` must be present. ``eps_inf`` is the inner
-    mechanism's pure-DP epsilon (``inf`` if none).
+    ``inner_rdp[i]`` is the inner mechanism's RDP at ``orders[i]``. The bound at order
+    ``lambda`` needs the inner RDP at every integer ``2..lambda``; orders for which one
+    is missing get ``inf`` (no claim). ``eps_inf`` is the inner mechanism's pure-DP
+    epsilon (``inf`` if none).
     """
     o = _orders(orders)
     if not 0.0 <= gamma <= 1.0:
         raise InvalidParameter("gamma", f"must be in [0, 1], got {gamma}")
     inner = dict(zip(o.tolist(), np.asarray(inner_rdp, dtype=np.float64).tolist()))
-    need = set(range(2, int(o.max()) + 1))
-    if not need.issubset(inner):
-        raise InvalidParameter("orders", "need every integer order from 2 to max(orders)")
+    if 2 not in inner:
+        raise InvalidParameter("orders", "need order 2")
+    contiguous = 2
+    while contiguous + 1 in inner:
+        contiguous += 1
     if gamma == 0.0:
         return np.zeros(o.shape)
     if gamma == 1.0:
-        return np.asarray([inner[int(x)] for x in o])
+        return np.asarray([inner[int(x)] for x in o], dtype=np.float64)
     log_g = math.log(gamma)
     if math.isinf(eps_inf):
         log_cap = lambda j: math.log(2.0)  # noqa: E731
@@ -186,8 +205,10 @@ def wor_subsampled_rdp(
         log_cap = lambda j: min(math.log(2.0), j * lx)  # noqa: E731
     e2 = inner[2]
     log_j2 = min(math.log(4.0) + math.log(math.expm1(e2)) if e2 > 0 else -math.inf, e2 + log_cap(2))
-    out = np.empty(o.shape, dtype=np.float64)
+    out = np.full(o.shape, np.inf)
     for idx, lam in enumerate(o.tolist()):
+        if lam > contiguous:
+            continue
         terms = [0.0]
         log_comb2 = special.gammaln(lam + 1) - special.gammaln(3) - special.gammaln(lam - 1)
         terms.append(2 * log_g + log_comb2 + log_j2)

@@ -54,7 +54,7 @@ from shuffledp.protocol.accounting._numerics import binom_cdf_le
 from shuffledp.protocol.accounting.clones import ClonePair
 from shuffledp.protocol.accounting.guarantees import LocalGuarantee
 from shuffledp.protocol.accounting.rdp import (
-    DEFAULT_ORDERS,
+    EXTENDED_ORDERS,
     clone_pair_rdp,
     girgis_rdp,
     pure_dp_rdp,
@@ -109,19 +109,28 @@ def _poisson_window(n: int, rate: float) -> tuple[int, int, int, float]:
 class SessionAccountant:
     """Composes shuffled rounds into a session; every epsilon it reports is an upper bound.
 
-    ``value_discretization_interval`` is the PLD grid (dp-accounting's default 1e-4);
-    composing ``T`` rounds can cost up to ``T`` times it in epsilon, on the safe side.
+    ``value_discretization_interval`` is the PLD grid. Rounding is pessimistic, so
+    composing ``T`` rounds can cost up to ``T`` times it in epsilon (on the safe side).
+    By default (``None``) it is chosen per session: 1/100 of the smallest per-round
+    epsilon (after subsampling) at ``reference_delta``, clipped to ``[1e-5, 1e-4]``.
     """
 
-    def __init__(self, *, value_discretization_interval: float = 1e-4, orders=None, reference_delta: float = 1e-6):
-        if not 0 < value_discretization_interval <= 0.1:
+    def __init__(
+        self,
+        *,
+        value_discretization_interval: float | None = None,
+        orders=None,
+        reference_delta: float = 1e-6,
+    ):
+        if value_discretization_interval is not None and not 0 < value_discretization_interval <= 0.1:
             raise InvalidParameter("value_discretization_interval", "must be in (0, 0.1]")
         if not 0 < reference_delta < 1:
             raise InvalidParameter("reference_delta", "must be in (0, 1)")
-        self._d = float(value_discretization_interval)
-        self._orders = tuple(DEFAULT_ORDERS if orders is None else orders)
-        if list(self._orders) != list(range(2, max(self._orders) + 1)):
-            raise InvalidParameter("orders", "must be every integer from 2 to its maximum")
+        self._fixed_d = None if value_discretization_interval is None else float(value_discretization_interval)
+        self._d: float | None = self._fixed_d
+        self._orders = tuple(EXTENDED_ORDERS if orders is None else orders)
+        if any(int(o) != o or o < 2 for o in self._orders) or 2 not in self._orders:
+            raise InvalidParameter("orders", "must be integers >= 2, including 2")
         self._reference_delta = reference_delta
         self._groups: list[RoundGroup] = []
 
@@ -154,6 +163,10 @@ class SessionAccountant:
             if sampling_rate == 1:
                 sampling_rate = None
         self._groups.append(RoundGroup(local, n, None if sampling_rate is None else float(sampling_rate), sampling, int(count)))
+        if self._fixed_d is None:  # the automatic grid may change: rebuild PLDs lazily
+            self._d = None
+            for g in self._groups:
+                g._pld = None
 
     def __len__(self) -> int:
         return sum(g.count for g in self._groups)
@@ -168,6 +181,22 @@ class SessionAccountant:
         N, k_lo, k_hi, tail = _poisson_window(g.n, g.sampling_rate)
         return k_lo, k_hi / N, tail
 
+    def _discretization(self) -> float:
+        if self._d is None:
+            smallest = math.inf
+            for g in self._groups:
+                n_in, gamma, _ = self._inner_n(g)
+                pairs = dominating_pairs(g.local, n_in).values()
+                e_in = min(p.epsilon(self._reference_delta, rtol=1e-3) for p in pairs)
+                smallest = min(smallest, math.log1p(gamma * math.expm1(e_in)))
+            self._d = float(min(1e-4, max(1e-5, smallest / 100.0)))
+        return self._d
+
+    @property
+    def value_discretization_interval(self) -> float:
+        self._check_ready()
+        return self._discretization()
+
     def _group_pld(self, g: RoundGroup) -> PrivacyLossDistribution:
         if g._pld is not None:
             return g._pld
@@ -180,7 +209,7 @@ class SessionAccountant:
         # subsampling (advanced joint convexity), then the extra tail mass
         eps_p = np.log1p(gamma * np.expm1(grid))
         del_p = np.minimum(1.0, gamma * deltas + tail)
-        pld = _pld_from_curve(eps_p, del_p, self._d)
+        pld = _pld_from_curve(eps_p, del_p, self._discretization())
         g._pld = pld.self_compose(g.count) if g.count > 1 else pld
         return g._pld
 

@@ -34,7 +34,7 @@ from shuffledp.protocol.accounting.guarantees import (
     in_strong_clone_class,
     variation_ratio_parameters,
 )
-from shuffledp.protocol.accounting.rdp import DEFAULT_ORDERS, girgis_rdp, rdp_epsilon
+from shuffledp.protocol.accounting.rdp import EXTENDED_ORDERS, girgis_rdp, rdp_epsilon
 from shuffledp.protocol.accounting.rr_exact import (
     RR_EXACT_MAX_N,
     rr_exact_delta,
@@ -131,7 +131,7 @@ def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     for name, pair in dominating_pairs(local, n).items():
         cand[name] = min(e0, pair.epsilon(delta))
     cand["fmt21-closed"] = fmt21_closed_form(e0, n, delta)
-    cand["rdp-girgis"] = min(e0, rdp_epsilon(DEFAULT_ORDERS, girgis_rdp(e0, n, DEFAULT_ORDERS), delta))
+    cand["rdp-girgis"] = min(e0, rdp_epsilon(EXTENDED_ORDERS, girgis_rdp(e0, n, EXTENDED_ORDERS), delta))
     lower: float | None = None
     if local.mechanism == "binary-rr" and n <= RR_EXACT_MAX_N:
         cand["rr-exact"] = rr_exact_epsilon(delta, n, e0)
