@@ -204,17 +204,18 @@ class ClonePair:
         c_w = c_w[keep]
         layout = {"c_w": c_w, "tail_lo": float(cdf[0]), "tail_hi": float(1.0 - cdf[-1])}
         c_hi = np.array([c_edges[-1] - 1.0])
-        corners = (("up", c_first, True), ("mid", c_last, True), ("dn", c_last, False), ("hi", c_hi, True))
-        for name, cs, upper in corners:
-            if self.a2 == 0.0:
+        if self.a2 == 0.0:
+            for name, cs in (("up", c_first), ("mid", c_last), ("dn", c_last), ("hi", c_hi)):
                 layout[name] = (cs + 1.0, np.zeros_like(cs), np.ones_like(cs), np.zeros_like(cs))
-            else:
-                layout[name] = self._z_blocks(cs, hz, upper=upper)
+        else:
+            layout["up"], _ = self._z_blocks(c_first, hz)
+            layout["mid"], layout["dn"] = self._z_blocks(c_last, hz)
+            layout["hi"], _ = self._z_blocks(c_hi, hz)
         self._cache[key] = layout
         return layout
 
-    def _z_blocks(self, cs: np.ndarray, hz: float, *, upper: bool):
-        """Corners ``(s, w)``, weights and outside-window mass of the z-blocks, per c.
+    def _z_blocks(self, cs: np.ndarray, hz: float):
+        """Upper and lower corners ``(s, w)``, weights and outside mass of the z-blocks, per c.
 
         Given ``c``, ``z = Bin(c, pi2) + Bern(a2)`` (same law under both inputs) and
         ``w(z) = Pr[user 1 drew Q2 | c, z]`` increases with ``z`` while ``s = c+1-z``
@@ -255,13 +256,9 @@ class ClonePair:
             wv = np.where(z <= 0, 0.0, wv)
             return np.where(z >= c_col + 1.0, 1.0, wv)
 
-        if upper:
-            s = np.maximum(1.0, c_col + 1.0 - z_last)
-            w = post_w(z_first)
-        else:
-            s = np.maximum(1.0, c_col + 1.0 - z_first)
-            w = post_w(z_last)
-        return s, w, wt, tail
+        upper = (np.maximum(1.0, c_col + 1.0 - z_last), post_w(z_first), wt, tail)
+        lower = (np.maximum(1.0, c_col + 1.0 - z_first), post_w(z_last), wt, tail)
+        return upper, lower
 
     def _per_c(self, corner, eps: float) -> tuple[np.ndarray, np.ndarray]:
         s, w, wt, tail = corner
@@ -273,17 +270,15 @@ class ClonePair:
     # ------------------------------------------------------------ divergence
     def delta_bounds(self, eps: float, lc: int = 1, lz: int = 1) -> tuple[float, float]:
         """(lower estimate, rigorous upper bound) of ``delta(eps)`` at a block resolution."""
-        lo, _, up = self._bounds3(eps, lc, lz)
-        return lo, up
+        return self._bounds(eps, lc, lz)
 
-    def _bounds3(self, eps: float, lc: int, lz: int) -> tuple[float, float, float]:
-        """Lower estimate, upper bound with c at block ends, rigorous upper bound."""
+    def _bounds(self, eps: float, lc: int, lz: int) -> tuple[float, float]:
+        """Lower estimate and rigorous upper bound at block resolution ``(lc, lz)``."""
         if eps >= self.epsilon_max:
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0
         eps = max(float(eps), 0.0)
         lay = self._layout(lc, lz)
         d_up, pad_up = self._per_c(lay["up"], eps)
-        d_mid, _ = self._per_c(lay["mid"], eps)
         d_dn, _ = self._per_c(lay["dn"], eps)
         d_hi, pad_hi = self._per_c(lay["hi"], eps)
         upper = (
@@ -291,10 +286,15 @@ class ClonePair:
             + lay["tail_lo"]
             + lay["tail_hi"] * float(d_hi[0] + pad_hi[0])
         )
-        mid = float(np.dot(lay["c_w"], d_mid))
         lower = float(np.dot(lay["c_w"], d_dn))
         sc = self.scale
-        return min(1.0, sc * lower), min(1.0, sc * mid), min(1.0, sc * upper)
+        return min(1.0, sc * lower), min(1.0, sc * upper)
+
+    def _mid(self, eps: float, lc: int, lz: int) -> float:
+        """Upper corner in z at the right end of each c-block: splits the slack into c and z parts."""
+        lay = self._layout(lc, lz)
+        d_mid, _ = self._per_c(lay["mid"], max(float(eps), 0.0))
+        return min(1.0, self.scale * float(np.dot(lay["c_w"], d_mid)))
 
     def delta(
         self, eps: float, rtol: float = 5e-3, *, target: float | None = None, atol: float = 1e-17
@@ -309,7 +309,7 @@ class ClonePair:
         lc, lz = self._cache.get("start", (0, 0))  # resolution that sufficed last time
         best = 1.0
         while True:
-            lo, mid, up = self._bounds3(eps, lc, lz)
+            lo, up = self._bounds(eps, lc, lz)
             best = min(best, up)
             done = up - lo <= rtol * up + atol or up == 0.0
             if target is not None and (up <= target or lo >= 2.0 * target):
@@ -321,7 +321,11 @@ class ClonePair:
             can_c, can_z = lc + 1 < len(_C_STEPS), lz + 1 < len(_Z_STEPS) and self.a2 > 0
             if not (can_c or can_z):
                 return best
-            if can_c and (not can_z or up - mid >= mid - lo):
+            if can_c and not can_z:
+                lc += 1
+            elif can_z and not can_c:
+                lz += 1
+            elif up - (mid := self._mid(eps, lc, lz)) >= mid - lo:
                 lc += 1
             else:
                 lz += 1

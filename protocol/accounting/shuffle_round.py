@@ -140,7 +140,7 @@ def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
         lower = rr_lower_epsilon(delta, n, e0)
     valid = {k: v for k, v in cand.items() if v is not None}
     best = min(valid.values())
-    method = next(k for k in BOUND_NAMES if valid.get(k) == best)
+    method = "local" if best >= e0 else next(k for k in BOUND_NAMES if valid.get(k) == best)
     if lower is not None and best < lower * (1 - 1e-6) - 1e-9:
         raise RuntimeError(  # pragma: no cover - would mean a bug in a bound
             f"bound {method}={best} is below the exact RR floor {lower}"
