@@ -5,8 +5,29 @@ Importing this package loads only numpy, cbor2, cryptography and
 """
 
 from shuffledp.client.client import Client, RoundExpired, verified_spec
+from shuffledp.client.hadamard_response import (
+    HadamardResponseParams,
+    choose_hadamard_response,
+    randomize_hadamard_response,
+)
+from shuffledp.client.krr import randomize_krr
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mean_randomizer import randomize_mean
 from shuffledp.client.range_randomizer import randomize_range
 
-__all__ = ["Client", "PrivacyLedger", "RoundExpired", "randomize_mean", "randomize_range", "verified_spec"]
+from shuffledp.client.vector_randomizer import randomize_vector_mean, randomize_vector_range
+
+__all__ = [
+    "Client",
+    "HadamardResponseParams",
+    "PrivacyLedger",
+    "RoundExpired",
+    "choose_hadamard_response",
+    "randomize_hadamard_response",
+    "randomize_krr",
+    "randomize_mean",
+    "randomize_range",
+    "randomize_vector_mean",
+    "randomize_vector_range",
+    "verified_spec",
+]
