@@ -35,7 +35,7 @@ from shuffledp.analyzer.decoders import (
 )
 from shuffledp.client.mean_randomizer import decode_values
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import NOISE_KINDS, HadamardRangeParams, ProjectedMeanParams
+from shuffledp.protocol.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
 
 
 def concentration_radius(proxy_sigma: float, n: int, m: int, gamma: float) -> float:
@@ -61,14 +61,7 @@ class ScalarMeanConfig:
             raise InvalidParameter("bound", f"must be finite and > 0, got {self.bound}")
         if not (0 < self.tau <= self.bound):
             raise InvalidParameter("tau", f"must be in (0, bound={self.bound}], got {self.tau}")
-        if not (self.epsilon0 > 0 and math.isfinite(self.epsilon0)):
-            raise InvalidParameter("epsilon0", f"must be finite and > 0, got {self.epsilon0}")
-        if self.noise not in NOISE_KINDS:
-            raise InvalidParameter("noise", f"must be one of {NOISE_KINDS}, got {self.noise!r}")
-        if (self.noise == "gaussian") != (self.delta0 > 0):
-            raise InvalidParameter("delta0", "must be > 0 exactly when noise is 'gaussian'")
-        if not 0 <= self.delta0 < 1:
-            raise InvalidParameter("delta0", f"must be in [0, 1), got {self.delta0}")
+        check_local_budget(self.epsilon0, self.delta0, self.noise)
 
     @property
     def round_epsilon(self) -> float:

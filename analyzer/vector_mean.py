@@ -29,7 +29,7 @@ from shuffledp.client.mean_randomizer import PerUserGrid, decode_values, noise_v
 from shuffledp.client.vector_randomizer import VECTOR_MODES, CoordinateReports
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.hadamard import fwht
-from shuffledp.protocol.messages import NOISE_KINDS, HadamardRangeParams
+from shuffledp.protocol.messages import HadamardRangeParams, check_local_budget
 from shuffledp.protocol.rotation import RandomRotation
 
 
@@ -59,12 +59,7 @@ class VectorMeanConfig:
             raise InvalidParameter("rotated_bound", f"must be finite and > 0, got {self.rotated_bound}")
         if not 0 < self.rotated_tau:
             raise InvalidParameter("rotated_tau", f"must be > 0, got {self.rotated_tau}")
-        if not (self.epsilon0 > 0 and math.isfinite(self.epsilon0)):
-            raise InvalidParameter("epsilon0", f"must be finite and > 0, got {self.epsilon0}")
-        if self.noise not in NOISE_KINDS:
-            raise InvalidParameter("noise", f"must be one of {NOISE_KINDS}, got {self.noise!r}")
-        if (self.noise == "gaussian") != (self.delta0 > 0):
-            raise InvalidParameter("delta0", "must be > 0 exactly when noise is 'gaussian'")
+        check_local_budget(self.epsilon0, self.delta0, self.noise)
         if self.mode not in VECTOR_MODES:
             raise InvalidParameter("mode", f"must be one of {VECTOR_MODES}, got {self.mode!r}")
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from _common import RESULTS, write_result
 
+from shuffledp.progress import pyplot, save_figure
 from shuffledp.vector_population import VectorPopulation
 from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
 
@@ -67,7 +68,8 @@ def dimensions(dims: list[int], n: int) -> list[dict]:
 def memory(n: int, d: int) -> dict:
     code = (
         "import resource, time, json\n"
-        "from shuffledp.vector_population import VectorPopulation\n"
+        "from shuffledp.progress import pyplot, save_figure
+from shuffledp.vector_population import VectorPopulation\n"
         "from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation\n"
         f"t = time.perf_counter(); r = run_vector_simulation(VectorSimulationConfig(VectorPopulation('gaussian', {d}, 10), {n}, {EPSILON}))\n"
         "print(json.dumps({'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,"
@@ -81,11 +83,7 @@ def memory(n: int, d: int) -> dict:
 
 
 def plot(mode_rows: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = {"sampled": "tab:blue", "paper": "tab:red"}
     for mode, rows in mode_rows.items():
@@ -99,9 +97,7 @@ def plot(mode_rows: dict, path) -> None:
     ax.set_title(f"vector mean, d = 64, m = 10, ε0 = {EPSILON}: range-round budget modes")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> int:

@@ -107,6 +107,17 @@ class HadamardRangeParams:
 NOISE_KINDS = ("laplace", "gaussian")
 
 
+def check_local_budget(epsilon0: float, delta0: float, noise: str) -> None:
+    """Validate a local budget: ``0 < epsilon0 <= MAX_EPSILON``, ``0 <= delta0 < 1``, and
+    ``delta0 > 0`` exactly when the noise is Gaussian (Laplace reports are pure DP)."""
+    _finite(epsilon0, "epsilon0")
+    _require(0 < epsilon0 <= MAX_EPSILON, "epsilon0", f"must be in (0, {MAX_EPSILON}], got {epsilon0}")
+    _finite(delta0, "delta0")
+    _require(0.0 <= delta0 < 1.0, "delta0", f"must be in [0, 1), got {delta0}")
+    _require(noise in NOISE_KINDS, "noise", f"must be one of {NOISE_KINDS}, got {noise!r}")
+    _require((noise == "gaussian") == (delta0 > 0), "delta0", "must be > 0 exactly when the noise is Gaussian")
+
+
 @dataclass(frozen=True)
 class ProjectedMeanParams:
     """Public parameters of the projected mean report (Girgis et al. 2022, Alg. 2).
@@ -165,16 +176,7 @@ class RoundSpec:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _count(self.round_id, "round_id", 0, 2**63 - 1)
         _require(isinstance(self.params, tuple(MECHANISMS.values())), "params", "unknown mechanism parameters")
-        _finite(self.epsilon0, "epsilon0")
-        _require(0 < self.epsilon0 <= MAX_EPSILON, "epsilon0", f"must be in (0, {MAX_EPSILON}], got {self.epsilon0}")
-        _finite(self.delta0, "delta0")
-        _require(0.0 <= self.delta0 < 1.0, "delta0", f"must be in [0, 1), got {self.delta0}")
-        noise = getattr(self.params, "noise", "laplace")
-        _require(
-            (noise == "gaussian") == (self.delta0 > 0),
-            "delta0",
-            "must be > 0 exactly when the mechanism has Gaussian noise",
-        )
+        check_local_budget(self.epsilon0, self.delta0, getattr(self.params, "noise", "laplace"))
         _bytes_of(self.analyzer_key, X25519_KEY_BYTES, "analyzer_key")
         _count(self.min_batch, "min_batch", 1, 2**40)
         _finite(self.deadline, "deadline")

@@ -12,6 +12,7 @@ import json
 import sys
 
 from shuffledp.distribution import DistributionConfig, run_distribution
+from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter
 
 
@@ -39,15 +40,8 @@ def run(args: argparse.Namespace) -> int:
     except (InvalidParameter, ValueError) as exc:
         print(f"shuffledp distribution: invalid parameter {exc}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
-
     results = []
-    with tqdm(total=3 * args.users * len(configs), unit="user", unit_scale=True, file=sys.stderr,
-              disable=args.quiet, mininterval=0.5) as bar:
-        def step(stage: str, count: int) -> None:
-            bar.set_description(stage, refresh=False)
-            bar.update(count)
-
+    with progress_bar(3 * args.users * len(configs), quiet=args.quiet) as step:
         for config in configs:
             results.append(run_distribution(config, progress=step))
     if args.json:
@@ -66,11 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plot(ms, results, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for index, (name, color) in enumerate((("oracle", "tab:orange"), ("vector", "tab:blue"))):
         label = "frequency oracle, 1 sample/user" if name == "oracle" else "vector mean of empirical distributions"
@@ -83,6 +73,4 @@ def plot(ms, results, path: str) -> None:
     ax.set_title(f"k = {c['k']}, n = {c['n']:,}, ε0 = {c['epsilon0']} (user-level)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

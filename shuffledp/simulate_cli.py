@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from shuffledp.population import DISTRIBUTIONS, Population
+from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.simulation import PATHS, SimulationConfig, SimulationResult, run_simulation
 
@@ -56,21 +57,6 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _progress(quiet: bool, total_units: int):
-    """A tqdm bar over user-steps on stderr, or None when quiet."""
-    if quiet:
-        return None, lambda: None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total_units, unit="user-step", unit_scale=True, file=sys.stderr, mininterval=0.5)
-
-    def step(stage: str, count: int) -> None:
-        bar.set_description(stage, refresh=False)
-        bar.update(count)
-
-    return step, bar.close
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
@@ -91,11 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
         return 2
     units = (5 if config.path == "messages" else 3) * config.n  # generate, then per round: seal+open or randomize
-    step, close = _progress(args.quiet, units)
-    try:
+    with progress_bar(units, quiet=args.quiet, unit="user-step") as step:
         result = run_simulation(config, progress=step)
-    finally:
-        close()
     try:
         _print_and_plot(args, result)
     except BrokenPipeError:  # e.g. piped into `head`
@@ -167,11 +150,7 @@ def plot_result(result: SimulationResult, path: str) -> None:
     """Two panels: round 1's Hadamard frequency estimates against the true bin fractions,
     with the range it announced; and round 2's estimate against the truth, with bands of
     1 and 2 theoretical RMSEs and the Theorem 1 bound."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
     hist = result.extra["round1_histogram"]
     centers = hist["bin_centers"]
@@ -204,6 +183,4 @@ def plot_result(result: SimulationResult, path: str) -> None:
     right.legend(loc="upper left", fontsize=7)
     c = result.config
     fig.suptitle(f"shuffledp simulate: n = {c['n']:,}, m = {c['population']['m']}, ε0 = {result.local_epsilon:g}, {c['path']} path")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)

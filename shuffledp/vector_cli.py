@@ -12,6 +12,7 @@ import json
 import sys
 
 from shuffledp.client.vector_randomizer import VECTOR_MODES
+from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.vector_population import VECTOR_KINDS, VectorPopulation
 from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
@@ -61,15 +62,8 @@ def run(args: argparse.Namespace) -> int:
     except InvalidParameter as exc:
         print(f"shuffledp vector: invalid parameter {exc}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
-
     results = []
-    with tqdm(total=sum(2 * c.n for c in configs), unit="user", unit_scale=True, file=sys.stderr,
-              disable=args.quiet, mininterval=0.5) as bar:
-        def step(stage: str, count: int) -> None:
-            bar.set_description(stage, refresh=False)
-            bar.update(count)
-
+    with progress_bar(sum(2 * c.n for c in configs), quiet=args.quiet) as step:
         for config in configs:
             results.append(run_vector_simulation(config, progress=step))
     documents = [r.as_dict() for r in results]
@@ -95,11 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plot_sweep(results, path: str, label: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ns = [r.config["n"] for r in results]
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     ax.loglog(ns, [r.l2_error for r in results], "o-", label=f"{label}measured ℓ2 error")
@@ -111,6 +101,4 @@ def plot_sweep(results, path: str, label: str = "") -> None:
     ax.set_title(f"vector mean, d={c['population']['dim']}, m={c['population']['m']}, ε0={c['epsilon0']}, {c['mode']}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
