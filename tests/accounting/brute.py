@@ -85,3 +85,27 @@ def paper_variation_ratio_delta(eps: float, m: int, p: float, beta: float, q: fl
     Q[1:, :] += alpha * T[:-1, :]
     Q[:, 1:] += p * alpha * T[:, :-1]
     return hockey(P, Q, eps)
+
+
+def clone_pair_delta(eps: float, m: int, a0: float, a1: float, a2: float, r: float, r2: float) -> float:
+    """Hockey-stick divergence of the (a, b, z) clone-count pair, by full enumeration."""
+    rest = 1.0 - 2 * r - r2
+    T = np.zeros((m + 2, m + 2, m + 2))
+    for a in range(m + 1):
+        for b in range(m + 1 - a):
+            for z in range(m + 1 - a - b):
+                if z and r2 == 0.0:
+                    continue
+                u = m - a - b - z
+                logp = math.lgamma(m + 1) - math.lgamma(a + 1) - math.lgamma(b + 1) - math.lgamma(z + 1) - math.lgamma(u + 1)
+                logp += (a + b) * math.log(r) + (z * math.log(r2) if z else 0.0) + (u * math.log(rest) if u else 0.0)
+                T[a, b, z] = math.exp(logp)
+    P = np.zeros_like(T)
+    Q = np.zeros_like(T)
+    P[1:, :, :] += a0 * T[:-1]
+    P[:, 1:, :] += a1 * T[:, :-1]
+    P[:, :, 1:] += a2 * T[:, :, :-1]
+    Q[1:, :, :] += a1 * T[:-1]
+    Q[:, 1:, :] += a0 * T[:, :-1]
+    Q[:, :, 1:] += a2 * T[:, :, :-1]
+    return hockey(P, Q, eps)

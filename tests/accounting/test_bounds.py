@@ -36,7 +36,7 @@ from shuffledp.protocol.accounting import (
 )
 from shuffledp.protocol.errors import InvalidParameter
 
-from .brute import exact_round_delta, paper_variation_ratio_delta, worst_dataset_delta
+from .brute import clone_pair_delta, exact_round_delta, paper_variation_ratio_delta, worst_dataset_delta
 
 REL = 1e-9  # float rounding allowance when comparing an upper bound with an exact value
 
@@ -143,6 +143,27 @@ def test_rr_exact_is_max_over_datasets_and_lower_is_below():
         brute = max(_rr_by_enumeration(n, e0, k, eps) for k in range(n))
         assert rr_exact_delta(eps, n, e0) == pytest.approx(brute, rel=1e-10)
         assert rr_lower_delta(eps, n, e0) <= brute * (1 + REL)
+
+
+# --------------------------------------------- the clone engine is exact (small n)
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: fmt21_pair(1.5, 14),
+        lambda: strong_clone_pair(0.7, 14),
+        lambda: variation_ratio_pair(math.e, (math.e - 1) / (2 * (math.e + 1)), math.e, 14, r2=1 / (2 * math.e)),
+        lambda: variation_ratio_pair(math.exp(2), (math.exp(2) - 1) / (math.exp(2) + 4), math.exp(2), 12,
+                                     r2=3 / (math.exp(2) + 4)),
+    ],
+    ids=["fmt21", "strong", "vr-hadamard", "vr-5rr"],
+)
+def test_clone_engine_matches_enumeration(make):
+    pair = make()
+    for eps in (0.05, 0.3, 0.8, 1.4):
+        brute = clone_pair_delta(eps, pair.m, pair.a0, pair.a1, pair.a2, pair.r, pair.r2)
+        lo, up = pair.delta_bounds(eps, 5, 5)
+        assert lo <= brute * (1 + REL) + 1e-300 and up >= brute * (1 - REL)
+        assert pair.delta(eps, rtol=1e-6) == pytest.approx(brute, rel=1e-6, abs=1e-300)
 
 
 # --------------------------------------- validity of every bound by enumeration
