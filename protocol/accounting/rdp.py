@@ -50,8 +50,6 @@ from typing import Sequence
 import numpy as np
 from scipy import special
 
-from dp_accounting.rdp import rdp_privacy_accountant
-
 from shuffledp.protocol.accounting._numerics import binom_cdf_le, binom_log_pmf_half
 from shuffledp.protocol.accounting.clones import ClonePair
 from shuffledp.protocol.errors import InvalidParameter
@@ -223,5 +221,7 @@ def rdp_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> 
     """(eps, delta) from an RDP curve via dp-accounting's conversion."""
     if not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
+    from dp_accounting.rdp import rdp_privacy_accountant  # imported lazily: ~1 s
+
     eps, _ = rdp_privacy_accountant.compute_epsilon(list(orders), list(rdp), delta)
     return float(eps)

@@ -46,9 +46,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 from shuffledp.protocol.accounting._numerics import binom_cdf_le
 from shuffledp.protocol.accounting.clones import ClonePair
@@ -70,6 +70,9 @@ from shuffledp.protocol.accounting.shuffle_round import (
 )
 from shuffledp.protocol.errors import InvalidParameter
 
+if TYPE_CHECKING:  # dp-accounting is imported lazily (about 1 s)
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
 SAMPLING_SCHEMES = ("poisson", "uniform")
 #: Binomial tail mass left outside the batch-size window of a Poisson-sampled round.
 POISSON_TAIL = 1e-14
@@ -86,7 +89,7 @@ class RoundGroup:
     sampling_rate: float | None
     sampling: str
     count: int
-    _pld: PrivacyLossDistribution | None = field(default=None, repr=False)
+    _pld: "PrivacyLossDistribution | None" = field(default=None, repr=False)
     _rdp: np.ndarray | None = field(default=None, repr=False)
     _reference: dict = field(default_factory=dict, repr=False)
 
@@ -197,7 +200,7 @@ class SessionAccountant:
         self._check_ready()
         return self._discretization()
 
-    def _group_pld(self, g: RoundGroup) -> PrivacyLossDistribution:
+    def _group_pld(self, g: RoundGroup) -> "PrivacyLossDistribution":
         if g._pld is not None:
             return g._pld
         n_in, gamma, tail = self._inner_n(g)
@@ -238,7 +241,7 @@ class SessionAccountant:
         if not self._groups:
             raise InvalidParameter("session", "no rounds added")
 
-    def pld(self) -> PrivacyLossDistribution:
+    def pld(self) -> "PrivacyLossDistribution":
         """The composed privacy loss distribution of the whole session."""
         self._check_ready()
         total = None
@@ -299,8 +302,11 @@ class SessionAccountant:
         return rows
 
 
-def _pld_from_curve(eps: np.ndarray, deltas: np.ndarray, d: float) -> PrivacyLossDistribution:
+def _pld_from_curve(eps: np.ndarray, deltas: np.ndarray, d: float) -> "PrivacyLossDistribution":
     """Pessimistic symmetric PLD dominating a curve given at ``eps >= 0`` (see module doc)."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
     eps = np.asarray(eps, dtype=np.float64)
     deltas = np.clip(np.asarray(deltas, dtype=np.float64), 0.0, 1.0)
     pos = eps > 0
