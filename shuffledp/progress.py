@@ -20,7 +20,7 @@ def progress_bar(total: int, *, quiet: bool = False, unit: str = "user") -> Iter
     with tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, mininterval=0.5) as bar:
 
         def step(stage: str, count: int) -> None:
-            bar.set_description(stage, refresh=False)
+            bar.set_description(stage, refresh=count == 0)  # a new stage with no units yet shows at once
             bar.update(count)
 
         yield step
