@@ -88,7 +88,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--delta", "-d", type=_probability, default=1e-6, help="central delta")
     p.add_argument("--rounds", "-T", type=_positive_int, default=1, help="number of identical rounds to compose")
     p.add_argument(
-        "--sampling-rate", "-q", type=_rate, default=None,
+        "--sampling-rate", type=_rate, default=None,
         help="per-round sampling probability of each user (n is then the expected batch size)",
     )
     p.add_argument("--sampling", choices=("poisson", "uniform"), default="poisson", help="sampling scheme")
@@ -97,7 +97,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plot-n-min", type=_positive_int, default=100, help="smallest n in the plot")
     p.add_argument("--plot-n-max", type=_positive_int, default=10_000_000, help="largest n in the plot")
     p.add_argument("--plot-points", type=_positive_int, default=13, help="number of n values in the plot")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
 
