@@ -163,6 +163,22 @@ def gaussian_delta(sigma: float, epsilon: float, sensitivity: float) -> float:
     return max(0.0, math.exp(la) * -math.expm1(expo))
 
 
+def _shrink_bracket(ok, lo: float, hi: float, *, rtol: float) -> float:
+    """Geometric bisection of ``[lo, hi]`` with ``ok(hi)`` true and ``ok(lo)`` false, to relative
+    width ``rtol``; returns the ``ok`` end, so the caller's guarantee holds at the value returned."""
+    for _ in range(200):
+        if hi - lo <= rtol * hi:
+            break
+        mid = math.sqrt(lo * hi)
+        if not lo < mid < hi:
+            break
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
     """Smallest sigma with ``gaussian_delta(sigma, epsilon, sensitivity) <= delta``.
 
@@ -191,17 +207,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
         lo *= 0.5
         if lo < 1e-300:  # pragma: no cover - delta < 1 keeps this unreachable
             return hi
-    for _ in range(200):
-        if hi - lo <= 1e-12 * hi:
-            break
-        mid = math.sqrt(lo * hi)
-        if not lo < mid < hi:
-            break
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _shrink_bracket(ok, lo, hi, rtol=1e-12)
 
 
 def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> float:
@@ -465,17 +471,7 @@ def calibrate_discrete_gaussian(epsilon: float, delta: float, sensitivity: int) 
         lo /= 1.1
         if lo < 1e-300:  # pragma: no cover - delta < 1 keeps this unreachable
             return hi
-    for _ in range(200):
-        if hi - lo <= 1e-10 * hi:
-            break
-        mid = math.sqrt(lo * hi)
-        if not lo < mid < hi:
-            break
-        if ok(mid):
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    return _shrink_bracket(ok, lo, hi, rtol=1e-10)
 
 
 # ----------------------------------------------------------------------------
