@@ -83,3 +83,9 @@ class BatchTooSmall(ShuffleDPError):
     """A round closed at its deadline with fewer reports than its minimum batch size."""
 
     reason = "batch-too-small"
+
+
+class TransportError(ShuffleDPError):
+    """A channel could not connect or lost its connection (e.g. the MQTT broker is unreachable)."""
+
+    reason = "transport"

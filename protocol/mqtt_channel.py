@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 import aiomqtt
 
 from shuffledp.protocol.channel import QueueSubscription
+from shuffledp.protocol.errors import TransportError
 
 
 class MqttChannel:
@@ -45,7 +46,11 @@ class MqttChannel:
         self._client = aiomqtt.Client(
             self.hostname, self.port, identifier=self.identifier, max_queued_incoming_messages=0
         )
-        await self._client.__aenter__()
+        try:
+            await self._client.__aenter__()
+        except aiomqtt.MqttError as exc:
+            self._client = None
+            raise TransportError(f"cannot connect to the MQTT broker at {self.hostname}:{self.port}: {exc}") from None
         self._router = asyncio.create_task(self._route())
 
     async def _route(self) -> None:

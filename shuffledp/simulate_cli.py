@@ -16,7 +16,7 @@ from typing import Any
 
 from shuffledp.population import DISTRIBUTIONS, Population
 from shuffledp.progress import progress_bar, pyplot, save_figure
-from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.simulation import PATHS, SimulationConfig, SimulationResult, run_simulation
 
 
@@ -77,8 +77,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
         return 2
     units = (5 if config.path == "messages" else 3) * config.n  # generate, then per round: seal+open or randomize
-    with progress_bar(units, quiet=args.quiet, unit="user-step") as step:
-        result = run_simulation(config, progress=step)
+    try:
+        with progress_bar(units, quiet=args.quiet, unit="user-step") as step:
+            result = run_simulation(config, progress=step)
+    except ShuffleDPError as exc:  # e.g. the broker is unreachable, or a round missed its batch
+        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
     try:
         _print_and_plot(args, result)
     except BrokenPipeError:  # e.g. piped into `head`

@@ -65,3 +65,11 @@ def test_protocol_over_mqtt_matches_in_process(mosquitto):
         assert r_mq["messages"] == r_in["messages"] == 600
         assert r_mq["envelope_bytes"] == r_in["envelope_bytes"]
         assert r_mq["rejected_at_analyzer"] == {}
+
+
+async def test_unreachable_broker_is_a_typed_error():
+    from shuffledp.protocol.errors import TransportError
+
+    with pytest.raises(TransportError, match="cannot connect"):
+        async with MqttChannel("127.0.0.1", 1):  # nothing listens on port 1
+            pass
