@@ -121,7 +121,9 @@ def format_result(result: SimulationResult) -> str:
         f"  estimate                     {result.estimate:.6f}",
         f"  error                        {result.error:+.6f}   ({result.error / result.rmse_theory:+.2f} x theoretical RMSE)",
         f"  theoretical RMSE             {result.rmse_theory:.6f}   (exact: noise + rounding + clipping, given the range)",
-        f"  Theorem 1 bound (RMSE)       {result.theorem1_rmse_bound:.6f}   (noise term of the paper's bound)",
+        f"  Theorem 1 bound (RMSE)       {result.theorem1_rmse_bound:.6f}   "
+        + ("(the paper's noise term; Lap(12 tau/eps0) is exactly our noise, so it matches)"
+           if c["noise"] == "laplace" else "(the paper's noise term, classical Gaussian calibration)"),
         f"  empirical standard error     {result.standard_error:.6f}",
         f"  vs population mean {result.population_mean:.6f}: error {result.estimate - result.population_mean:+.6f}, "
         f"RMSE with sampling {result.rmse_theory_population:.6f}",
