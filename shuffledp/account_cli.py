@@ -77,12 +77,19 @@ def add_parser(subparsers) -> None:
     p.add_argument("--epsilon0", "-e", type=_positive_float, required=True, help="local epsilon of one report")
     p.add_argument(
         "--mechanism",
-        choices=("generic", "binary-rr", "hadamard-response", "k-rr", "laplace-mean", "gaussian-mean"),
+        choices=(
+            "generic", "binary-rr", "hadamard-response", "block-hadamard-response", "k-rr", "laplace-mean",
+            "gaussian-mean",
+        ),
         default="generic",
         help="randomizer (generic: any pure eps0-LDP randomizer)",
     )
     p.add_argument("--num-bins", "-K", type=_positive_int, default=None, help="Hadamard size K (hadamard-response)")
-    p.add_argument("--k", type=_positive_int, default=None, help="domain size (k-rr)")
+    p.add_argument("--k", type=_positive_int, default=None, help="domain size (k-rr, block-hadamard-response)")
+    p.add_argument(
+        "--blocks", type=_positive_int, default=None,
+        help="block count B (block-hadamard-response; default: the client's variance-optimal B)",
+    )
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (gaussian-mean)")
     p.add_argument("--n", "-n", type=_positive_int, required=True, help="reports in the shuffled batch")
     p.add_argument("--delta", "-d", type=_probability, default=1e-6, help="central delta")
@@ -102,8 +109,15 @@ def add_parser(subparsers) -> None:
 
 
 def _local(args):
-    from shuffledp.protocol.accounting import LocalGuarantee
+    from shuffledp.protocol.accounting import LocalGuarantee, block_hadamard_response_guarantee
+    from shuffledp.protocol.errors import InvalidParameter
 
+    if args.mechanism == "block-hadamard-response":
+        if args.k is None:
+            raise InvalidParameter("k", "--k (the domain size) is required for block-hadamard-response")
+        return block_hadamard_response_guarantee(args.epsilon0, args.k, args.blocks)
+    if args.blocks is not None:
+        raise InvalidParameter("blocks", "--blocks only applies to block-hadamard-response")
     return LocalGuarantee(
         args.mechanism,
         args.epsilon0,
@@ -127,6 +141,7 @@ def _report(args) -> dict[str, Any]:
         "epsilon0": local.epsilon0,
         "num_bins": local.num_bins,
         "k": local.k,
+        "num_blocks": local.num_blocks,
         "n": args.n,
         "delta": args.delta,
         "round": rb.as_dict(),
@@ -156,6 +171,8 @@ def _print_text(rep: dict[str, Any], out=None) -> None:
         extra = f", K={rep['num_bins']}"
     elif rep["mechanism"] == "k-rr":
         extra = f", k={rep['k']}"
+    elif rep["mechanism"] == "block-hadamard-response":
+        extra = f", k={rep['k']}, B={rep['num_blocks']}"
     print(f"one shuffled round: {rep['mechanism']}{extra}, eps0={rep['epsilon0']:g}, n={rep['n']}, "
           f"delta={rep['delta']:g}", file=out)
     width = max(len(v) for v in BOUND_LABELS.values())

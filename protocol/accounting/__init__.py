@@ -11,6 +11,7 @@ Server-side only (imports scipy and dp-accounting); never import it from the cli
 
 from shuffledp.protocol.accounting.clones import (
     ClonePair,
+    WorstOfPairs,
     fmt21_closed_form,
     fmt21_closed_form_valid,
     fmt21_pair,
@@ -20,9 +21,12 @@ from shuffledp.protocol.accounting.clones import (
 from shuffledp.protocol.accounting.guarantees import (
     MECHANISMS,
     AmplificationNotClaimed,
+    BlockPairType,
     LocalGuarantee,
     VariationRatio,
     binary_rr_guarantee,
+    block_hadamard_pair_types,
+    block_hadamard_response_guarantee,
     gaussian_mean_guarantee,
     generic_guarantee,
     hadamard_response_guarantee,
@@ -60,6 +64,7 @@ from shuffledp.protocol.accounting.shuffle_round import (
 __all__ = [
     "AmplificationNotClaimed",
     "BOUND_NAMES",
+    "BlockPairType",
     "ClonePair",
     "DEFAULT_ORDERS",
     "EXTENDED_ORDERS",
@@ -69,7 +74,10 @@ __all__ = [
     "RoundBound",
     "SessionAccountant",
     "VariationRatio",
+    "WorstOfPairs",
     "binary_rr_guarantee",
+    "block_hadamard_pair_types",
+    "block_hadamard_response_guarantee",
     "clone_pair_rdp",
     "dominating_pairs",
     "fmt21_closed_form",

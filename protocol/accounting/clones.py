@@ -372,6 +372,49 @@ def variation_ratio_pair(p: float, beta: float, q: float, n: int, r2: float | No
     return ClonePair(n, p * alpha, alpha, a2, rr, r2, name="variation-ratio")
 
 
+# ------------------------------------------------- worst case over pair types
+@dataclass
+class WorstOfPairs:
+    """Maximum over input-pair types of each type's dominating pair.
+
+    A randomizer whose input pairs are not all alike (block Hadamard response: two
+    symbols in the same block or in different blocks) gets one :class:`ClonePair` per
+    type, each valid for the pairs of its type. The round's divergence is the
+    maximum over all input pairs, so ``max`` over the types of their upper bounds is
+    an upper bound; and ``max`` of the types' ``epsilon(delta)`` is one too (each
+    type's ``delta(eps)`` is non-increasing, so at the largest of them every type is
+    at most ``delta``). Same interface as :class:`ClonePair` for the accountant.
+    """
+
+    pairs: tuple[ClonePair, ...]
+    name: str = "worst-of-pairs"
+
+    def __post_init__(self) -> None:
+        self.pairs = tuple(self.pairs)
+        if not self.pairs or not all(isinstance(p, ClonePair) for p in self.pairs):
+            raise InvalidParameter("pairs", "need at least one ClonePair")
+        if len({p.n for p in self.pairs}) != 1:
+            raise InvalidParameter("pairs", "all pairs must describe the same batch size n")
+
+    @property
+    def n(self) -> int:
+        return self.pairs[0].n
+
+    @property
+    def epsilon_max(self) -> float:
+        return max(p.epsilon_max for p in self.pairs)
+
+    def delta(
+        self, eps: float, rtol: float = 5e-3, *, target: float | None = None, atol: float = 1e-17
+    ) -> float:
+        """Rigorous upper bound on ``delta(eps)``: the largest of the types' upper bounds."""
+        return max(p.delta(eps, rtol=rtol, target=target, atol=atol) for p in self.pairs)
+
+    def epsilon(self, delta: float, rtol: float = 1e-5) -> float:
+        """An upper bound on ``eps(delta)``: the largest of the types' upper bounds."""
+        return max(p.epsilon(delta, rtol=rtol) for p in self.pairs)
+
+
 # ------------------------------------------------------------ closed form
 def fmt21_closed_form_valid(epsilon0: float, n: int, delta: float) -> bool:
     """Validity regime of FMT21 Theorem 3.1.

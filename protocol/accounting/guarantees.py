@@ -23,6 +23,7 @@ mechanism              beta (exact TV)                      Q2-clone prob ``r2``
 binary-rr              (e^e - 1)/(e^e + 1)                  (none: a2 = 0)          yes
 hadamard-response      (e^e - 1)/(2 (e^e + 1))              a2 / q = 1/(2 e^e)       no
 k-rr (k >= 3)          (e^e - 1)/(e^e + k - 1)              a2 = (k-2)/(e^e + k - 1) yes
+block-hadamard-resp.   one pair per input-pair type, see :func:`block_hadamard_pair_types`   no
 generic, laplace-mean  (e^e - 1)/(e^e + 1) (generic)        --                      no
 =====================  ===================================  ======================  =========
 
@@ -61,7 +62,15 @@ import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 
-MECHANISMS = ("generic", "binary-rr", "hadamard-response", "k-rr", "laplace-mean", "gaussian-mean")
+MECHANISMS = (
+    "generic",
+    "binary-rr",
+    "hadamard-response",
+    "block-hadamard-response",
+    "k-rr",
+    "laplace-mean",
+    "gaussian-mean",
+)
 
 
 class AmplificationNotClaimed(ShuffleDPError, ValueError):
@@ -88,7 +97,9 @@ class LocalGuarantee:
     """What a randomizer declares about one report.
 
     ``num_bins`` is the Hadamard size K (``hadamard-response``), ``k`` the domain
-    size of k-ary randomized response (``k-rr``); both are ignored otherwise.
+    size of k-ary randomized response (``k-rr``) or of block Hadamard response
+    (``block-hadamard-response``, which also needs ``num_blocks`` = B); they are
+    ignored otherwise.
     """
 
     mechanism: str
@@ -96,6 +107,7 @@ class LocalGuarantee:
     delta0: float = 0.0
     num_bins: int | None = None
     k: int | None = None
+    num_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -119,10 +131,15 @@ class LocalGuarantee:
             K = self.num_bins
             if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 2 or (K & (K - 1)) != 0:
                 raise InvalidParameter("num_bins", f"must be a power of two >= 2, got {K!r}")
-        if self.mechanism == "k-rr":
+        if self.mechanism in ("k-rr", "block-hadamard-response"):
             k = self.k
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
                 raise InvalidParameter("k", f"must be an integer >= 2, got {k!r}")
+        if self.mechanism == "block-hadamard-response":
+            nb = self.num_blocks
+            if isinstance(nb, bool) or not isinstance(nb, (int, np.integer)) or not 1 <= nb <= self.k:
+                raise InvalidParameter("num_blocks", f"must be an integer in [1, k = {self.k}], got {nb!r}")
+            _block_hr_params(self)  # the client's own checks (e.g. eps0 too small for B)
 
     @property
     def pure(self) -> bool:
@@ -149,6 +166,19 @@ def k_rr_guarantee(epsilon0: float, k: int) -> LocalGuarantee:
     if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k == 2:
         return binary_rr_guarantee(epsilon0)
     return LocalGuarantee("k-rr", epsilon0, k=k)
+
+
+def block_hadamard_response_guarantee(epsilon0: float, k: int, num_blocks: int | None = None) -> LocalGuarantee:
+    """Block (multi-bit) Hadamard response over ``k`` symbols (``client/hadamard_response.py``).
+
+    ``num_blocks`` is the block count B; left ``None`` it is the client's default
+    (:func:`shuffledp.client.hadamard_response.optimal_blocks`), resolved here and
+    stored in the guarantee so the accountant and the devices use the same B.
+    """
+    from shuffledp.client.hadamard_response import HadamardResponseParams
+
+    params = HadamardResponseParams(k, epsilon0, num_blocks)
+    return LocalGuarantee("block-hadamard-response", epsilon0, k=params.k, num_blocks=params.blocks)
 
 
 def laplace_mean_guarantee(epsilon0: float) -> LocalGuarantee:
@@ -195,7 +225,105 @@ def variation_ratio_parameters(local: LocalGuarantee) -> VariationRatio:
     if local.mechanism == "k-rr":
         k = int(local.k)
         return VariationRatio(E, (E - 1) / (E + k - 1), E, (k - 2) / (E + k - 1), False)
+    if local.mechanism == "block-hadamard-response":
+        # (p, beta, q) of Wang et al. (beta: the largest TV over input pairs). The round's
+        # bound does not use this single triple but one pair per input-pair type
+        # (block_hadamard_pair_types); r2 is that of the largest-TV type.
+        types = block_hadamard_pair_types(local)
+        worst = max(types.values(), key=lambda t: t.tv)
+        return VariationRatio(E, worst.tv, E, worst.r2, False)
     return VariationRatio(E, (E - 1) / (E + 1), E, None, True)
+
+
+# ------------------------------------------------------ block Hadamard response
+def _block_hr_params(local: LocalGuarantee):
+    """The client's :class:`HadamardResponseParams` (B, b, s) of a block-HR guarantee."""
+    from shuffledp.client.hadamard_response import HadamardResponseParams
+
+    return HadamardResponseParams(int(local.k), float(local.epsilon0), int(local.num_blocks))
+
+
+@dataclass(frozen=True)
+class BlockPairType:
+    """Clone decomposition of one type of input pair ``(x0, x1)`` of block Hadamard response.
+
+    User 1 draws ``Q0``/``Q1``/``Q2`` with ``(a0, a1, a2)`` on ``x0`` and ``(a1, a0, a2)``
+    on ``x1``; every other user, whatever its input, holds a ``Q0`` clone and a ``Q1``
+    clone with probability ``r`` each and a ``Q2`` clone with probability ``r2``.
+    ``tv`` is the pair's exact total-variation distance (``= a0 - a1``).
+    """
+
+    name: str
+    a0: float
+    a1: float
+    a2: float
+    r: float
+    r2: float
+
+    @property
+    def tv(self) -> float:
+        return self.a0 - self.a1
+
+
+def block_hadamard_pair_types(local: LocalGuarantee) -> dict[str, BlockPairType]:
+    r"""Clone decompositions of every type of input pair of block Hadamard response.
+
+    Derivation (``p = e^eps0``; the client's ``t`` is at most the ideal
+    ``(p - 1)/(p - 1 + 2B)`` and a smaller ``t' <= t`` is a post-processing of ``t``:
+    ``R_t' = (t'/t) R_t + (1 - t'/t) U[K]`` report by report, which commutes with
+    shuffling, so the round's divergence is at most that at the ideal ``t``; we use it).
+    With ``D = p - 1 + 2B``: ``p_out = (1 - t)/K = 2/(K D)`` and ``p_in = p p_out``.
+
+    Every input puts ``p_out`` on every output plus ``p_in - p_out`` on its set ``C_x``
+    (``s = b/2`` outputs). Two inputs ``x0 != x1`` (sets ``A``, ``A'``) are of one of
+    two types:
+
+    * ``different-blocks`` (needs ``B >= 2``): ``A`` and ``A'`` are disjoint.
+      ``Q0 = U(A)``, ``Q1 = U(A')``, ``Q2 = U(rest)``: ``a0 = s p_in = p/D``,
+      ``a1 = s p_out = 1/D``, ``a2 = (K - 2s) p_out = (2B - 2)/D``;
+      ``TV = s (p_in - p_out) = (p - 1)/D``. Every input puts at least ``p_out`` on
+      every output, so every other user is a ``Q0``, ``Q1``, ``Q2`` clone with
+      probability ``r = s p_out = 1/D``, ``r`` and ``r2 = (K - 2s) p_out = a2``
+      (together its uniform ``(1 - t)`` component). These are exactly the
+      parameters of ``2B``-ary RR.
+    * ``same-block`` (needs a block with two symbols, ``ceil(k/B) >= 2``, so
+      ``b >= 4``): distinct non-constant rows of ``H_b`` agree on half of their
+      ``+1`` positions, ``|A n A'| = s/2``. ``Q0 = U(A \ A')``, ``Q1 = U(A' \ A)``,
+      ``a0 = (s/2) p_in = p/(2D)``, ``a1 = (s/2) p_out = 1/(2D)``,
+      ``TV = (p - 1)/(2D)``: half the other type's. ``Q2`` is the rest of ``R(x0)``
+      (``p_in`` on ``A n A'``, ``p_out`` elsewhere), ``a2 = 1 - (p + 1)/(2D)``.
+      Clones: ``r = (s/2) p_out = a1``; on ``A n A'`` some inputs put only ``p_out``
+      while ``Q2`` has ``p_in/a2`` there, so ``r2 = a2 p_out/p_in = a2/p`` (the generic
+      correction ``r2 = a2/q``); ``r Q0 + r Q1 + r2 Q2 <= p_out <= R(x)`` pointwise.
+
+    Neither type dominates the other's *bound*: the different-blocks pair has twice
+    the TV but the same-block pair's ``Q2`` clones are rarer (``a2/p``), and at
+    ``eps0 = 4, k = 1024 (B = 27), n = 1000`` the same-block bound is the larger.
+    The accountant therefore takes, for every ``eps``, the **maximum** over the types
+    present of each type's divergence (each is a valid dominating pair for its pairs).
+
+    The bound of each type is the corrected variation-ratio bound: the
+    variation-ratio reduction of Wang et al. 2024 (arXiv 2304.05007,
+    "Privacy Amplification via Shuffling: Unified, Simplified, and Tightened"),
+    i.e. the clone reduction of Feldman, McMillan & Talwar (FOCS 2021, Lemma 3.3)
+    with a decomposition ``(a0, a1, a2, r)``, corrected to keep the ``Q2`` count in
+    the view (``clones.ClonePair``; see ``docs/accounting.md``). With ``B = 1`` the
+    same-block parameters are exactly those of one-bit Hadamard response.
+    """
+    if local.mechanism != "block-hadamard-response":
+        raise InvalidParameter("mechanism", f"not block-hadamard-response: {local.mechanism}")
+    P = _block_hr_params(local)
+    B = P.blocks
+    E = math.exp(local.epsilon0)
+    D = E - 1.0 + 2.0 * B
+    out: dict[str, BlockPairType] = {}
+    if B >= 2:
+        a2 = (2.0 * B - 2.0) / D
+        out["different-blocks"] = BlockPairType("different-blocks", E / D, 1.0 / D, a2, 1.0 / D, a2)
+    if P.rows_per_block >= 2:
+        a2 = 1.0 - (E + 1.0) / (2.0 * D)
+        out["same-block"] = BlockPairType("same-block", E / (2.0 * D), 1.0 / (2.0 * D), a2, 1.0 / (2.0 * D), a2 / E)
+    return out
 
 
 def in_strong_clone_class(local: LocalGuarantee) -> bool:
@@ -242,5 +370,18 @@ def randomizer_matrix(local: LocalGuarantee) -> np.ndarray:
                     R[x, plus], R[x, minus] = rho / K, (1 - rho) / K
                 else:
                     R[x, plus], R[x, minus] = (1 - rho) / K, rho / K
+        return R
+    if local.mechanism == "block-hadamard-response":
+        # outputs [0, B b); symbol x has C_x = {j(x) b + v : H_b[r(x), v] = +1}; ideal t
+        P = _block_hr_params(local)
+        B, b, s, K = P.blocks, P.block_size, P.set_size, P.output_size
+        t = (E - 1) / (E - 1 + 2 * B)
+        p_out = (1 - t) / K
+        p_in = t / s + p_out
+        H = sylvester_hadamard(b)
+        R = np.full((int(local.k), K), p_out)
+        for x in range(int(local.k)):
+            j, row = x % B, x // B + 1
+            R[x, j * b + np.nonzero(H[row] == 1)[0]] = p_in
         return R
     raise InvalidParameter("mechanism", f"{local.mechanism} has no finite output matrix")

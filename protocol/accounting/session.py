@@ -291,6 +291,7 @@ class SessionAccountant:
                     "delta0": g.local.delta0,
                     "num_bins": g.local.num_bins,
                     "k": g.local.k,
+                    "num_blocks": g.local.num_blocks,
                     "n": g.n,
                     "count": g.count,
                     "sampling_rate": g.sampling_rate,

@@ -23,6 +23,7 @@ import numpy as np
 
 from shuffledp.protocol.accounting.clones import (
     ClonePair,
+    WorstOfPairs,
     fmt21_closed_form,
     fmt21_pair,
     strong_clone_pair,
@@ -31,6 +32,7 @@ from shuffledp.protocol.accounting.clones import (
 from shuffledp.protocol.accounting.guarantees import (
     AmplificationNotClaimed,
     LocalGuarantee,
+    block_hadamard_pair_types,
     in_strong_clone_class,
     variation_ratio_parameters,
 )
@@ -89,13 +91,25 @@ def _check_round(local: LocalGuarantee, n: int) -> int:
     return int(n)
 
 
-def dominating_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair]:
-    """Every clone dominating pair whose theorem applies to this mechanism."""
+def dominating_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | WorstOfPairs]:
+    """Every clone dominating pair whose theorem applies to this mechanism.
+
+    Block Hadamard response gets one pair per type of input pair (same block,
+    different blocks; ``guarantees.block_hadamard_pair_types``) combined by
+    :class:`WorstOfPairs` (the maximum over the types).
+    """
     n = _check_round(local, n)
     e0 = local.epsilon0
-    pairs: dict[str, ClonePair] = {"fmt21-numerical": fmt21_pair(e0, n)}
+    pairs: dict[str, ClonePair | WorstOfPairs] = {"fmt21-numerical": fmt21_pair(e0, n)}
     if in_strong_clone_class(local):
         pairs["strong-clone"] = strong_clone_pair(e0, n)
+    if local.mechanism == "block-hadamard-response":
+        types = block_hadamard_pair_types(local)
+        pairs["variation-ratio"] = WorstOfPairs(
+            tuple(ClonePair(n, t.a0, t.a1, t.a2, t.r, t.r2, name=f"variation-ratio/{t.name}") for t in types.values()),
+            name="variation-ratio",
+        )
+        return pairs
     vr = variation_ratio_parameters(local)
     if not vr.generic:
         if vr.a2 <= 1e-15:  # binary RR: same pair as the stronger clone
