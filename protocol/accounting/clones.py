@@ -27,7 +27,7 @@ Special cases (``p = e^eps0``, ``rho = p/(p+1)``):
   ``R(x) >= (R(x0) + R(x1)) / (e^eps0 + 1)`` for all ``x, x0, x1`` (binary and k-ary
   randomized response qualify). With the generic variation-ratio parameters of Wang
   et al. 2024 the pair is the same one.
-* Variation-ratio (Wang, Guo, Wang et al. 2024, arXiv 2304.05007) with parameters
+* Variation-ratio (Wang et al. 2024, arXiv 2304.05007) with parameters
   ``(p, beta, q)``: ``alpha = beta/(p-1)``, ``a0 = p alpha, a1 = alpha,
   a2 = 1 - (p+1) alpha, r = alpha p / q``. The paper's numerical bound compares only
   the ``(a, b)`` counts. That is **not** valid when ``a2 > 0``: exact enumeration

@@ -3,7 +3,7 @@
 A :class:`LocalGuarantee` names the randomizer and its local parameters. From it the
 accountant derives:
 
-* the variation-ratio parameters ``(p, beta, q)`` of Wang, Guo, Wang et al. 2024
+* the variation-ratio parameters ``(p, beta, q)`` of Wang et al. 2024
   (``p``: largest likelihood ratio between two inputs' output distributions;
   ``beta``: largest total-variation distance between them; ``q``: largest ratio
   between the output distribution of an input of the neighbouring pair and that of
