@@ -9,6 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from shuffledp.protocol import codec
+from shuffledp.protocol.errors import BadSignature
 from shuffledp.protocol.sealing import open_sealed, report_info, verify
 
 VECTORS = Path(__file__).parent / "vectors"
@@ -51,6 +52,9 @@ def test_sealing_vector_opens_to_its_plaintext():
     assert opened.hex() == v["plaintext_hex"]
 
 
-def test_signing_vector_verifies():
+def test_signing_vector_verifies_and_a_changed_message_does_not():
     v = json.loads((VECTORS / "signing.json").read_text())
-    verify(bytes.fromhex(v["public_key_hex"]), bytes.fromhex(v["message_hex"]), bytes.fromhex(v["signature_hex"]))
+    public, message, signature = (bytes.fromhex(v[k]) for k in ("public_key_hex", "message_hex", "signature_hex"))
+    assert verify(public, message, signature) is None  # raises BadSignature on failure
+    with pytest.raises(BadSignature):
+        verify(public, message[:-1] + bytes([message[-1] ^ 1]), signature)

@@ -12,7 +12,6 @@ Keys here are test keys, fixed by seeds written in this file; never use them for
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -30,15 +29,17 @@ ANALYZER_ED25519_SEED = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697
 
 
 def jsonable(value):
-    if dataclasses.is_dataclass(value):
-        out = {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        if hasattr(value, "MECHANISM"):
-            out["mechanism"] = value.MECHANISM
-        return out
+    """A message's wire body (``codec._to_wire``) with bytes as ``{"hex": ...}`` for JSON."""
+    return _hexify(codec._to_wire(value))
+
+
+def _hexify(value):
     if isinstance(value, bytes):
         return {"hex": value.hex()}
-    if isinstance(value, tuple):
-        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _hexify(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_hexify(v) for v in value]
     return value
 
 
