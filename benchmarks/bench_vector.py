@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import numpy as np
 from _common import RESULTS, write_result
 
 from shuffledp.progress import pyplot, save_figure
+
 from shuffledp.vector_population import VectorPopulation
 from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
 
@@ -68,8 +68,7 @@ def dimensions(dims: list[int], n: int) -> list[dict]:
 def memory(n: int, d: int) -> dict:
     code = (
         "import resource, time, json\n"
-        "from shuffledp.progress import pyplot, save_figure
-from shuffledp.vector_population import VectorPopulation\n"
+        "from shuffledp.vector_population import VectorPopulation\n"
         "from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation\n"
         f"t = time.perf_counter(); r = run_vector_simulation(VectorSimulationConfig(VectorPopulation('gaussian', {d}, 10), {n}, {EPSILON}))\n"
         "print(json.dumps({'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,"

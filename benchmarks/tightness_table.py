@@ -19,7 +19,6 @@ Run: ``python benchmarks/tightness_table.py``.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 

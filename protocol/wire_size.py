@@ -8,6 +8,8 @@ message.
 
 from __future__ import annotations
 
+import numpy as np
+
 from shuffledp.protocol import codec
 from shuffledp.protocol.messages import NONCE_BYTES, SESSION_ID_BYTES, TOKEN_BYTES, Envelope, Report
 
@@ -24,8 +26,6 @@ def envelope_bytes(mechanism: str, values: tuple[int, ...], round_id: int = 2**3
 
 def cbor_int_width(values) -> "np.ndarray":
     """Bytes CBOR needs for each integer (RFC 8949 section 3.1: 1, 2, 3, 5 or 9)."""
-    import numpy as np
-
     v = np.asarray(values, dtype=np.int64)
     magnitude = np.where(v < 0, -1 - v, v).astype(np.uint64)
     limits = np.array([24, 256, 65536, 2**32], dtype=np.uint64)
@@ -39,8 +39,6 @@ def total_envelope_bytes(mechanism: str, values: "np.ndarray", round_id: int) ->
     Reports whose integers have the same CBOR widths encode to the same size, so
     one envelope is encoded per distinct width pattern and multiplied by its count.
     """
-    import numpy as np
-
     widths = cbor_int_width(values)
     patterns, counts = np.unique(widths.reshape(len(widths), -1), axis=0, return_counts=True)
     representative = {1: 0, 2: 24, 3: 256, 5: 65536, 9: 2**32}

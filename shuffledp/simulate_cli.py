@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-from typing import Any
 
 from shuffledp.population import DISTRIBUTIONS, Population
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
-from shuffledp.simulation import PATHS, SimulationConfig, SimulationResult, run_simulation
+from shuffledp.simulation import SimulationConfig, SimulationResult, run_simulation
 
 
 def add_parser(subparsers) -> None:

@@ -11,7 +11,6 @@ of blocks processed per step.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable

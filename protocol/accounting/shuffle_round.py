@@ -16,7 +16,6 @@ distribution for composition.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
