@@ -87,14 +87,19 @@ def estimate_mean(grid_values: np.ndarray, params: ProjectedMeanParams) -> MeanE
     return mean_from_reports(decode_values(grid_values, params))
 
 
-def theorem1_mse_bound(config: ScalarMeanConfig, n: int) -> float:
-    """The noise term of Theorem 1 as its proof evaluates it, for comparison.
+def paper_noise_variance(tau: float, epsilon0: float, noise: str, delta0: float = 0.0) -> float:
+    """The paper's noise variance for a range of width ``6 tau`` at budget ``eps0/2``.
 
-    Gaussian: ``sigma^2 / n`` with the paper's ``sigma^2 = 12 (6 tau)^2 log(1.25/delta)/eps0^2``,
-    i.e. ``432 tau^2 log(1.25/delta) / (n eps0^2)``. Laplace (Remark 3): ``Lap(12 tau/eps0)``
-    has variance ``288 tau^2 / eps0^2``. Both hold on the event that the range
-    round succeeds (probability ``1 - beta``).
+    Gaussian (Algorithm 2): ``12 (6 tau)^2 log(1.25/delta) / eps0^2 = 432 tau^2 log(1.25/delta)/eps0^2``.
+    Laplace (Remark 3): ``Lap(12 tau/eps0)`` has variance ``288 tau^2 / eps0^2``.
     """
-    if config.noise == "gaussian":
-        return 432.0 * config.tau**2 * math.log(1.25 / config.delta0) / (n * config.epsilon0**2)
-    return 288.0 * config.tau**2 / (n * config.epsilon0**2)
+    if noise == "gaussian":
+        return 432.0 * tau**2 * math.log(1.25 / delta0) / epsilon0**2
+    return 288.0 * tau**2 / epsilon0**2
+
+
+def theorem1_mse_bound(config: ScalarMeanConfig, n: int) -> float:
+    """The noise term of Theorem 1 as its proof evaluates it, for comparison:
+    :func:`paper_noise_variance` over n. It holds on the event that the range round
+    succeeds (probability ``1 - beta``)."""
+    return paper_noise_variance(config.tau, config.epsilon0, config.noise, config.delta0) / n

@@ -19,12 +19,14 @@ y~_i y~_i^T]``. Because ``U_lk^2 = 1/D``, the variance of coordinate k of
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from shuffledp.analyzer.decoders import hadamard_scale
+from shuffledp.analyzer.scalar_mean import paper_noise_variance
 from shuffledp.client.mean_randomizer import PerUserGrid, decode_values, noise_variance, rounding_variance
 from shuffledp.client.vector_randomizer import VECTOR_MODES, CoordinateReports
 from shuffledp.protocol.errors import InvalidParameter
@@ -81,14 +83,9 @@ class VectorMeanConfig:
         return HadamardRangeParams(-self.rotated_bound, self.rotated_bound, tau)
 
 
-_ROTATIONS: dict[tuple[int, int], RandomRotation] = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _rotation(dim: int, seed: int) -> RandomRotation:
-    key = (dim, seed)
-    if key not in _ROTATIONS:
-        _ROTATIONS[key] = RandomRotation(dim, seed)
-    return _ROTATIONS[key]
+    return RandomRotation(dim, seed)
 
 
 class VectorRangeAccumulator:
@@ -154,7 +151,7 @@ class VectorMeanAccumulator:
         full = PerUserGrid(np.broadcast_to(lower, rotated.shape), np.broadcast_to(upper, rotated.shape), c.noise, c.grid_levels)
         noise = noise_variance(PerUserGrid(lower, upper, c.noise, c.grid_levels), c.epsilon0 / 2.0, c.delta0)
         self.a_total += float((projected**2).sum() + len(rotated) * noise.sum() + rounding_variance(rotated, full).sum())
-        back = fwht(projected * 1.0) / math.sqrt(c.padded_dim) * c.rotation.signs  # U^T y~_i, padded
+        back = fwht(projected) / math.sqrt(c.padded_dim) * c.rotation.signs  # U^T y~_i, padded
         self.w_squared += (back**2).sum(axis=0)
         self.w_sum += back.sum(axis=0)
 
@@ -180,11 +177,7 @@ class VectorMeanAccumulator:
 def theorem2_mse_bound(config: VectorMeanConfig, n: int, mean_sq_norm: float) -> float:
     """Theorem 2's error as its proof (Appendix B) evaluates it, for comparison:
     ``(D^2 var_noise + (D - 1) mean ||y~_i||^2) / n`` with the paper's noise variance for a
-    range of width ``6 tau'`` at ``eps0/2``: Laplace ``288 tau'^2/eps0^2`` (Remark 3),
-    Gaussian ``432 tau'^2 log(1.25/delta)/eps0^2``."""
-    tau, eps, dim = config.range_params().tau, config.epsilon0, config.padded_dim
-    if config.noise == "gaussian":
-        var = 432.0 * tau**2 * math.log(1.25 / config.delta0) / eps**2
-    else:
-        var = 288.0 * tau**2 / eps**2
+    range of width ``6 tau'`` at ``eps0/2`` (:func:`paper_noise_variance`)."""
+    var = paper_noise_variance(config.range_params().tau, config.epsilon0, config.noise, config.delta0)
+    dim = config.padded_dim
     return (dim**2 * var + (dim - 1) * mean_sq_norm) / n

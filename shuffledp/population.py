@@ -102,13 +102,19 @@ class Population:
         return out
 
 
-def user_blocks(population: Population, n: int, seed: int) -> "list[tuple[int, int, np.random.SeedSequence]]":
-    """The fixed blocks ``(start, count, seed)`` that generate users ``0..n-1``."""
+def fixed_blocks(n: int, size: int, seed: int, tag: int) -> "list[tuple[int, int, np.random.SeedSequence]]":
+    """Users ``0..n-1`` in blocks ``(start, count, seed)`` of ``size``, block b seeded by the
+    b-th child of ``SeedSequence([seed, tag])``: a user's data never depends on chunking."""
     if n < 1:
         raise InvalidParameter("n", f"must be >= 1, got {n}")
-    count = math.ceil(n / BLOCK_USERS)
-    children = np.random.SeedSequence([seed, 0x5EED]).spawn(count)
-    return [(b * BLOCK_USERS, min(BLOCK_USERS, n - b * BLOCK_USERS), children[b]) for b in range(count)]
+    count = math.ceil(n / size)
+    children = np.random.SeedSequence([seed, tag]).spawn(count)
+    return [(b * size, min(size, n - b * size), children[b]) for b in range(count)]
+
+
+def user_blocks(population: Population, n: int, seed: int) -> "list[tuple[int, int, np.random.SeedSequence]]":
+    """The fixed blocks ``(start, count, seed)`` that generate users ``0..n-1``."""
+    return fixed_blocks(n, BLOCK_USERS, seed, 0x5EED)
 
 
 def block_samples(population: Population, block: "tuple[int, int, np.random.SeedSequence]") -> np.ndarray:

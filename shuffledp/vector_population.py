@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from shuffledp.population import Population
+from shuffledp.population import Population, fixed_blocks
 from shuffledp.protocol.errors import InvalidParameter
 
 VECTOR_KINDS = ("gaussian", "categorical")
@@ -100,10 +100,7 @@ class VectorPopulation:
         return samples.mean(axis=1), samples.sum(axis=(0, 1))
 
     def blocks(self, n: int, seed: int) -> list[tuple[int, int, np.random.SeedSequence]]:
-        size = self.block_users
-        count = math.ceil(n / size)
-        children = np.random.SeedSequence([seed, 0x7EC7]).spawn(count)
-        return [(b * size, min(size, n - b * size), children[b]) for b in range(count)]
+        return fixed_blocks(n, self.block_users, seed, 0x7EC7)
 
     def rotated_bound(self, padded_dim: int) -> float:
         """Bound on ``|(U y)_l|`` for every admissible local mean y (``|U_lk| = 1/sqrt(D)``)."""
