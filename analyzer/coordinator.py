@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
 from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
 from shuffledp.analyzer.service import Analyzer, OpenedBatch
-from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, announce_topic, batch_topic
-from shuffledp.protocol.errors import BatchTooSmall
-from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundSpec, ShuffledBatch
+from shuffledp.protocol.errors import BatchTooSmall, ShuffleDPError
+from shuffledp.protocol.messages import MAX_BATCH, SESSION_ID_BYTES, MechanismParams, RoundSpec
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,17 @@ class Coordinator:
         self.grace = grace
         self._next_round = 0
         self.on_progress = on_progress
+        #: Bytes on a batch topic that were not a batch of the round, by reason.
+        self.rejected_batches: Counter = Counter()
 
     async def run_round(
-        self, params: MechanismParams, epsilon0: float, min_batch: int, *, delta0: float = 0.0
+        self,
+        params: MechanismParams,
+        epsilon0: float,
+        min_batch: int,
+        *,
+        delta0: float = 0.0,
+        max_batch: int = MAX_BATCH,
     ) -> RoundRecord:
         spec = RoundSpec(
             session_id=self.session_id,
@@ -71,22 +79,41 @@ class Coordinator:
             delta0=delta0,
             analyzer_key=self.analyzer.keys.hpke_public,
             min_batch=min_batch,
+            max_batch=max_batch,
             deadline=time.time() + self.round_timeout,
         )
         self._next_round += 1
         batches = await self.channel.subscribe(batch_topic(self.session_id, spec.round_id))
         try:
             await self.channel.publish(announce_topic(self.session_id), self.analyzer.sign_spec(spec), retain=True)
-            try:
-                data = await asyncio.wait_for(batches.get(), timeout=self.round_timeout + self.grace)
-            except asyncio.TimeoutError:
-                raise BatchTooSmall(
-                    f"round {spec.round_id}: no batch of at least {min_batch} reports by the deadline"
-                ) from None
+            return await self._first_valid_batch(spec, batches)
         finally:
             await batches.close()
-        batch = codec.decode(data, ShuffledBatch)
-        return RoundRecord(spec, self.analyzer.open_batch(batch, spec, self.on_progress), len(data))
+
+    async def _first_valid_batch(self, spec: RoundSpec, batches) -> RoundRecord:
+        """Open the first batch on the topic that reads as a batch of this round.
+
+        Anyone who can publish to the batch topic can send junk there; such bytes are
+        counted in :attr:`rejected_batches` by reason and the coordinator keeps
+        waiting, until the round's deadline plus the grace period.
+        """
+        deadline = asyncio.get_running_loop().time() + self.round_timeout + self.grace
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                if remaining <= 0:
+                    raise asyncio.TimeoutError
+                data = await asyncio.wait_for(batches.get(), timeout=remaining)
+            except asyncio.TimeoutError:
+                raise BatchTooSmall(
+                    f"round {spec.round_id}: no batch of at least {spec.min_batch} reports by the deadline"
+                ) from None
+            try:
+                opened = self.analyzer.open_batch_bytes(data, spec, self.on_progress)
+            except ShuffleDPError as exc:
+                self.rejected_batches[exc.reason] += 1
+                continue
+            return RoundRecord(spec, opened, len(data))
 
     async def scalar_mean(self, config: ScalarMeanConfig, min_batch: int) -> ScalarMeanOutcome:
         """Algorithm 1 over the channel: range at eps0/2, then the projected mean at eps0/2."""

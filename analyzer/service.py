@@ -2,29 +2,31 @@
 
 The analyzer signs every RoundSpec it announces (Ed25519) and is the only party
 that can open reports (HPKE, bound to session and round). Opening is strict:
-a payload that fails to open, does not decode, belongs to another round or
-mechanism, or carries out-of-range values is rejected and counted by reason,
-never trusted and never fatal.
+a payload of the wrong size, that fails to open, repeats an encapsulated key,
+does not follow the round's report layout, or carries a value no honest
+randomizer produces is rejected and counted by reason, never trusted and never
+fatal.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
+from shuffledp.client.mechanisms import report_ranges
 from shuffledp.protocol import codec
-from shuffledp.protocol.errors import MalformedMessage, ShuffleDPError
-from shuffledp.protocol.messages import (
-    HadamardRangeParams,
-    Report,
-    RoundSpec,
-    ShuffledBatch,
-    SignedRoundSpec,
-)
-from shuffledp.protocol.sealing import AnalyzerKeys, open_sealed, sign
+from shuffledp.protocol.errors import DuplicateReport, ShuffleDPError, UnknownRound, ValueOutOfRange
+from shuffledp.protocol.messages import RoundSpec, ShuffledBatch, SignedRoundSpec
+from shuffledp.protocol.report_format import WrongSize, batch_payloads, report_format
+from shuffledp.protocol.sealing import ENCAPSULATED_KEY_BYTES, AnalyzerKeys, ReportOpener, sign
+
+_log = logging.getLogger(__name__)
+#: Rejection reason counted when opening meets an exception that is not a typed ShuffleDPError.
+INTERNAL_ERROR = "internal-error"
 
 
 @dataclass
@@ -37,20 +39,6 @@ class OpenedBatch:
     @property
     def size(self) -> int:
         return int(self.values.shape[0])
-
-
-def _check_values(spec: RoundSpec, report: Report) -> None:
-    if report.round_id != spec.round_id or report.mechanism != spec.mechanism:
-        raise MalformedMessage("report for another round or mechanism")
-    params = spec.params
-    if isinstance(params, HadamardRangeParams):
-        if len(report.values) != 2:
-            raise MalformedMessage("a range report has two values (row, bit)")
-        row, bit = report.values
-        if not 0 <= row < params.padded_bins or bit not in (-1, 1):
-            raise MalformedMessage("range report out of range")
-    elif len(report.values) != 1:
-        raise MalformedMessage("a mean report has one value")
 
 
 class Analyzer:
@@ -67,28 +55,80 @@ class Analyzer:
     def open_batch(
         self, batch: ShuffledBatch, spec: RoundSpec, on_progress: Callable[[int], None] | None = None
     ) -> OpenedBatch:
-        """Open and validate every payload of a batch for ``spec``'s round.
-
-        ``on_progress(k)`` is called as payloads are opened (every 1024, and the rest at the end).
-        """
-        rejected: Counter = Counter()
+        """Open and validate every payload of a decoded batch for ``spec``'s round (see :meth:`open_payloads`)."""
         if batch.session_id != spec.session_id or batch.round_id != spec.round_id:
-            rejected["unknown-round"] += batch.size
-            return OpenedBatch(np.empty((0, 0), dtype=np.int64), rejected)
-        private = self.keys.hpke_private
+            return _empty(spec, Counter({UnknownRound.reason: batch.size}))
+        return self.open_payloads(batch.payloads, spec, on_progress)
+
+    def open_batch_bytes(
+        self, data: bytes, spec: RoundSpec, on_progress: Callable[[int], None] | None = None
+    ) -> OpenedBatch:
+        """Read an encoded batch by the round's fixed layout (bounded by ``spec.max_batch``), then open it.
+
+        Raises :class:`MalformedMessage` for bytes that are not a batch of this round
+        (the caller keeps waiting for a valid one); never anything untyped.
+        """
+        layout = report_format(spec.round_id, spec.mechanism)
+        payloads = batch_payloads(data, spec.session_id, spec.round_id, layout.sealed_size, spec.max_batch)
+        return self.open_payloads(payloads, spec, on_progress)
+
+    def open_payloads(
+        self, payloads: Sequence[bytes], spec: RoundSpec, on_progress: Callable[[int], None] | None = None
+    ) -> OpenedBatch:
+        """Open, de-duplicate and validate sealed payloads of ``spec``'s round.
+
+        Each payload must be the round's fixed sealed size, open under the round's
+        HPKE context, carry an encapsulated key not seen before in this batch (an
+        honest client draws a fresh one per seal, so a repeat is a copy: the
+        shuffler de-duplicates too, but the analyzer does not trust it to, and a
+        batch may come from several shufflers), follow the round's report layout,
+        and hold only values an honest randomizer can produce
+        (:func:`~shuffledp.client.mechanisms.report_ranges`). Anything else is
+        counted by reason and dropped; one report can therefore move an estimate
+        by at most its bounded share. ``on_progress(k)`` is called every 1024
+        payloads and for the rest at the end.
+        """
+        if len(payloads) > spec.max_batch:
+            return _empty(spec, Counter({"too-large": len(payloads)}))
+        layout = report_format(spec.round_id, spec.mechanism)
+        sealed_size = layout.sealed_size
+        read_values = layout.values
+        open_one = ReportOpener(self.keys.hpke_private, spec.session_id, spec.round_id).open
+        rejected: Counter = Counter()
+        seen_keys: set[bytes] = set()
         rows: list[tuple[int, ...]] = []
-        for index, sealed in enumerate(batch.payloads, 1):
+        for index, sealed in enumerate(payloads, 1):
             if on_progress is not None and index % 1024 == 0:
                 on_progress(1024)
+            if len(sealed) != sealed_size:
+                rejected[WrongSize.reason] += 1
+                continue
             try:
-                report = codec.decode(open_sealed(private, sealed, spec.session_id, spec.round_id), Report)
-                _check_values(spec, report)
+                plaintext = open_one(sealed)
+                encapsulated = sealed[:ENCAPSULATED_KEY_BYTES]
+                if encapsulated in seen_keys:
+                    raise DuplicateReport("encapsulated key already seen in this batch")
+                seen_keys.add(encapsulated)
+                rows.append(read_values(plaintext))
             except ShuffleDPError as exc:
                 rejected[exc.reason] += 1
-                continue
-            rows.append(report.values)
+            except Exception:  # a bug, not an input class: count it loudly, keep going
+                rejected[INTERNAL_ERROR] += 1
+                _log.exception("analyzer: untyped exception opening a %d-byte payload", len(sealed))
         if on_progress is not None:
-            on_progress(batch.size % 1024)
-        width = 2 if isinstance(spec.params, HadamardRangeParams) else 1
-        values = np.array(rows, dtype=np.int64).reshape(len(rows), width)
+            on_progress(len(payloads) % 1024)
+        ranges = report_ranges(spec)
+        values = np.array(rows, dtype=np.int64).reshape(len(rows), len(ranges))
+        valid = np.ones(len(rows), dtype=bool)
+        for column, allowed in enumerate(ranges):
+            v = values[:, column]
+            valid &= (v >= allowed.low) & (v <= allowed.high) & ((v - allowed.low) % allowed.stride == 0)
+        if not valid.all():
+            rejected[ValueOutOfRange.reason] += int((~valid).sum())
+            values = values[valid]
         return OpenedBatch(values, rejected)
+
+
+def _empty(spec: RoundSpec, rejected: Counter) -> OpenedBatch:
+    width = len(report_ranges(spec))
+    return OpenedBatch(np.empty((0, width), dtype=np.int64), rejected)

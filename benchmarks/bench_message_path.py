@@ -76,7 +76,7 @@ def main() -> int:
             SUITE.decrypt(p, private, info=info)
 
     def analyzer_open():
-        opened = analyzer.open_batch(codec.decode(batch_bytes, ShuffledBatch), spec)
+        opened = analyzer.open_batch_bytes(batch_bytes, spec)
         assert opened.size == N
 
     # Interleave the two so both see the same machine conditions.

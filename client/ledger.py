@@ -6,17 +6,33 @@ answering rounds with ``(eps_i, delta_i)`` is ``(sum eps_i, sum delta_i)``-LDP.
 That is an upper bound valid for any adaptively chosen sequence of rounds, and it
 is what the client can check with no knowledge of other users. Each
 (session, round) is answered at most once, so re-delivered specs never spend twice.
+
+Concurrency: :meth:`PrivacyLedger.spend` checks and records under one lock, so a
+device that answers rounds from several threads, or several :class:`Client`
+objects sharing one ledger, can never spend past the budget or answer a round
+twice. Clients call :meth:`~PrivacyLedger.check` first (cheap, no charge) and
+:meth:`~PrivacyLedger.spend` last, once the report is ready to leave.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 from shuffledp.protocol.errors import BudgetExceeded, InvalidParameter
 
 # Slack for floating-point sums of epsilons (e.g. 0.5 + 0.5 against a budget of 1.0).
 _SUM_TOLERANCE = 1e-12
+
+
+def _real(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidParameter(name, f"must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidParameter(name, f"must be finite, got {value}")
+    return value
 
 
 @dataclass
@@ -28,9 +44,12 @@ class PrivacyLedger:
     spent_epsilon: float = 0.0
     spent_delta: float = 0.0
     answered: set[tuple[bytes, int]] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (self.epsilon_budget > 0 and math.isfinite(self.epsilon_budget)):
+        self.epsilon_budget = _real(self.epsilon_budget, "epsilon_budget")
+        self.delta_budget = _real(self.delta_budget, "delta_budget")
+        if not self.epsilon_budget > 0:
             raise InvalidParameter("epsilon_budget", f"must be finite and > 0, got {self.epsilon_budget}")
         if not 0 <= self.delta_budget < 1:
             raise InvalidParameter("delta_budget", f"must be in [0, 1), got {self.delta_budget}")
@@ -40,7 +59,11 @@ class PrivacyLedger:
         return self.epsilon_budget - self.spent_epsilon
 
     def check(self, session_id: bytes, round_id: int, epsilon: float, delta: float) -> None:
-        """Raise :class:`BudgetExceeded` unless this round may be answered."""
+        """Raise :class:`BudgetExceeded` unless this round may be answered (charges nothing)."""
+        epsilon = _real(epsilon, "epsilon")
+        delta = _real(delta, "delta")
+        if epsilon < 0 or delta < 0:
+            raise InvalidParameter("epsilon, delta", "a round cannot spend a negative amount")
         if (session_id, round_id) in self.answered:
             raise BudgetExceeded(f"round {round_id} of session {session_id.hex()} was already answered")
         if self.spent_epsilon + epsilon > self.epsilon_budget * (1 + _SUM_TOLERANCE):
@@ -53,7 +76,9 @@ class PrivacyLedger:
             )
 
     def spend(self, session_id: bytes, round_id: int, epsilon: float, delta: float) -> None:
-        self.check(session_id, round_id, epsilon, delta)
-        self.spent_epsilon += epsilon
-        self.spent_delta += delta
-        self.answered.add((session_id, round_id))
+        """Check and record the round atomically, or raise without recording anything."""
+        with self._lock:
+            self.check(session_id, round_id, epsilon, delta)
+            self.spent_epsilon += float(epsilon)
+            self.spent_delta += float(delta)
+            self.answered.add((session_id, round_id))

@@ -22,12 +22,14 @@ the sensitivity is taken in grid units after projection and rounding.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Union
 
 import numpy as np
 
+from shuffledp.client.local_data import as_real_array
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.gaussian_calibration import (
     calibrate_discrete_gaussian,
@@ -89,6 +91,43 @@ def noise_variance(params: GridParams, epsilon: float, delta: float = 0.0) -> fl
     return grid_var * params.step**2
 
 
+#: A mean report's noise is clamped with probability below 2**-TAIL_BITS (see report_range).
+TAIL_BITS = 40
+
+
+def noise_tail_bound(params: GridParams, epsilon: float, delta: float = 0.0) -> int:
+    """An integer ``B`` with ``P(|noise| > B) <= 2**-TAIL_BITS`` for one report's noise.
+
+    Discrete Laplace, ``q = exp(-1/s)``, ``s = G/eps``:
+    ``P(|X| > B) = 2 q^(B+1) / (1+q) < 2 exp(-(B+1)/s)``, at most ``2**-T`` once
+    ``B + 1 >= (T + 1) s ln 2``.
+    Discrete Gaussian: it is ``sigma^2``-subgaussian (Canonne, Kamath & Steinke 2020,
+    Prop. 25), so ``P(|X| > B) <= 2 exp(-B^2 / (2 sigma^2))``, at most ``2**-T`` once
+    ``B >= sigma sqrt(2 (T + 1) ln 2)``.
+    """
+    tail = (TAIL_BITS + 1) * math.log(2.0)
+    if params.noise == "laplace":
+        return math.ceil(float(laplace_scale(params, epsilon)) * tail)
+    return math.ceil(math.sqrt(gaussian_sigma2(params, epsilon, delta) * 2.0 * tail))
+
+
+def report_range(params: GridParams, epsilon: float, delta: float = 0.0) -> tuple[int, int]:
+    """``[-B, G + B]``: every grid value an honest report can take (:func:`randomize_mean` clamps to it).
+
+    Clamping ``u + noise`` to a public interval is post-processing of the noisy value,
+    so the report keeps its ``eps`` (or ``(eps, delta)``) guarantee exactly (Dwork &
+    Roth 2014, Prop. 2.1). Its cost is a bias: the clamp moves a report only when
+    ``|noise| > B`` (probability below ``2**-40``), by at most ``|noise| - B``, so
+    ``|bias| <= step * E[(|noise| - B)+] <= step * 2**-40 / (1 - q)``, about
+    ``step * s * 2**-40`` for Laplace with ``s = G/eps`` (``(upper - lower) / eps * 1e-12``
+    in the data's units); the Gaussian case is smaller still. In exchange the
+    analyzer can refuse any value outside the interval, so one report moves a mean
+    of n reports by at most ``(G + 2B) step / n``.
+    """
+    bound = noise_tail_bound(params, epsilon, delta)
+    return -bound, params.grid_levels + bound
+
+
 def to_grid(local_means: np.ndarray, params: GridParams) -> tuple[np.ndarray, np.ndarray]:
     """Projection onto ``[lower, upper]`` in grid units: integer part and fractional part."""
     y = np.clip(np.asarray(local_means, dtype=np.float64), params.lower, params.upper)
@@ -111,10 +150,9 @@ def randomize_mean(
     source: RandomSource,
     delta: float = 0.0,
 ) -> np.ndarray:
-    """Algorithm 2 for a batch of users: integer grid values ``u + noise`` (int64)."""
-    y = np.asarray(local_means, dtype=np.float64)
-    if y.ndim != 1:
-        raise InvalidParameter("local_means", f"must be one-dimensional, got shape {y.shape}")
+    """Algorithm 2 for a batch of users: integer grid values ``u + noise`` (int64), clamped to
+    :func:`report_range` (post-processing; see there for the bias it can add)."""
+    y = as_real_array(local_means, "local_means")
     n = y.shape[0]
     floor, frac = to_grid(y, params)
     grid = floor + source.bernoulli(frac, n).astype(np.int64)
@@ -123,7 +161,8 @@ def randomize_mean(
         noise = source.discrete_laplace(laplace_scale(params, epsilon), n)
     else:
         noise = source.discrete_gaussian(gaussian_sigma2(params, epsilon, delta), n)
-    return grid + noise.astype(np.int64)
+    low, high = report_range(params, epsilon, delta)
+    return np.clip(grid + noise.astype(np.int64), low, high)
 
 
 def decode_values(grid_values: np.ndarray, params: GridParams) -> np.ndarray:

@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from shuffledp.client.client import Client, randomize_reports, verified_spec
+from shuffledp.client.client import Client, verified_spec
+from shuffledp.client.mechanisms import randomize_reports
 from shuffledp.protocol.channel import Channel, reports_topic, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.randomness import RandomSource
@@ -63,8 +64,12 @@ class ClientPool:
             return  # a re-delivered retained spec
         self.answered_rounds.append(spec.round_id)
         local_means = np.array([c.local_mean for c in self.clients])
-        values = randomize_reports(spec, local_means, self.source)
-        sealer = Sealer(spec.analyzer_key)
+        try:
+            values = randomize_reports(spec, local_means, self.source)
+            sealer = Sealer(spec.analyzer_key)
+        except ShuffleDPError as exc:  # a spec no client can answer: refused by all, the pool goes on
+            self.refused[exc.reason] += len(self.clients)
+            return
         topic = reports_topic(spec.session_id, spec.round_id)
         for index, (client, value) in enumerate(zip(self.clients, values)):
             try:

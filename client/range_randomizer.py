@@ -22,9 +22,10 @@ import math
 
 import numpy as np
 
+from shuffledp.client.local_data import as_real_array
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.hadamard import hadamard_entry
-from shuffledp.protocol.messages import MAX_EPSILON, HadamardRangeParams
+from shuffledp.protocol.messages import MAX_EPSILON, MIN_EPSILON, HadamardRangeParams
 from shuffledp.protocol.randomness import RandomSource
 
 
@@ -37,8 +38,8 @@ def keep_probability(epsilon: float) -> float:
     ``p / (1 - p)`` increases in p, the realised likelihood ratio is then at most
     ``e^eps`` exactly (the loss in accuracy is ~1e-15).
     """
-    if not (0 < epsilon <= MAX_EPSILON):
-        raise InvalidParameter("epsilon", f"must be in (0, {MAX_EPSILON}], got {epsilon}")
+    if not (MIN_EPSILON <= epsilon <= MAX_EPSILON):
+        raise InvalidParameter("epsilon", f"must be in [{MIN_EPSILON}, {MAX_EPSILON}], got {epsilon!r}")
     p = 1.0 / (1.0 + math.exp(-epsilon))
     for _ in range(4):
         p = math.nextafter(p, 0.0)
@@ -56,9 +57,7 @@ def randomize_range(
     local_means: np.ndarray, params: HadamardRangeParams, epsilon: float, source: RandomSource
 ) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 4 for a batch of users: returns ``(rows, bits)``, int64 and int8 (+1/-1)."""
-    y = np.asarray(local_means, dtype=np.float64)
-    if y.ndim != 1:
-        raise InvalidParameter("local_means", f"must be one-dimensional, got shape {y.shape}")
+    y = as_real_array(local_means, "local_means")
     n = y.shape[0]
     nu = bin_index(y, params)
     rows = source.integers(params.padded_bins, n)

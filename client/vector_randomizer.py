@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mean_randomizer import PerUserGrid, randomize_mean
 from shuffledp.client.range_randomizer import randomize_range
 from shuffledp.protocol.errors import InvalidParameter
@@ -39,10 +40,7 @@ class CoordinateReports:
 
 
 def _check_rotated(rotated: np.ndarray) -> np.ndarray:
-    rotated = np.asarray(rotated, dtype=np.float64)
-    if rotated.ndim != 2:
-        raise InvalidParameter("rotated", f"must have shape (n, D), got {rotated.shape}")
-    return rotated
+    return as_real_array(rotated, "rotated", ndim=2)
 
 
 def randomize_vector_range(

@@ -6,23 +6,27 @@ field of :mod:`shuffledp.protocol.messages`. Mechanism parameters are a nested
 map whose ``"mechanism"`` key selects the parameter type. The schema, in CDDL, is
 in ``docs/wire-format.md``; JSON test vectors are in ``tests/vectors/``.
 
-Decoding is strict: the size limit is checked before parsing, unknown or missing
-keys, wrong types and out-of-range values are all rejected with
-:class:`~shuffledp.protocol.errors.MalformedMessage` (or a subclass), never with a
-bare ``KeyError`` or ``TypeError``.
+Decoding is total and bounded: the size limit is checked before parsing; the bytes
+are read by :mod:`shuffledp.protocol.cbor_strict`, which accepts only the
+deterministic CBOR subset the format uses (no tags, no indefinite lengths, no
+simple values, no NaN or infinities, no duplicate keys) in time and memory linear
+in the input; unknown or missing keys, wrong types and out-of-range values are
+all rejected with :class:`~shuffledp.protocol.errors.MalformedMessage` (or a
+subclass), never with a bare ``KeyError``, ``TypeError`` or ``ValueError``.
+Encoding uses cbor2's canonical mode, which produces exactly that subset.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import io
 import typing
 from typing import Any, TypeVar, get_args, get_origin
 
 import cbor2
 
 from shuffledp.protocol import messages as m
+from shuffledp.protocol.cbor_strict import StrictReader
 from shuffledp.protocol.errors import (
     InvalidParameter,
     MalformedMessage,
@@ -92,7 +96,7 @@ def _from_wire(kind: Any, value: Any, where: str) -> Any:
             raise MalformedMessage(f"{where}: expected a parameter map with a 'mechanism' name")
         cls = m.MECHANISMS.get(value["mechanism"])
         if cls is None:
-            raise MalformedMessage(f"{where}: unknown mechanism {value['mechanism']!r}")
+            raise MalformedMessage(f"{where}: unknown mechanism {m.short_repr(value['mechanism'])}")
         body = {k: v for k, v in value.items() if k != "mechanism"}
         return _build(cls, body, where)
     if origin is tuple:
@@ -113,7 +117,7 @@ def _build(cls: type[T], body: dict, where: str) -> T:
     hints, fields = _schema(cls)
     unknown = set(body) - set(fields)
     if unknown:
-        raise MalformedMessage(f"{where}: unknown keys {sorted(map(str, unknown))}")
+        raise MalformedMessage(f"{where}: {len(unknown)} unknown key(s), e.g. {m.short_repr(min(map(str, unknown)))}")
     kwargs = {}
     for name, f in fields.items():
         if name not in body:
@@ -127,9 +131,11 @@ def _build(cls: type[T], body: dict, where: str) -> T:
         raise MalformedMessage(f"{where}: {exc}") from None
 
 
-def decode(data: bytes, expected: type[T] | None = None) -> T:
+def decode(data: bytes, expected: type[T] | None = None, *, max_items: int | None = None) -> T:
     """Decode bytes into a validated message; ``expected`` pins the message class.
 
+    ``max_items`` bounds every array and map (a batch decoder passes the round's
+    ``max_batch``), checked when the length is read, before anything is allocated.
     Raises :class:`MessageTooLarge`, :class:`UnsupportedVersion` or
     :class:`MalformedMessage`; never anything else for any input bytes.
     """
@@ -139,26 +145,46 @@ def decode(data: bytes, expected: type[T] | None = None) -> T:
     if len(data) > limit:
         raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
     raw = bytes(data)
-    stream = io.BytesIO(raw)
-    try:
-        body = cbor2.CBORDecoder(stream).decode()
-    except Exception as exc:  # cbor2 raises several types (CBORDecodeError, ValueError, ...)
-        raise MalformedMessage(f"not valid CBOR: {exc}") from None
-    if stream.tell() != len(raw):
-        raise MalformedMessage(f"{len(raw) - stream.tell()} trailing bytes after the CBOR item")
+    reader = StrictReader(raw, max_items=max_items)
+    body = reader.read()
+    if reader.pos != len(raw):
+        raise MalformedMessage(f"{len(raw) - reader.pos} trailing bytes after the CBOR item")
+    return _message_from_body(body, expected, len(raw))
+
+
+def decode_padded(data: bytes, expected: type[T]) -> T:
+    """Decode a message followed by zero padding (how report plaintexts travel; see ``report_format``).
+
+    The general, schema-driven reader of a padded report: the analyzer's hot path
+    (:meth:`ReportFormat.values`) must accept exactly what this accepts for the round.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+    limit = MESSAGE_TYPES[_TYPE_OF[expected]][1]
+    if len(data) > limit:
+        raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
+    raw = bytes(data)
+    reader = StrictReader(raw)
+    body = reader.read()
+    if raw[reader.pos :].count(0) != len(raw) - reader.pos:
+        raise MalformedMessage("padding after the CBOR item must be zero bytes")
+    return _message_from_body(body, expected, reader.pos)
+
+
+def _message_from_body(body: Any, expected: type | None, size: int) -> Any:
     if not isinstance(body, dict):
         raise MalformedMessage("top level must be a CBOR map")
     version = body.pop("v", None)
-    if type(version) is not int:  # not bool, not float: True == 1 == 1.0 in Python
+    if type(version) is not int:  # not float: the strict reader returns ints and floats apart
         raise MalformedMessage("missing or invalid wire version 'v'")
     if version != m.WIRE_VERSION:
-        raise UnsupportedVersion(f"wire version {version}; this build speaks {m.WIRE_VERSION}")
+        raise UnsupportedVersion(f"wire version {m.short_repr(version)}; this build speaks {m.WIRE_VERSION}")
     tag = body.pop("t", None)
     if not isinstance(tag, str) or tag not in MESSAGE_TYPES:
-        raise MalformedMessage(f"unknown message type {tag!r}")
+        raise MalformedMessage(f"unknown message type {m.short_repr(tag)}")
     cls, type_limit = MESSAGE_TYPES[tag]
     if expected is not None and cls is not expected:
         raise MalformedMessage(f"expected {_TYPE_OF.get(expected, expected)}, got {tag}")
-    if len(data) > type_limit:
-        raise MessageTooLarge(f"{tag} of {len(data)} bytes, over its limit of {type_limit}")
+    if size > type_limit:
+        raise MessageTooLarge(f"{tag} of {size} bytes, over its limit of {type_limit}")
     return _build(cls, body, tag)

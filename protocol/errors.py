@@ -43,6 +43,18 @@ class MessageTooLarge(MalformedMessage):
     reason = "too-large"
 
 
+class ValueOutOfRange(MalformedMessage):
+    """A report value that no honest randomizer of the round can produce."""
+
+    reason = "out-of-range"
+
+
+class DuplicateReport(ShuffleDPError):
+    """The same sealed report seen twice in one round (a re-wrapped or replayed copy)."""
+
+    reason = "duplicate"
+
+
 class SealingError(ShuffleDPError):
     """A sealed payload failed to open: tampered, or sealed for another session or round."""
 

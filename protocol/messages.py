@@ -25,8 +25,9 @@ from typing import ClassVar, Union
 
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.hadamard import next_power_of_two
+from shuffledp.protocol.randomness import MAX_NOISE_SCALE
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 SESSION_ID_BYTES = 16
 NONCE_BYTES = 16
 TOKEN_BYTES = 16
@@ -38,6 +39,26 @@ MAX_MESSAGES_PER_USER = 64
 #: randomized response rounds to 1 in double precision (no randomization at all);
 #: 30 leaves room for the safety margin of range_randomizer.keep_probability.
 MAX_EPSILON = 30.0
+#: Smallest local epsilon a round may ask for. Below it randomized response is
+#: numerically degenerate (its keep probability is within a few ulps of 1/2, see
+#: range_randomizer.keep_probability) and the noise of a mean report dwarfs any signal.
+MIN_EPSILON = 1e-6
+#: Most reports a round may batch (a round's max_batch, and the default).
+MAX_BATCH = 1 << 24
+
+
+def short_repr(value: object, limit: int = 40) -> str:
+    """``repr`` cut to ``limit`` characters, safe for any value (error messages quote hostile input).
+
+    Integers are sized before formatting: Python refuses to format ints past 4,300
+    digits, and a message must never fail while reporting bad input.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<integer of {value.bit_length()} bits>"
+    if isinstance(value, (bytes, bytearray, str, list, tuple, dict, set)) and len(value) > limit:
+        return f"<{type(value).__name__} of length {len(value)}>"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _require(condition: bool, name: str, problem: str) -> None:
@@ -47,7 +68,7 @@ def _require(condition: bool, name: str, problem: str) -> None:
 
 def _finite(value: float, name: str) -> None:
     _require(isinstance(value, (int, float)) and not isinstance(value, bool), name, "must be a number")
-    _require(math.isfinite(value), name, f"must be finite, got {value}")
+    _require(math.isfinite(value), name, f"must be finite, got {short_repr(value)}")
 
 
 def _bytes_of(value: bytes, length: int, name: str) -> None:
@@ -57,7 +78,23 @@ def _bytes_of(value: bytes, length: int, name: str) -> None:
 
 def _count(value: int, name: str, low: int, high: int) -> None:
     _require(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer")
-    _require(low <= value <= high, name, f"must be in [{low}, {high}], got {value}")
+    _require(low <= value <= high, name, f"must be in [{low}, {high}], got {short_repr(value)}")
+
+
+def _resolvable(low: float, high: float, step: float, name: str) -> None:
+    """Refuse a grid whose step is lost in double precision at the interval's magnitude.
+
+    Bins or grid points closer than a few ulps collapse into each other (``low + step
+    == low``), and a width that overflows makes every decoded value NaN.
+    """
+    width = high - low
+    _require(math.isfinite(width), name, f"interval [{low}, {high}] is wider than a double can hold")
+    magnitude = max(abs(low), abs(high))
+    _require(
+        step >= 4.0 * math.ulp(magnitude),
+        name,
+        f"gives a step of {step:.3g}, below 4 ulps ({4.0 * math.ulp(magnitude):.3g}) at magnitude {magnitude:.3g}",
+    )
 
 
 @dataclass(frozen=True)
@@ -70,6 +107,8 @@ class HadamardRangeParams:
     """
 
     MECHANISM: ClassVar[str] = "hadamard-range"
+    #: A report is ``(row, bit)``.
+    VALUES_PER_REPORT: ClassVar[int] = 2
     low: float
     high: float
     tau: float
@@ -91,6 +130,10 @@ class HadamardRangeParams:
             "tau",
             f"gives {self.num_bins} bins over [{self.low}, {self.high}]; at most {MAX_BINS} allowed",
         )
+        _resolvable(self.low, self.high, 2.0 * self.tau, "tau")
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Randomized response needs nothing beyond the common epsilon range."""
 
     @property
     def num_bins(self) -> int:
@@ -108,12 +151,16 @@ NOISE_KINDS = ("laplace", "gaussian")
 
 
 def check_local_budget(epsilon0: float, delta0: float, noise: str) -> None:
-    """Validate a local budget: ``0 < epsilon0 <= MAX_EPSILON``, ``0 <= delta0 < 1``, and
+    """Validate a local budget: ``MIN_EPSILON <= epsilon0 <= MAX_EPSILON``, ``0 <= delta0 < 1``, and
     ``delta0 > 0`` exactly when the noise is Gaussian (Laplace reports are pure DP)."""
     _finite(epsilon0, "epsilon0")
-    _require(0 < epsilon0 <= MAX_EPSILON, "epsilon0", f"must be in (0, {MAX_EPSILON}], got {epsilon0}")
+    _require(
+        MIN_EPSILON <= epsilon0 <= MAX_EPSILON,
+        "epsilon0",
+        f"must be in [{MIN_EPSILON}, {MAX_EPSILON}], got {short_repr(epsilon0)}",
+    )
     _finite(delta0, "delta0")
-    _require(0.0 <= delta0 < 1.0, "delta0", f"must be in [0, 1), got {delta0}")
+    _require(0.0 <= delta0 < 1.0, "delta0", f"must be in [0, 1), got {short_repr(delta0)}")
     _require(noise in NOISE_KINDS, "noise", f"must be one of {NOISE_KINDS}, got {noise!r}")
     _require((noise == "gaussian") == (delta0 > 0), "delta0", "must be > 0 exactly when the noise is Gaussian")
 
@@ -128,6 +175,8 @@ class ProjectedMeanParams:
     """
 
     MECHANISM: ClassVar[str] = "projected-mean"
+    #: A report is ``(grid_value,)``.
+    VALUES_PER_REPORT: ClassVar[int] = 1
     lower: float
     upper: float
     noise: str = "laplace"
@@ -139,6 +188,30 @@ class ProjectedMeanParams:
         _require(self.upper > self.lower, "upper", f"must exceed lower ({self.lower}), got {self.upper}")
         _require(self.noise in NOISE_KINDS, "noise", f"must be one of {NOISE_KINDS}, got {self.noise!r}")
         _count(self.grid_levels, "grid_levels", 1, MAX_GRID_LEVELS)
+        _resolvable(self.lower, self.upper, (self.upper - self.lower) / self.grid_levels, "grid_levels")
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Refuse a budget whose noise scale in grid units exceeds :data:`MAX_NOISE_SCALE`.
+
+        Laplace: the scale is ``G / eps`` exactly. Gaussian: the calibrated sigma is at
+        most the sigma that the zCDP route gives, since the discrete Gaussian with
+        ``sigma^2`` is ``rho = G^2 / (2 sigma^2)``-zCDP (Canonne, Kamath & Steinke 2020,
+        Thm. 4) and rho-zCDP implies ``(rho + 2 sqrt(rho log(1/delta)), delta)``-DP
+        (Bun & Steinke 2016, Prop. 1.3); solving for rho gives
+        ``sqrt(rho) = sqrt(log(1/delta) + eps) - sqrt(log(1/delta))``.
+        """
+        if self.noise == "laplace":
+            scale = self.grid_levels / epsilon
+        else:
+            log_inv_delta = -math.log(delta)
+            sqrt_rho = epsilon / (math.sqrt(log_inv_delta + epsilon) + math.sqrt(log_inv_delta))
+            scale = self.grid_levels / (math.sqrt(2.0) * sqrt_rho)
+        _require(
+            scale <= MAX_NOISE_SCALE,
+            "epsilon0",
+            f"gives a noise scale of {scale:.3g} grid units with {self.grid_levels} levels; "
+            f"at most {MAX_NOISE_SCALE:.3g} (raise epsilon0 or lower grid_levels)",
+        )
 
     @property
     def step(self) -> float:
@@ -158,8 +231,10 @@ class RoundSpec:
 
     ``epsilon0``/``delta0`` is the local (user-level) guarantee one answer gives;
     a client refuses a spec that would push its ledger past its budget.
-    ``min_batch`` is the batch size the shuffler waits for before forwarding, and
-    ``deadline`` (Unix seconds) when the round closes regardless.
+    ``min_batch`` is the batch size the shuffler waits for before forwarding,
+    ``max_batch`` the most reports a batch of this round may hold (the analyzer
+    refuses a longer batch before decoding it), and ``deadline`` (Unix seconds)
+    when the round closes regardless.
     """
 
     session_id: bytes
@@ -171,14 +246,17 @@ class RoundSpec:
     deadline: float
     delta0: float = 0.0
     messages_per_user: int = 1
+    max_batch: int = MAX_BATCH
 
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _count(self.round_id, "round_id", 0, 2**63 - 1)
         _require(isinstance(self.params, tuple(MECHANISMS.values())), "params", "unknown mechanism parameters")
         check_local_budget(self.epsilon0, self.delta0, getattr(self.params, "noise", "laplace"))
+        self.params.check_budget(self.epsilon0, self.delta0)
         _bytes_of(self.analyzer_key, X25519_KEY_BYTES, "analyzer_key")
-        _count(self.min_batch, "min_batch", 1, 2**40)
+        _count(self.max_batch, "max_batch", 1, MAX_BATCH)
+        _count(self.min_batch, "min_batch", 1, self.max_batch)
         _finite(self.deadline, "deadline")
         _count(self.messages_per_user, "messages_per_user", 1, MAX_MESSAGES_PER_USER)
 
@@ -213,8 +291,9 @@ class Report:
 
     def __post_init__(self) -> None:
         _count(self.round_id, "round_id", 0, 2**63 - 1)
-        _require(self.mechanism in MECHANISMS, "mechanism", f"unknown mechanism {self.mechanism!r}")
-        _require(isinstance(self.values, tuple) and 1 <= len(self.values) <= 8, "values", "must be 1 to 8 integers")
+        _require(self.mechanism in MECHANISMS, "mechanism", f"unknown mechanism {short_repr(self.mechanism)}")
+        width = MECHANISMS[self.mechanism].VALUES_PER_REPORT
+        _require(isinstance(self.values, tuple) and len(self.values) == width, "values", f"must be {width} integer(s)")
         for v in self.values:
             _require(isinstance(v, int) and not isinstance(v, bool), "values", "must be integers")
             _require(-(2**62) <= v < 2**62, "values", "out of range")

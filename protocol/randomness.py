@@ -32,7 +32,15 @@ import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
 
-__all__ = ["RandomSource", "SeededSource", "SystemSource"]
+__all__ = ["MAX_NOISE_SCALE", "RandomSource", "SeededSource", "SystemSource"]
+
+#: Largest noise scale either source samples: the discrete Laplace ``scale`` and the
+#: discrete Gaussian's ``sqrt(sigma2)``. At 2**44 a draw exceeds 2**50 in magnitude
+#: with probability below exp(-64), so values stay far inside int64 and numpy's
+#: geometric sampler stays exact (past ~2**62 it saturates at the int64 maximum, and
+#: the difference of two saturated draws is a noiseless 0). Round specs refuse
+#: budgets that would need more (``ProjectedMeanParams.check_budget``).
+MAX_NOISE_SCALE = float(2**44)
 
 # Number of random bits behind one SystemSource Bernoulli draw.
 _BERNOULLI_BITS = 53
@@ -102,6 +110,14 @@ def _check_positive_exact(name: str, value: object) -> Fraction:
     if frac <= 0:
         raise InvalidParameter(name, f"must be > 0, got {value!r}")
     return frac
+
+
+def _check_noise_scale(name: str, scale: Fraction, power: int = 1) -> None:
+    """Refuse a noise scale (``power=2``: a variance) above :data:`MAX_NOISE_SCALE`."""
+    if scale > Fraction(MAX_NOISE_SCALE) ** power:
+        raise InvalidParameter(
+            name, f"{float(scale):.3g} exceeds the largest noise scale sampled exactly, {MAX_NOISE_SCALE:.3g}^{power}"
+        )
 
 
 def _check_positive_float(name: str, value: object) -> float:
@@ -204,6 +220,7 @@ class SeededSource:
         and by symmetry the same with ``|k|`` for ``k < 0``; i.e.
         ``P(k) = (1-q)/(1+q) exp(-|k|/scale)``, the discrete Laplace law.
         """
+        _check_noise_scale("scale", _check_positive_exact("scale", scale))
         scale = _check_positive_float("scale", scale)
         size = _check_size(size)
         p_success = -math.expm1(-1.0 / scale)  # 1 - exp(-1/scale), accurately
@@ -223,6 +240,7 @@ class SeededSource:
         is correct; this ``t`` keeps the acceptance rate bounded below). Rejected
         slots are redrawn until every slot is filled.
         """
+        _check_noise_scale("sigma2", _check_positive_exact("sigma2", sigma2), power=2)
         s2 = _check_positive_float("sigma2", sigma2)
         size = _check_size(size)
         t = math.floor(math.sqrt(s2)) + 1
@@ -371,6 +389,7 @@ class SystemSource:
 
     def discrete_laplace(self, scale: Fraction | float, size: int) -> np.ndarray:
         scale = _check_positive_exact("scale", scale)
+        _check_noise_scale("scale", scale)
         size = _check_size(size)
         return np.fromiter(
             (self._discrete_laplace_one(scale) for _ in range(size)), dtype=np.int64, count=size
@@ -378,6 +397,7 @@ class SystemSource:
 
     def discrete_gaussian(self, sigma2: Fraction | float, size: int) -> np.ndarray:
         sigma2 = _check_positive_exact("sigma2", sigma2)
+        _check_noise_scale("sigma2", sigma2, power=2)
         size = _check_size(size)
         return np.fromiter(
             (self._discrete_gaussian_one(sigma2) for _ in range(size)), dtype=np.int64, count=size

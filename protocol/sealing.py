@@ -23,7 +23,7 @@ from shuffledp.protocol.errors import BadSignature, InvalidParameter, SealingErr
 from shuffledp.protocol.messages import SESSION_ID_BYTES
 
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
-INFO_LABEL = b"shuffledp/v1/report"
+INFO_LABEL = b"shuffledp/v2/report"
 _RAW = serialization.Encoding.Raw
 
 
@@ -70,15 +70,35 @@ class Sealer:
             raise InvalidParameter("analyzer_public", str(exc)) from None
 
     def seal(self, payload: bytes, session_id: bytes, round_id: int) -> bytes:
-        return SUITE.encrypt(payload, self._key, info=report_info(session_id, round_id))
+        """HPKE-seal ``payload``; a key the suite refuses (e.g. a low-order point) is a :class:`SealingError`."""
+        try:
+            return SUITE.encrypt(payload, self._key, info=report_info(session_id, round_id))
+        except ValueError as exc:
+            raise SealingError(f"cannot seal to the round's analyzer key ({exc})") from None
+
+
+#: Length of HPKE's encapsulated key (X25519's ephemeral public key) at the start of a sealed payload.
+ENCAPSULATED_KEY_BYTES = 32
+
+
+class ReportOpener:
+    """Analyzer side: opens the sealed payloads of one round (its HPKE ``info`` computed once)."""
+
+    def __init__(self, private: X25519PrivateKey, session_id: bytes, round_id: int) -> None:
+        self._private = private
+        self._info = report_info(session_id, round_id)
+
+    def open(self, sealed: bytes) -> bytes:
+        """The plaintext, or :class:`SealingError`."""
+        try:
+            return SUITE.decrypt(sealed, self._private, info=self._info)
+        except (InvalidTag, ValueError) as exc:
+            raise SealingError(f"payload does not open for this session and round ({type(exc).__name__})") from None
 
 
 def open_sealed(private: X25519PrivateKey, sealed: bytes, session_id: bytes, round_id: int) -> bytes:
-    """Analyzer side: open a sealed payload, or raise :class:`SealingError`."""
-    try:
-        return SUITE.decrypt(sealed, private, info=report_info(session_id, round_id))
-    except (InvalidTag, ValueError) as exc:
-        raise SealingError(f"payload does not open for this session and round ({type(exc).__name__})") from None
+    """Analyzer side: open one sealed payload, or raise :class:`SealingError`."""
+    return ReportOpener(private, session_id, round_id).open(sealed)
 
 
 def sign(private: Ed25519PrivateKey, data: bytes) -> bytes:

@@ -9,21 +9,27 @@ topic), the shuffler
    round's reports topic, then passes the signed spec on to the clients (so no
    report can reach a round it has not opened);
 2. admits envelopes for that open round only, at most ``messages_per_user`` per
-   admission token, rejecting replayed nonces, foreign sessions or rounds and
-   malformed bytes with a typed reason, counted in :attr:`RoundStats.rejected`;
+   admission token, rejecting replayed nonces, a sealed payload already admitted
+   (however re-wrapped: new nonce, new token), a payload not of the round's fixed
+   sealed size, foreign sessions or rounds and malformed bytes with a typed reason,
+   counted in :attr:`RoundStats.rejected`;
 3. once ``min_batch`` reports are admitted, or at the deadline, strips everything
    but the sealed payloads, permutes them with the OS CSPRNG
    (:func:`secure_permutation`) and forwards one :class:`ShuffledBatch`; a round
    that reaches its deadline below ``min_batch`` is dropped (``BatchTooSmall``),
    because forwarding it would void the amplification the round was accounted for.
 
-Bad input never stops the service. The shuffler sees only sealed payloads: it
-cannot read a report.
+Bad input never stops the service: admission raises only typed errors, and a
+last-resort guard counts anything else as ``internal-error`` (a bug to fix, never
+seen in the fuzz suite) instead of ending the task. The shuffler sees only sealed
+payloads, all of one length per round: it cannot read a report, nor learn from
+its size.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,14 +38,21 @@ from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, announce_topic, batch_topic, reports_topic, spec_topic
 from shuffledp.protocol.errors import (
     BatchTooSmall,
+    DuplicateReport,
     QuotaExceeded,
     ReplayedReport,
     ShuffleDPError,
     UnknownRound,
 )
 from shuffledp.protocol.messages import Envelope, RoundSpec, ShuffledBatch, SignedRoundSpec
+from shuffledp.protocol.report_format import WrongSize, report_format
 from shuffledp.protocol.sealing import verify
 from shuffledp.shuffler.permutation import secure_permutation
+
+
+_log = logging.getLogger(__name__)
+#: Rejection reason counted when a service meets an exception that is not a typed ShuffleDPError.
+INTERNAL_ERROR = "internal-error"
 
 
 @dataclass
@@ -60,7 +73,9 @@ class RoundAdmission:
         self.spec = spec
         self.per_token: Counter = Counter()
         self.nonces: set[bytes] = set()
+        self.sealed_seen: set[bytes] = set()
         self.payloads: list[bytes] = []
+        self.sealed_size = report_format(spec.round_id, spec.mechanism).sealed_size
         self.stats = RoundStats(spec.round_id)
 
     def admit(self, data: bytes) -> None:
@@ -69,11 +84,18 @@ class RoundAdmission:
         spec = self.spec
         if envelope.session_id != spec.session_id or envelope.round_id != spec.round_id:
             raise UnknownRound(f"envelope for session {envelope.session_id.hex()} round {envelope.round_id}")
+        if len(envelope.sealed) != self.sealed_size:
+            raise WrongSize(f"sealed payload of {len(envelope.sealed)} bytes; this round's are {self.sealed_size}")
         if envelope.nonce in self.nonces:
             raise ReplayedReport("nonce already admitted")
+        if envelope.sealed in self.sealed_seen:
+            raise DuplicateReport("this sealed payload was already admitted (re-wrapped copy)")
         if self.per_token[envelope.token] >= spec.messages_per_user:
             raise QuotaExceeded(f"token already sent {spec.messages_per_user} report(s)")
+        if len(self.payloads) >= spec.max_batch:
+            raise QuotaExceeded(f"round already holds its maximum batch of {spec.max_batch}")
         self.nonces.add(envelope.nonce)
+        self.sealed_seen.add(envelope.sealed)
         self.per_token[envelope.token] += 1
         self.payloads.append(envelope.sealed)
         self.stats.admitted += 1
@@ -84,6 +106,9 @@ class RoundAdmission:
             self.admit(data)
         except ShuffleDPError as exc:
             self.stats.rejected[exc.reason] += 1
+        except Exception:  # a bug, not an input class: count it loudly, keep serving
+            self.stats.rejected[INTERNAL_ERROR] += 1
+            _log.exception("shuffler admission: untyped exception on a %d-byte input", len(data))
 
     def shuffled_batch(self) -> ShuffledBatch:
         order = secure_permutation(len(self.payloads))
@@ -117,6 +142,10 @@ class Shuffler:
                         continue  # a re-delivered (retained) announcement of a round already served
                 except ShuffleDPError as exc:
                     self.rejected_announcements[exc.reason] += 1
+                    continue
+                except Exception:  # a bug, not an input class: count it, keep serving
+                    self.rejected_announcements[INTERNAL_ERROR] += 1
+                    _log.exception("shuffler announcement: untyped exception")
                     continue
                 await self.run_round(spec, data)
         finally:

@@ -119,7 +119,7 @@ def client(budget=1.0, delta_budget=0.0, samples=(1.2, 1.4), **kw) -> Client:
 def open_envelope(data: bytes, s: RoundSpec) -> Report:
     envelope = codec.decode(data, Envelope)
     assert envelope.session_id == s.session_id and envelope.round_id == s.round_id
-    return codec.decode(open_sealed(ANALYZER.keys.hpke_private, envelope.sealed, s.session_id, s.round_id), Report)
+    return codec.decode_padded(open_sealed(ANALYZER.keys.hpke_private, envelope.sealed, s.session_id, s.round_id), Report)
 
 
 def test_valid_range_answer_opens_to_report():

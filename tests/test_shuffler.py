@@ -35,6 +35,7 @@ from shuffledp.protocol.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
+from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.sealing import open_sealed
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.service import RoundAdmission, Shuffler
@@ -45,12 +46,21 @@ OTHER_SESSION = bytes(16)
 PARAMS = HadamardRangeParams(-4.0, 4.0, 0.5)
 
 
+#: Every sealed payload of a round has one length (the padded report plus HPKE's 48 bytes).
+SEALED = report_format(3, PARAMS.MECHANISM).sealed_size
+
+
+def sealed_bytes(i: int) -> bytes:
+    """A distinct stand-in sealed payload of the round's length."""
+    return i.to_bytes(SEALED, "big")
+
+
 def make_spec(messages_per_user=1, min_batch=3, round_id=3) -> RoundSpec:
     return RoundSpec(SESSION, round_id, PARAMS, 0.5, bytes(32), min_batch, 1e12, messages_per_user=messages_per_user)
 
 
 def envelope(token: bytes, nonce: bytes, *, session=SESSION, round_id=3, sealed: bytes | None = None) -> bytes:
-    return codec.encode(Envelope(session, round_id, token, nonce, sealed if sealed is not None else os.urandom(80)))
+    return codec.encode(Envelope(session, round_id, token, nonce, sealed if sealed is not None else os.urandom(SEALED)))
 
 
 def tok(i: int) -> bytes:
@@ -68,11 +78,11 @@ def test_admission_reasons_are_counted():
     for data in valid:
         adm.offer(data)
     wrong_version = cbor2.loads(envelope(tok(3), tok(103)))
-    wrong_version["v"] = 2
+    wrong_version["v"] = 3
     junk = {
-        "malformed": [b"", b"\xff", b"\xa1\x61v\x01", codec.encode(make_spec()), b"not cbor at all" * 3],
+        "malformed": [b"", b"\xff", b"\xa1\x61v\x02", codec.encode(make_spec()), b"not cbor at all" * 3],
         "too-large": [b"\x00" * 2049],
-        "unsupported-version": [cbor2.dumps(wrong_version)],
+        "unsupported-version": [cbor2.dumps(wrong_version, canonical=True)],
         "unknown-round": [
             envelope(tok(4), tok(104), session=OTHER_SESSION),
             envelope(tok(4), tok(105), round_id=4),
@@ -126,7 +136,7 @@ def test_admission_matches_a_model(choices, quota):
     adm = RoundAdmission(make_spec(messages_per_user=quota))
     seen, per_token, admitted, rejected = set(), Counter(), [], Counter()
     for i, (t, nonce, round_id, foreign) in enumerate(choices):
-        sealed = i.to_bytes(4, "big")
+        sealed = sealed_bytes(i)
         data = envelope(tok(t), tok(nonce), round_id=round_id, session=OTHER_SESSION if foreign else SESSION, sealed=sealed)
         adm.offer(data)
         if foreign or round_id != 3:
@@ -146,15 +156,15 @@ def test_admission_matches_a_model(choices, quota):
 
 def test_shuffled_batch_holds_exactly_the_admitted_payloads():
     adm = RoundAdmission(make_spec())
-    sealed = [bytes([i]) * (i + 1) for i in range(40)]
+    sealed = [sealed_bytes(i) for i in range(40)]
     for i, s in enumerate(sealed):
         adm.offer(envelope(tok(i), tok(1000 + i), sealed=s))
-        adm.offer(envelope(tok(i), tok(2000 + i), sealed=b"over quota"))  # rejected
+        adm.offer(envelope(tok(i), tok(2000 + i), sealed=sealed_bytes(1000 + i)))  # over quota: rejected
     batch = adm.shuffled_batch()
     assert isinstance(batch, ShuffledBatch)
     assert (batch.session_id, batch.round_id, batch.size) == (SESSION, 3, 40)
     assert Counter(batch.payloads) == Counter(sealed)
-    assert b"over quota" not in batch.payloads
+    assert not set(batch.payloads) & {sealed_bytes(1000 + i) for i in range(40)}
     assert codec.decode(codec.encode(batch), ShuffledBatch) == batch
 
 
@@ -223,12 +233,12 @@ async def test_round_forwards_exactly_the_valid_reports():
         wrong_version["v"] = 7
         yield b"\x00junk"
         yield os.urandom(3000)
-        yield cbor2.dumps(wrong_version)
+        yield cbor2.dumps(wrong_version, canonical=True)
         yield envelope(tok(99), tok(99), session=bytes(16), round_id=spec.round_id)
         yield envelope(tok(98), tok(98), session=sid, round_id=spec.round_id + 1)
         yield answers[0]
         yield answers[0]  # replay
-        yield codec.encode(Envelope(sid, spec.round_id, first.token, os.urandom(16), os.urandom(80)))  # over quota
+        yield codec.encode(Envelope(sid, spec.round_id, first.token, os.urandom(16), os.urandom(len(first.sealed))))  # over quota
         yield from answers[1:]
 
     shuffler_task = asyncio.create_task(shuffler.serve())
@@ -257,7 +267,7 @@ async def test_round_forwards_exactly_the_valid_reports():
     # the analyzer opened all of them, and they are the clients' reports
     assert record.opened.size == len(clients) and not record.opened.rejected
     reports = [
-        codec.decode(open_sealed(analyzer.keys.hpke_private, s, sid, spec.round_id), Report).values for s in sealed
+        codec.decode_padded(open_sealed(analyzer.keys.hpke_private, s, sid, spec.round_id), Report).values for s in sealed
     ]
     assert Counter(map(tuple, record.opened.values.tolist())) == Counter(reports)
     assert record.spec == spec

@@ -9,7 +9,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from shuffledp.protocol import codec
-from shuffledp.protocol.errors import BadSignature
+from shuffledp.protocol.errors import BadSignature, MalformedMessage
+from shuffledp.protocol.messages import Report
+from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.sealing import open_sealed, report_info, verify
 
 VECTORS = Path(__file__).parent / "vectors"
@@ -50,6 +52,20 @@ def test_sealing_vector_opens_to_its_plaintext():
     private = X25519PrivateKey.from_private_bytes(bytes.fromhex(v["recipient_private_key_hex"]))
     opened = open_sealed(private, bytes.fromhex(v["sealed_hex"]), session, v["round_id"])
     assert opened.hex() == v["plaintext_hex"]
+    # the plaintext is the report followed by zeros up to the round's fixed size
+    report = bytes.fromhex(v["report_hex"])
+    assert len(opened) == v["padded_size"] == report_format(v["round_id"], "hadamard-range").size
+    assert opened == report + bytes(len(opened) - len(report))
+    assert codec.decode_padded(opened, Report) == codec.decode(report, Report)
+
+
+REFUSED = json.loads((VECTORS / "refused.json").read_text())
+
+
+@pytest.mark.parametrize("vector", REFUSED, ids=[v["name"] for v in REFUSED])
+def test_refused_vectors_are_refused(vector):
+    with pytest.raises(MalformedMessage, match=vector["names"]):
+        codec.decode(bytes.fromhex(vector["hex"]))
 
 
 def test_signing_vector_verifies_and_a_changed_message_does_not():
