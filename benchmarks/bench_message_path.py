@@ -25,13 +25,34 @@ from shuffledp.client.client import Client
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.population import Population
 from shuffledp.protocol import codec
-from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec, ShuffledBatch
+from shuffledp.client.mechanisms import randomize_reports
+from shuffledp.protocol.messages import Envelope, HadamardRangeParams, ProjectedMeanParams, Report, RoundSpec
+from shuffledp.protocol.report_format import HPKE_OVERHEAD, report_format
 from shuffledp.protocol.randomness import SeededSource
 from shuffledp.protocol.sealing import SUITE, Sealer, report_info
 from shuffledp.shuffler.service import RoundAdmission
 from shuffledp.simulation import SimulationConfig, run_simulation
 
 N = 20_000
+
+
+def report_sizes(range_spec: RoundSpec, source: SeededSource) -> dict:
+    """Bytes per report before and after padding, over many randomized reports of each mechanism."""
+    mean_spec = RoundSpec(
+        session_id=range_spec.session_id, round_id=1, params=ProjectedMeanParams(-0.7, 4.1), epsilon0=0.5,
+        analyzer_key=range_spec.analyzer_key, min_batch=N, deadline=range_spec.deadline,
+    )
+    out = {}
+    for spec in (range_spec, mean_spec):
+        values = randomize_reports(spec, np.random.default_rng(1).normal(1.7, 3.0, 5000), source)
+        unpadded = [len(codec.encode(Report(spec.round_id, spec.mechanism, v))) + HPKE_OVERHEAD for v in values]
+        layout = report_format(spec.round_id, spec.mechanism)
+        envelope = Envelope(spec.session_id, spec.round_id, bytes(16), bytes(16), bytes(layout.sealed_size))
+        out[spec.mechanism] = {
+            "unpadded_min": min(unpadded), "unpadded_max": max(unpadded),
+            "sealed": layout.sealed_size, "envelope": len(codec.encode(envelope)),
+        }
+    return out
 
 
 def main() -> int:
@@ -86,6 +107,8 @@ def main() -> int:
         full.append(best_of(analyzer_open, repeats=1))
     t_raw, t_full = min(raw), min(full)
 
+    sizes = report_sizes(spec, source)
+
     population = Population("gaussian", 1.7, 1.0, 20.0, 10)
     t0 = time.perf_counter()
     run_simulation(SimulationConfig(population, N, 1.0, path="messages", seed=1))
@@ -100,6 +123,7 @@ def main() -> int:
         "client_reports_per_s": N / t_client,
         "shuffler_admissions_per_s": N / t_admit,
         "end_to_end_users_per_s_two_rounds": N / t_end_to_end,
+        "report_bytes": sizes,
     }
     path = write_result("message_path", result)
     print(f"message path, one core, {N:,} reports")
@@ -109,6 +133,9 @@ def main() -> int:
     print(f"  client randomize+seal+envelope {result['client_reports_per_s']:>10,.0f} /s")
     print(f"  shuffler admission             {result['shuffler_admissions_per_s']:>10,.0f} /s")
     print(f"  end to end, two rounds         {result['end_to_end_users_per_s_two_rounds']:>10,.0f} users/s")
+    for mechanism, row in sizes.items():
+        print(f"  {mechanism:<15} sealed report: unpadded {row['unpadded_min']}-{row['unpadded_max']} B "
+              f"incl. 48 B of HPKE; padded {row['sealed']} B; envelope {row['envelope']} B")
     print(f"wrote {path}")
     return 0
 
