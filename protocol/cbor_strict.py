@@ -22,8 +22,12 @@ first byte that shows it, before it costs anything:
   the input.
 
 Cost: every item consumes at least one input byte and is handled in O(1) work
-plus the copy of its own bytes, so reading an input of L bytes takes O(L) time and
-allocates O(L) memory. :attr:`StrictReader.items` counts the items read; the fuzz
+plus the copy of its own bytes, so reading an input of L bytes takes O(L) time.
+Memory is bounded too: each item is charged :data:`ITEM_COST` bytes (about what a
+small Python object and its list slot take) plus its string length, and reading
+stops once the charge passes ``ALLOCATION_FACTOR * L + ALLOCATION_SLACK``. Without
+it a batch of one-byte strings (2 input bytes each) would become about 20 times its
+size in Python objects. :attr:`StrictReader.items` counts the items read; the fuzz
 tests check ``items <= L``.
 
 Every refusal raises :class:`~shuffledp.protocol.errors.MalformedMessage` with a
@@ -42,6 +46,12 @@ from shuffledp.protocol.errors import MalformedMessage
 #: or an array); 4 leaves room for compatible growth.
 MAX_DEPTH = 4
 
+#: Bytes charged per item read, on top of its string length (a small object plus a list slot).
+ITEM_COST = 40
+#: Reading stops once the charge exceeds ALLOCATION_FACTOR * len(input) + ALLOCATION_SLACK.
+ALLOCATION_FACTOR = 4
+ALLOCATION_SLACK = 8192
+
 _HALF = struct.Struct(">e")
 _SINGLE = struct.Struct(">f")
 _DOUBLE = struct.Struct(">d")
@@ -51,7 +61,7 @@ _UINT = {24: (1, 24), 25: (2, 256), 26: (4, 65536), 27: (8, 1 << 32)}  # width, 
 class StrictReader:
     """Reads one CBOR data item from ``data`` under the rules in the module docstring."""
 
-    __slots__ = ("data", "pos", "end", "items", "max_items")
+    __slots__ = ("data", "pos", "end", "items", "max_items", "charge", "allowance")
 
     def __init__(self, data: bytes, *, max_items: int | None = None) -> None:
         self.data = data
@@ -59,6 +69,8 @@ class StrictReader:
         self.end = len(data)
         self.items = 0
         self.max_items = max_items
+        self.charge = 0
+        self.allowance = ALLOCATION_FACTOR * len(data) + ALLOCATION_SLACK
 
     def fail(self, problem: str) -> MalformedMessage:
         return MalformedMessage(f"CBOR at byte {self.pos}: {problem}")
@@ -93,6 +105,9 @@ class StrictReader:
         if self.pos >= self.end:
             raise self.fail("truncated")
         self.items += 1
+        self.charge += ITEM_COST
+        if self.charge > self.allowance:
+            raise self.fail(f"expands past {ALLOCATION_FACTOR} times its {self.end} bytes in objects")
         initial = self.data[self.pos]
         self.pos += 1
         major = initial >> 5
@@ -103,11 +118,13 @@ class StrictReader:
             return -1 - self._argument(info)
         if major == 2:
             length = self._length(info, "byte string")
+            self.charge += length
             start = self.pos
             self.pos += length
             return self.data[start : self.pos]
         if major == 3:
             length = self._length(info, "text string")
+            self.charge += length
             start = self.pos
             self.pos += length
             try:

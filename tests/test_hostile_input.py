@@ -468,3 +468,13 @@ async def test_coordinator_skips_junk_batches_and_opens_the_real_one():
     await specs.close()
     assert record.opened.size == 4 and not record.opened.rejected
     assert sum(coordinator.rejected_batches.values()) == 4
+
+
+def test_generic_decoder_refuses_a_batch_that_would_expand_in_memory():
+    tiny = codec.encode(m.ShuffledBatch(SESSION, 3, (b"\x01",) * 20_000))  # 40 kB of 1-byte payloads
+    with pytest.raises(MalformedMessage, match="expands"):
+        codec.decode(tiny, m.ShuffledBatch)
+    s = spec()
+    size = report_format(s.round_id, s.mechanism).sealed_size
+    real = m.ShuffledBatch(SESSION, 3, tuple(os.urandom(size) for _ in range(20_000)))
+    assert codec.decode(codec.encode(real), m.ShuffledBatch) == real  # real payloads read in full
