@@ -18,9 +18,11 @@ from typing import Callable
 from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
 from shuffledp.analyzer.service import Analyzer, OpenedBatch
+from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, announce_topic, batch_topic
-from shuffledp.protocol.errors import BatchTooSmall, ShuffleDPError
-from shuffledp.protocol.messages import MAX_BATCH, SESSION_ID_BYTES, MechanismParams, RoundSpec
+from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, ShuffleDPError
+from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundSpec
+from shuffledp.protocol.report_format import report_format
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,17 @@ class ScalarMeanOutcome:
     found_range: RangeEstimate
     mean: MeanEstimate
     rounds: tuple[RoundRecord, RoundRecord]
+
+
+def check_servable(spec: RoundSpec) -> None:
+    """Refuse a round whose largest batch could not be encoded as one shuffled-batch message."""
+    sealed = report_format(spec.round_id, spec.mechanism).sealed_size
+    largest = spec.max_batch * (sealed + 3) + 128  # each payload: a 2-3 byte header and its bytes
+    limit = codec.MESSAGE_TYPES["shuffled-batch"][1]
+    if largest > limit:
+        raise InvalidParameter(
+            "max_batch", f"{spec.max_batch} reports of {sealed} bytes make a {largest}-byte batch, over {limit}"
+        )
 
 
 class Coordinator:
@@ -69,8 +82,15 @@ class Coordinator:
         min_batch: int,
         *,
         delta0: float = 0.0,
-        max_batch: int = MAX_BATCH,
+        max_batch: int | None = None,
     ) -> RoundRecord:
+        """Announce one round and return the first batch that opens to at least ``min_batch`` valid reports.
+
+        ``max_batch`` defaults to ``min_batch``: the shuffler forwards as soon as it holds
+        ``min_batch`` reports, so a longer batch is not the shuffler's, and refusing it
+        before opening bounds the work junk on the batch topic can cost.
+        """
+        max_batch = min_batch if max_batch is None else max_batch
         spec = RoundSpec(
             session_id=self.session_id,
             round_id=self._next_round,
@@ -83,6 +103,7 @@ class Coordinator:
             deadline=time.time() + self.round_timeout,
         )
         self._next_round += 1
+        check_servable(spec)
         batches = await self.channel.subscribe(batch_topic(self.session_id, spec.round_id))
         try:
             await self.channel.publish(announce_topic(self.session_id), self.analyzer.sign_spec(spec), retain=True)
@@ -112,6 +133,11 @@ class Coordinator:
                 opened = self.analyzer.open_batch_bytes(data, spec, self.on_progress)
             except ShuffleDPError as exc:
                 self.rejected_batches[exc.reason] += 1
+                continue
+            if opened.size < spec.min_batch:
+                # Not the round's result: the round was accounted for min_batch reports, and a
+                # short batch (say, one victim's report replayed alone) would void that claim.
+                self.rejected_batches[BatchTooSmall.reason] += 1
                 continue
             return RoundRecord(spec, opened, len(data))
 

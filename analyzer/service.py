@@ -100,7 +100,7 @@ class Analyzer:
         for index, sealed in enumerate(payloads, 1):
             if on_progress is not None and index % 1024 == 0:
                 on_progress(1024)
-            if len(sealed) != sealed_size:
+            if not isinstance(sealed, bytes) or len(sealed) != sealed_size:
                 rejected[WrongSize.reason] += 1
                 continue
             try:

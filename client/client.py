@@ -8,7 +8,8 @@ A :class:`Client` holds one user's samples. Given a signed round spec it
    simulation uses, with a batch of one),
 4. pads each report to the round's fixed size (so its length says nothing about its
    value) and seals it to the analyzer with HPKE, bound to the session and round,
-5. wraps each in an :class:`Envelope` with its admission token and a fresh nonce,
+5. wraps each in an :class:`Envelope` with its admission token (fresh every round
+   unless one was configured) and a fresh nonce,
 6. and only then charges its ledger (an atomic check-and-spend): a round that fails
    anywhere above costs nothing, and nothing is returned for a round not charged.
 
@@ -40,8 +41,8 @@ class RoundExpired(ShuffleDPError):
 
 def verified_spec(signed: SignedRoundSpec | bytes, analyzer_signing_key: bytes) -> RoundSpec:
     """Decode a signed spec, check its signature, and return the RoundSpec it carries."""
-    if isinstance(signed, bytes):
-        signed = codec.decode(signed, SignedRoundSpec)
+    if not isinstance(signed, SignedRoundSpec):
+        signed = codec.decode(signed, SignedRoundSpec)  # bytes-like, or a typed MalformedMessage
     verify(analyzer_signing_key, signed.spec_bytes, signed.signature)
     return codec.decode(signed.spec_bytes, RoundSpec)
 
@@ -64,12 +65,17 @@ class Client:
             raise InvalidParameter("samples", "must not be empty")
         if not isinstance(ledger, PrivacyLedger):
             raise InvalidParameter("ledger", f"must be a PrivacyLedger, got {type(ledger).__name__}")
-        self.local_mean = float(samples.mean())
+        with np.errstate(over="ignore"):
+            self.local_mean = float(samples.mean())
+        if not np.isfinite(self.local_mean):
+            raise InvalidParameter("samples", "their mean overflows a double")
         self.analyzer_signing_key = analyzer_signing_key
         self.ledger = ledger
-        self.token = token if token is not None else os.urandom(TOKEN_BYTES)
-        if not isinstance(self.token, bytes) or len(self.token) != TOKEN_BYTES:
+        if token is not None and (not isinstance(token, bytes) or len(token) != TOKEN_BYTES):
             raise InvalidParameter("token", f"must be {TOKEN_BYTES} bytes")
+        #: A fixed admission token, or None: a fresh random token every round, so the
+        #: shuffler and the broker cannot link one device's envelopes across rounds.
+        self.token = token
         self.source = source if source is not None else SystemSource()
         self.clock = clock
 
@@ -94,6 +100,7 @@ class Client:
         layout = report_format(spec.round_id, spec.mechanism)
         payload = layout.pad(codec.encode(Report(spec.round_id, spec.mechanism, values)))
         sealed = sealer.seal(payload, spec.session_id, spec.round_id)
-        envelope = codec.encode(Envelope(spec.session_id, spec.round_id, self.token, os.urandom(NONCE_BYTES), sealed))
+        token = self.token if self.token is not None else os.urandom(TOKEN_BYTES)
+        envelope = codec.encode(Envelope(spec.session_id, spec.round_id, token, os.urandom(NONCE_BYTES), sealed))
         self.ledger.spend(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
         return [envelope]

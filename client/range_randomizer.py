@@ -48,7 +48,7 @@ def keep_probability(epsilon: float) -> float:
 
 def bin_index(local_means: np.ndarray, params: HadamardRangeParams) -> np.ndarray:
     """Index of the bin centre nearest to each local mean (values outside are clamped)."""
-    y = np.asarray(local_means, dtype=np.float64)
+    y = np.clip(np.asarray(local_means, dtype=np.float64), params.low, params.high)  # before the cast: no int64 wrap
     index = np.floor((y - params.low) / (2.0 * params.tau)).astype(np.int64)
     return np.clip(index, 0, params.num_bins - 1)
 

@@ -17,7 +17,7 @@ first byte that shows it, before it costs anything:
   exactly, map keys in strictly increasing bytewise order of their encodings (which
   also refuses duplicate keys);
 * nesting depth at most :data:`MAX_DEPTH`, array and map lengths at most
-  ``max_items`` and never more than the bytes that remain (every item takes at
+  ``max_items`` (arrays only) and never more than the bytes that remain (every item takes at
   least one byte), so a declared length cannot make the reader allocate ahead of
   the input.
 
@@ -64,6 +64,7 @@ class StrictReader:
     __slots__ = ("data", "pos", "end", "items", "max_items", "charge", "allowance")
 
     def __init__(self, data: bytes, *, max_items: int | None = None) -> None:
+        data = as_bytes(data)
         self.data = data
         self.pos = 0
         self.end = len(data)
@@ -144,7 +145,7 @@ class StrictReader:
         if depth >= MAX_DEPTH:
             raise self.fail(f"nesting deeper than {MAX_DEPTH}")
         count = self._length(info, what)
-        if self.max_items is not None and count > self.max_items:
+        if what == "array" and self.max_items is not None and count > self.max_items:
             raise self.fail(f"{what} of {count} items, over the limit of {self.max_items}")
         return count
 
@@ -186,6 +187,18 @@ class StrictReader:
             raise self.fail("float not in its shortest exact form")
         self.pos = stop
         return value
+
+
+def as_bytes(data: object) -> bytes:
+    """``data`` as ``bytes`` if it is bytes-like, else :class:`MalformedMessage` (never an untyped error)."""
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        try:
+            return bytes(data)
+        except (TypeError, ValueError, BufferError) as exc:
+            raise MalformedMessage(f"unreadable buffer ({type(exc).__name__})") from None
+    raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
 
 
 def _fits(value: float, narrower: struct.Struct) -> bool:

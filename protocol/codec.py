@@ -26,7 +26,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import cbor2
 
 from shuffledp.protocol import messages as m
-from shuffledp.protocol.cbor_strict import StrictReader
+from shuffledp.protocol.cbor_strict import StrictReader, as_bytes
 from shuffledp.protocol.errors import (
     InvalidParameter,
     MalformedMessage,
@@ -144,7 +144,7 @@ def decode(data: bytes, expected: type[T] | None = None, *, max_items: int | Non
     limit = MESSAGE_TYPES[_TYPE_OF[expected]][1] if expected in _TYPE_OF else MAX_MESSAGE_BYTES
     if len(data) > limit:
         raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
-    raw = bytes(data)
+    raw = as_bytes(data)
     reader = StrictReader(raw, max_items=max_items)
     body = reader.read()
     if reader.pos != len(raw):
@@ -158,12 +158,14 @@ def decode_padded(data: bytes, expected: type[T]) -> T:
     The general, schema-driven reader of a padded report: the analyzer's hot path
     (:meth:`ReportFormat.values`) must accept exactly what this accepts for the round.
     """
+    if expected not in _TYPE_OF:
+        raise InvalidParameter("expected", f"must be a wire message class, got {expected!r}")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
     limit = MESSAGE_TYPES[_TYPE_OF[expected]][1]
     if len(data) > limit:
         raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
-    raw = bytes(data)
+    raw = as_bytes(data)
     reader = StrictReader(raw)
     body = reader.read()
     if raw[reader.pos :].count(0) != len(raw) - reader.pos:

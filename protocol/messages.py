@@ -20,6 +20,7 @@ The wire encoding of all of these lives in :mod:`shuffledp.protocol.codec`.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
@@ -131,6 +132,8 @@ class HadamardRangeParams:
             f"gives {self.num_bins} bins over [{self.low}, {self.high}]; at most {MAX_BINS} allowed",
         )
         _resolvable(self.low, self.high, 2.0 * self.tau, "tau")
+        # the announced range [centre - 3 tau, centre + 3 tau] must stay finite too
+        _require(math.isfinite(abs(self.low) + abs(self.high) + 8.0 * self.tau), "tau", "announced range overflows")
 
     def check_budget(self, epsilon: float, delta: float) -> None:
         """Randomized response needs nothing beyond the common epsilon range."""
@@ -211,6 +214,14 @@ class ProjectedMeanParams:
             "epsilon0",
             f"gives a noise scale of {scale:.3g} grid units with {self.grid_levels} levels; "
             f"at most {MAX_NOISE_SCALE:.3g} (raise epsilon0 or lower grid_levels)",
+        )
+        # A decoded report lies within (G + 2B) steps of [lower, upper], with B below 64 noise
+        # scales (mean_randomizer.noise_tail_bound); MAX_BATCH of them must still sum to a finite float.
+        extent = max(abs(self.lower), abs(self.upper)) + (self.grid_levels + 64.0 * scale) * self.step
+        _require(
+            extent * MAX_BATCH < sys.float_info.max,
+            "upper",
+            f"reports may decode to magnitude {extent:.3g}; a sum of {MAX_BATCH} of them overflows a double",
         )
 
     @property

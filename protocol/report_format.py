@@ -30,8 +30,8 @@ from __future__ import annotations
 import functools
 
 from shuffledp.protocol import codec
-from shuffledp.protocol.cbor_strict import StrictReader
-from shuffledp.protocol.errors import MalformedMessage
+from shuffledp.protocol.cbor_strict import StrictReader, as_bytes
+from shuffledp.protocol.errors import MalformedMessage, MessageTooLarge
 from shuffledp.protocol.messages import MECHANISMS, WIRE_VERSION, Report
 
 #: Bytes HPKE adds to a plaintext: the X25519 encapsulated key (32) and the AEAD tag (16).
@@ -90,7 +90,7 @@ class ReportFormat:
         mechanism or shape, a non-shortest integer, non-zero padding. Value *ranges*
         beyond the format's ``|v| < 2**62`` are the mechanism's to check.
         """
-        data = plaintext
+        data = as_bytes(plaintext)
         if len(data) != self.size:
             raise WrongSize(f"report plaintext of {len(data)} bytes, expected {self.size}")
         prefix = self._prefix
@@ -165,8 +165,10 @@ def batch_payloads(data: bytes, session_id: bytes, round_id: int, sealed_size: i
     other shape raises :class:`MalformedMessage`; ``codec.decode`` reads it in
     general form (and the test suite checks the two agree).
     """
-    if not isinstance(data, (bytes, bytearray)):
-        raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+    data = as_bytes(data)
+    limit = codec.MESSAGE_TYPES["shuffled-batch"][1]
+    if len(data) > limit:
+        raise MessageTooLarge(f"batch of {len(data)} bytes, over the limit of {limit}")
     prefix = b"\xa5\x61t\x6eshuffled-batch\x61v" + _uint_header(0, WIRE_VERSION) + b"\x68payloads"
     suffix = b"\x68round_id" + _uint_header(0, round_id) + b"\x6asession_id" + _uint_header(2, len(session_id)) + session_id
     if not data.startswith(prefix):

@@ -147,7 +147,11 @@ class Shuffler:
                     self.rejected_announcements[INTERNAL_ERROR] += 1
                     _log.exception("shuffler announcement: untyped exception")
                     continue
-                await self.run_round(spec, data)
+                try:
+                    await self.run_round(spec, data)
+                except ShuffleDPError as exc:  # e.g. a batch too large to encode: the round fails, the service goes on
+                    self.rounds[spec.round_id].outcome = exc.reason
+                    _log.warning("shuffler: round %d failed: %s", spec.round_id, exc)
         finally:
             await announcements.close()
 

@@ -456,7 +456,9 @@ async def test_coordinator_skips_junk_batches_and_opens_the_real_one():
         topic = batch_topic(SESSION, s.round_id)
         size = len(real[0])
         for junk in (b"\x00", os.urandom(5000), codec.encode(m.ShuffledBatch(SESSION, s.round_id, (b"x",) * 3)),
-                     codec.encode(m.ShuffledBatch(SESSION, s.round_id + 1, (bytes(size),)))):
+                     codec.encode(m.ShuffledBatch(SESSION, s.round_id + 1, (bytes(size),))),
+                     codec.encode(m.ShuffledBatch(SESSION, s.round_id, ())),  # an empty "result"
+                     codec.encode(m.ShuffledBatch(SESSION, s.round_id, (real[0],)))):  # one victim, unshuffled
             await channel.publish(topic, junk)
         await channel.publish(topic, codec.encode(m.ShuffledBatch(SESSION, s.round_id, tuple(real))))
 
@@ -467,7 +469,8 @@ async def test_coordinator_skips_junk_batches_and_opens_the_real_one():
     await helper
     await specs.close()
     assert record.opened.size == 4 and not record.opened.rejected
-    assert sum(coordinator.rejected_batches.values()) == 4
+    assert sum(coordinator.rejected_batches.values()) == 6
+    assert coordinator.rejected_batches["batch-too-small"] == 2
 
 
 def test_generic_decoder_refuses_a_batch_that_would_expand_in_memory():
@@ -478,3 +481,89 @@ def test_generic_decoder_refuses_a_batch_that_would_expand_in_memory():
     size = report_format(s.round_id, s.mechanism).sealed_size
     real = m.ShuffledBatch(SESSION, 3, tuple(os.urandom(size) for _ in range(20_000)))
     assert codec.decode(codec.encode(real), m.ShuffledBatch) == real  # real payloads read in full
+
+
+# --------------------------------------------------------------------------
+# found by the attacker review
+# --------------------------------------------------------------------------
+
+
+def test_huge_finite_means_fall_in_the_last_bin_not_the_first():
+    params = m.HadamardRangeParams(0.0, 1.0, 1 / 64)
+    from shuffledp.client.range_randomizer import bin_index
+
+    np.testing.assert_array_equal(bin_index(np.array([1e18, 1e308, -1e308]), params), [31, 31, 0])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: spec(m.ProjectedMeanParams(-5e306, 5e306, "laplace", 4096)),  # decoded reports overflow a sum
+        lambda: m.HadamardRangeParams(0.0, 1.0, 1.5e308),  # 2 tau is infinite
+    ],
+)
+def test_ranges_whose_decoded_values_overflow_are_refused(make):
+    with pytest.raises(InvalidParameter):
+        make()
+
+
+def test_finite_samples_whose_mean_overflows_are_refused():
+    with pytest.raises(InvalidParameter, match="overflows"):
+        Client(np.array([1e308, 1e308]), ANALYZER.keys.signing_public, PrivacyLedger(1.0))
+
+
+@pytest.mark.parametrize("bad", [None, "text", 5, memoryview(b"\xff"), bytearray(b"\x1c")])
+def test_every_entry_point_types_its_refusal_of_non_bytes(bad):
+    from shuffledp.protocol.cbor_strict import loads
+
+    s = spec()
+    layout = report_format(s.round_id, s.mechanism)
+    for call in (
+        lambda: loads(bad),
+        lambda: codec.decode(bad),
+        lambda: codec.decode_padded(bad, m.Report),
+        lambda: layout.values(bad),
+        lambda: batch_payloads(bad, SESSION, 3, layout.sealed_size, 10),
+        lambda: client().answer(bad),
+        lambda: RoundAdmission(s).admit(bad),
+    ):
+        with pytest.raises(ShuffleDPError):
+            call()
+    opened = ANALYZER.open_payloads([bad], s)
+    assert opened.rejected == Counter({"wrong-size": 1})
+    assert loads(memoryview(b"\x61a")) == "a" and loads(bytearray(b"\xa0")) == {}  # bytes-like input is read
+
+
+def test_a_bytearray_batch_opens_like_bytes():
+    s = spec()
+    signed = ANALYZER.sign_spec(s)
+    real = tuple(sealed_of(client(0.1 * i).answer(signed)[0]) for i in range(3))
+    data = codec.encode(m.ShuffledBatch(SESSION, s.round_id, real))
+    opened = ANALYZER.open_batch_bytes(bytearray(data), s)
+    assert opened.size == 3 and not opened.rejected
+
+
+def test_max_items_bounds_arrays_not_the_message_map():
+    s = spec(max_batch=2)
+    size = report_format(s.round_id, s.mechanism).sealed_size
+    batch = m.ShuffledBatch(SESSION, 3, (bytes(size), bytes([1]) * size))
+    assert codec.decode(codec.encode(batch), m.ShuffledBatch, max_items=s.max_batch) == batch
+
+
+def test_tokens_are_fresh_every_round_unless_configured():
+    c = client()
+    tokens = {codec.decode(c.answer(ANALYZER.sign_spec(spec(round_id=r)))[0], m.Envelope).token for r in range(4)}
+    assert len(tokens) == 4
+    fixed = Client(np.array([0.1]), ANALYZER.keys.signing_public, PrivacyLedger(9.0), token=bytes(16))
+    assert {codec.decode(fixed.answer(ANALYZER.sign_spec(spec(round_id=r)))[0], m.Envelope).token for r in range(2)} == {
+        bytes(16)
+    }
+
+
+def test_coordinator_refuses_to_announce_a_round_whose_batch_cannot_be_encoded():
+    from shuffledp.analyzer.coordinator import check_servable
+
+    check_servable(spec(max_batch=1_000_000))
+    with pytest.raises(InvalidParameter) as info:
+        check_servable(spec(max_batch=m.MAX_BATCH))
+    assert info.value.parameter == "max_batch"

@@ -128,7 +128,7 @@ def test_valid_range_answer_opens_to_report():
     out = c.answer(ANALYZER.sign_spec(s))
     assert len(out) == 1
     envelope = codec.decode(out[0], Envelope)
-    assert envelope.token == c.token and len(envelope.nonce) == 16
+    assert c.token is None and len(envelope.token) == 16 and len(envelope.nonce) == 16  # a fresh token per round
     report = open_envelope(out[0], s)
     assert report.round_id == 5 and report.mechanism == "hadamard-range"
     row, bit = report.values
