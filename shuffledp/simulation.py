@@ -168,7 +168,7 @@ def _fast_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress
         )
         if progress:
             progress("mean round", count)
-    return found, mean_params, estimate_mean(values, mean_params), _fast_round_sizes(config, protocol, rows, bits, values)
+    return found, mean_params, estimate_mean(values, mean_params), _fast_round_sizes(config, protocol)
 
 
 def parse_broker(address: str) -> tuple[str, int]:
@@ -347,19 +347,16 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
     )
 
 
-def _fast_round_sizes(config: SimulationConfig, protocol: ScalarMeanConfig, rows, bits, values) -> list[dict[str, Any]]:
-    """Messages and exact wire bytes per round had the fast path's reports been sent."""
+def _fast_round_sizes(config: SimulationConfig, protocol: ScalarMeanConfig) -> list[dict[str, Any]]:
+    """Messages and exact wire bytes per round had the fast path's reports been sent (one size per round)."""
     from shuffledp.protocol.wire_size import total_envelope_bytes
 
-    range_values = np.stack([rows, bits.astype(np.int64)], axis=1)
     return [
         {
             "mechanism": mechanism,
             "epsilon0": protocol.round_epsilon,
             "messages": config.n,
-            "envelope_bytes": total_envelope_bytes(mechanism, report_values, round_id),
+            "envelope_bytes": total_envelope_bytes(mechanism, config.n, round_id),
         }
-        for round_id, (mechanism, report_values) in enumerate(
-            (("hadamard-range", range_values), ("projected-mean", values[:, None]))
-        )
+        for round_id, mechanism in enumerate(("hadamard-range", "projected-mean"))
     ]

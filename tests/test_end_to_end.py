@@ -81,6 +81,14 @@ def test_message_path_accuracy():
     assert [r["mechanism"] for r in result.rounds] == ["hadamard-range", "projected-mean"]
 
 
+def test_fast_path_counts_the_bytes_the_message_path_sends():
+    """Reports are padded to one size per round, so both paths count the same envelope bytes."""
+    fast, messages = (
+        run_simulation(SimulationConfig(SMALL_POPULATION, 300, 1.0, seed=3, path=path)) for path in ("fast", "messages")
+    )
+    assert [r["envelope_bytes"] for r in fast.rounds] == [r["envelope_bytes"] for r in messages.rounds]
+
+
 def runs(path: str, seeds) -> list:
     return [run_simulation(SimulationConfig(SMALL_POPULATION, 300, 1.0, seed=s, path=path)) for s in seeds]
 
