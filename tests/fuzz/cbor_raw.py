@@ -65,6 +65,23 @@ class Raw(Node):
 
 
 @dataclass
+class Head(Node):
+    """A bare head of any major type: ``arg`` at a forced ``width``, or a raw ``info`` value
+    (24..31: e.g. 28-30 reserved, 31 indefinite/break) with no argument bytes. Nothing follows
+    it, so a head that declares content (a string length, an item count, a tag) dangles."""
+
+    major: int
+    arg: int = 0
+    width: int | None = None
+    info: int | None = None
+
+    def encode(self) -> bytes:
+        if self.info is not None:
+            return bytes([(self.major << 5) | self.info])
+        return head(self.major, self.arg, self.width)
+
+
+@dataclass
 class Int(Node):
     """An integer, optionally with a forced argument width; outside 64 bits it becomes a bignum tag."""
 
@@ -269,12 +286,19 @@ def shared_ref(index: int) -> Tag:
 
 
 def nest(value: Any, depth: int, kind: str = "array") -> Any:
-    """``value`` wrapped in ``depth`` arrays (or single-entry maps, or tags)."""
+    """``value`` wrapped in ``depth`` arrays (or single-entry maps, or tags).
+
+    Deep nests are returned as :class:`Raw` bytes, so encoding (and copying) them
+    never recurses ``depth`` times in Python.
+    """
+    prefix = {"array": b"\x81", "map": b"\xa1\x61k", "tag": b"\xc0"}[kind]
+    if depth > 50:
+        return Raw(prefix * depth + encode(value))
     for _ in range(depth):
         if kind == "array":
             value = Array([value])
         elif kind == "map":
-            value = Map([("k", value)])
+            value = Map([["k", value]])
         else:
             value = Tag(0, value)
     return value
