@@ -42,8 +42,42 @@ def reports_topic(session_id: bytes, round_id: int) -> str:
 
 
 def batch_topic(session_id: bytes, round_id: int) -> str:
-    """Shuffler -> analyzer: the shuffled batch of one round."""
+    """Shuffler -> analyzer: the signed chunks of one round's shuffled batch."""
     return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/batch"
+
+
+def receipts_topic(session_id: bytes, round_id: int) -> str:
+    """Shuffler -> clients: signed admission receipts (which nonces were admitted or refused)."""
+    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/receipts"
+
+
+def outcome_topic(session_id: bytes, round_id: int) -> str:
+    """Shuffler -> clients and analyzer: the signed outcome of a round, released or failed (retained)."""
+    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/outcome"
+
+
+def acks_topic(session_id: bytes) -> str:
+    """Analyzer -> shuffler: signed acknowledgements of the batches it has opened."""
+    return f"{TOPIC_ROOT}/{session_id.hex()}/acks"
+
+
+#: Who may do what on the broker, by role (MQTT topic filters; ``+`` matches one level).
+#: The broker's ACL file is generated from this table (``shuffledp.broker``), so the
+#: topic layout and its access rules cannot drift apart.
+TOPIC_ACCESS: dict[str, dict[str, tuple[str, ...]]] = {
+    "analyzer": {
+        "write": (f"{TOPIC_ROOT}/+/announce", f"{TOPIC_ROOT}/+/acks"),
+        "read": (f"{TOPIC_ROOT}/+/+/batch", f"{TOPIC_ROOT}/+/+/outcome", f"{TOPIC_ROOT}/+/spec"),
+    },
+    "shuffler": {
+        "write": (f"{TOPIC_ROOT}/+/spec", f"{TOPIC_ROOT}/+/+/batch", f"{TOPIC_ROOT}/+/+/receipts", f"{TOPIC_ROOT}/+/+/outcome"),
+        "read": (f"{TOPIC_ROOT}/+/announce", f"{TOPIC_ROOT}/+/+/reports", f"{TOPIC_ROOT}/+/acks"),
+    },
+    "client": {
+        "write": (f"{TOPIC_ROOT}/+/+/reports",),
+        "read": (f"{TOPIC_ROOT}/+/spec", f"{TOPIC_ROOT}/+/+/receipts", f"{TOPIC_ROOT}/+/+/outcome"),
+    },
+}
 
 
 class Subscription(Protocol):
