@@ -1,9 +1,14 @@
 """The analyzer's coordinator: drives multi-round protocols over a channel.
 
-For each round it builds a RoundSpec, signs it, subscribes to the round's batch
-topic, announces the spec to the shuffler, waits for the shuffled batch (until the
-round's deadline plus a grace period) and opens it. :meth:`Coordinator.scalar_mean`
-runs Algorithm 1 (range round, then mean round) this way.
+For each round it builds a RoundSpec naming the analyzer's sealing key and the one
+shuffler it trusts (that shuffler's sealing and signing keys), signs it, subscribes
+to the round's batch and outcome topics, announces the spec, and assembles the
+shuffled batch from its signed chunks, opening each as it arrives (until the round's
+deadline plus a grace period). It accepts only chunks signed by the shuffler the
+spec names, takes the first batch id to complete with at least ``min_batch`` valid
+reports, and acknowledges it with a signed :class:`BatchAck`; a signed ``failed``
+outcome from the shuffler ends the wait early. :meth:`Coordinator.scalar_mean` runs
+Algorithm 1 (range round, then mean round) this way.
 """
 
 from __future__ import annotations
@@ -17,21 +22,44 @@ from typing import Callable
 
 from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
-from shuffledp.analyzer.service import Analyzer, OpenedBatch
+from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch
 from shuffledp.protocol import codec
-from shuffledp.protocol.channel import Channel, announce_topic, batch_topic
-from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, ShuffleDPError
-from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundSpec
-from shuffledp.protocol.report_format import report_format
+from shuffledp.protocol.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
+from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
+from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, ShuffledBatch
+from shuffledp.protocol.onion import decode_verified, verify_encoded
+from shuffledp.protocol.report_format import read_batch_chunk, report_format
+
+
+@dataclass(frozen=True)
+class ShufflerIdentity:
+    """The public keys of the shuffler a session trusts: sealing (X25519) and signing (Ed25519)."""
+
+    hpke_public: bytes
+    signing_public: bytes
 
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One completed round: its spec, what was opened, and the bytes the batch took."""
+    """One completed round: its spec, what was opened, the bytes its chunks took, and its batch id."""
 
     spec: RoundSpec
     opened: OpenedBatch
     batch_bytes: int
+    batch_id: bytes = b""
+    chunks: int = 1
+
+
+class _Assembly:
+    """The chunks of one batch id received so far, opened as they came."""
+
+    def __init__(self, chunks: int, total: int, opening: BatchOpening) -> None:
+        self.chunks = chunks
+        self.total = total
+        self.opening = opening
+        self.seen: set[int] = set()
+        self.received = 0
+        self.bytes = 0
 
 
 @dataclass(frozen=True)
@@ -44,7 +72,7 @@ class ScalarMeanOutcome:
 def check_servable(spec: RoundSpec) -> None:
     """Refuse a round whose largest batch could not be encoded as one shuffled-batch message."""
     sealed = report_format(spec.round_id, spec.mechanism).sealed_size
-    largest = spec.max_batch * (sealed + 3) + 128  # each payload: a 2-3 byte header and its bytes
+    largest = spec.max_batch * (sealed + 3) + 256  # each payload: a 2-3 byte header and its bytes
     limit = codec.MESSAGE_TYPES["shuffled-batch"][1]
     if largest > limit:
         raise InvalidParameter(
@@ -59,6 +87,7 @@ class Coordinator:
         self,
         channel: Channel,
         analyzer: Analyzer,
+        shuffler: ShufflerIdentity,
         *,
         session_id: bytes | None = None,
         round_timeout: float = 60.0,
@@ -67,6 +96,7 @@ class Coordinator:
     ) -> None:
         self.channel = channel
         self.analyzer = analyzer
+        self.shuffler = shuffler
         self.session_id = session_id if session_id is not None else os.urandom(SESSION_ID_BYTES)
         self.round_timeout = round_timeout
         self.grace = grace
@@ -98,6 +128,8 @@ class Coordinator:
             epsilon0=epsilon0,
             delta0=delta0,
             analyzer_key=self.analyzer.keys.hpke_public,
+            shuffler_key=self.shuffler.hpke_public,
+            shuffler_signing_key=self.shuffler.signing_public,
             min_batch=min_batch,
             max_batch=max_batch,
             deadline=time.time() + self.round_timeout,
@@ -105,41 +137,103 @@ class Coordinator:
         self._next_round += 1
         check_servable(spec)
         batches = await self.channel.subscribe(batch_topic(self.session_id, spec.round_id))
+        outcomes = await self.channel.subscribe(outcome_topic(self.session_id, spec.round_id))
         try:
             await self.channel.publish(announce_topic(self.session_id), self.analyzer.sign_spec(spec), retain=True)
-            return await self._first_valid_batch(spec, batches)
+            record = await self._first_valid_batch(spec, batches, outcomes)
         finally:
             await batches.close()
+            await outcomes.close()
+        await self.channel.publish(acks_topic(self.session_id), self.analyzer.acknowledge(spec, record.batch_id))
+        return record
 
-    async def _first_valid_batch(self, spec: RoundSpec, batches) -> RoundRecord:
-        """Open the first batch on the topic that reads as a batch of this round.
+    async def _first_valid_batch(self, spec: RoundSpec, batches, outcomes) -> RoundRecord:
+        """Assemble and open the first batch of this round, signed by its shuffler, to complete.
 
-        Anyone who can publish to the batch topic can send junk there; such bytes are
-        counted in :attr:`rejected_batches` by reason and the coordinator keeps
-        waiting, until the round's deadline plus the grace period.
+        Anyone who can publish to the batch topic can send bytes there; anything that
+        is not a chunk of this round signed by the spec's shuffler is counted in
+        :attr:`rejected_batches` by reason and ignored, before it costs more than one
+        hash. Signed chunks are opened as they arrive; a chunk index already held is
+        a re-delivery and is skipped, so a batch counts exactly once.
         """
-        deadline = asyncio.get_running_loop().time() + self.round_timeout + self.grace
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            try:
-                if remaining <= 0:
-                    raise asyncio.TimeoutError
-                data = await asyncio.wait_for(batches.get(), timeout=remaining)
-            except asyncio.TimeoutError:
-                raise BatchTooSmall(
-                    f"round {spec.round_id}: no batch of at least {spec.min_batch} reports by the deadline"
-                ) from None
-            try:
-                opened = self.analyzer.open_batch_bytes(data, spec, self.on_progress)
-            except ShuffleDPError as exc:
-                self.rejected_batches[exc.reason] += 1
-                continue
-            if opened.size < spec.min_batch:
-                # Not the round's result: the round was accounted for min_batch reports, and a
-                # short batch (say, one victim's report replayed alone) would void that claim.
-                self.rejected_batches[BatchTooSmall.reason] += 1
-                continue
-            return RoundRecord(spec, opened, len(data))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.round_timeout + self.grace
+        layout = report_format(spec.round_id, spec.mechanism)
+        assemblies: dict[bytes, _Assembly] = {}
+        inbox: asyncio.Queue = asyncio.Queue()
+        pumps = [
+            asyncio.create_task(_pump(batches, "batch", inbox)),
+            asyncio.create_task(_pump(outcomes, "outcome", inbox)),
+        ]
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                try:
+                    if remaining <= 0:
+                        raise asyncio.TimeoutError
+                    kind, data = await asyncio.wait_for(inbox.get(), timeout=remaining)
+                except asyncio.TimeoutError:
+                    raise BatchTooSmall(
+                        f"round {spec.round_id}: no batch of at least {spec.min_batch} reports by the deadline"
+                    ) from None
+                if kind == "outcome":
+                    self._check_outcome(spec, data)
+                    continue
+                record = self._take_chunk(spec, layout.sealed_size, assemblies, data)
+                if record is not None:
+                    return record
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    def _check_outcome(self, spec: RoundSpec, data: bytes) -> None:
+        """Raise :class:`BatchTooSmall` if the round's shuffler signed that the round failed."""
+        try:
+            outcome = decode_verified(data, RoundOutcome, spec.shuffler_signing_key)
+        except ShuffleDPError as exc:
+            self.rejected_batches[f"outcome-{exc.reason}"] += 1
+            return
+        if (outcome.session_id, outcome.round_id) == (spec.session_id, spec.round_id) and outcome.outcome == "failed":
+            raise BatchTooSmall(
+                f"round {spec.round_id}: the shuffler reports the round failed ({outcome.reason}, "
+                f"{outcome.admitted} of {spec.min_batch} reports)"
+            )
+
+    def _take_chunk(self, spec: RoundSpec, sealed_size: int, assemblies: dict, data: bytes) -> RoundRecord | None:
+        try:
+            chunk = read_batch_chunk(data, spec.session_id, spec.round_id, sealed_size, spec.max_batch)
+            verify_encoded(spec.shuffler_signing_key, ShuffledBatch, chunk.digest, chunk.signature)
+            assembly = assemblies.get(chunk.batch_id)
+            if assembly is None:
+                assembly = assemblies[chunk.batch_id] = _Assembly(
+                    chunk.chunks, chunk.total, BatchOpening(self.analyzer, spec, self.on_progress)
+                )
+            if (chunk.chunks, chunk.total) != (assembly.chunks, assembly.total):
+                raise MalformedMessage("chunk disagrees with its batch on the number of chunks or reports")
+            if chunk.chunk in assembly.seen:
+                self.rejected_batches["redelivered-chunk"] += 1
+                return None
+            assembly.opening.add(chunk.payloads)
+        except ShuffleDPError as exc:
+            self.rejected_batches[exc.reason] += 1
+            return None
+        assembly.seen.add(chunk.chunk)
+        assembly.received += chunk.size
+        assembly.bytes += len(data)
+        if len(assembly.seen) < assembly.chunks:
+            return None
+        del assemblies[chunk.batch_id]
+        if assembly.received != assembly.total:
+            self.rejected_batches["incomplete-batch"] += 1
+            return None
+        opened = assembly.opening.finish()
+        if opened.size < spec.min_batch:
+            # Not the round's result: the round was accounted for min_batch reports, and a
+            # short batch (say, junk that fails to open) would void that claim.
+            self.rejected_batches[BatchTooSmall.reason] += 1
+            return None
+        return RoundRecord(spec, opened, assembly.bytes, chunk.batch_id, assembly.chunks)
 
     async def scalar_mean(self, config: ScalarMeanConfig, min_batch: int) -> ScalarMeanOutcome:
         """Algorithm 1 over the channel: range at eps0/2, then the projected mean at eps0/2."""
@@ -150,3 +244,9 @@ class Coordinator:
         )
         mean = estimate_mean(second.opened.values[:, 0], second.spec.params)
         return ScalarMeanOutcome(found, mean, (first, second))
+
+
+async def _pump(subscription, kind: str, inbox: asyncio.Queue) -> None:
+    """Forward a subscription's messages into a shared inbox, tagged with their kind."""
+    while True:
+        inbox.put_nowait((kind, await subscription.get()))

@@ -6,22 +6,32 @@ a payload of the wrong size, that fails to open, repeats an encapsulated key,
 does not follow the round's report layout, or carries a value no honest
 randomizer produces is rejected and counted by reason, never trusted and never
 fatal.
+
+Batches arrive in signed chunks (:class:`~shuffledp.protocol.messages.ShuffledBatch`);
+a :class:`BatchOpening` opens them as they come, and with ``workers > 1`` spreads
+the HPKE work over that many processes (the duplicate check stays in the parent,
+so it spans the whole batch).
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from shuffledp.client.mechanisms import report_ranges
 from shuffledp.protocol import codec
-from shuffledp.protocol.errors import DuplicateReport, ShuffleDPError, UnknownRound, ValueOutOfRange
-from shuffledp.protocol.messages import RoundSpec, ShuffledBatch, SignedRoundSpec
-from shuffledp.protocol.report_format import WrongSize, batch_payloads, report_format
+from shuffledp.protocol.errors import DuplicateReport, MalformedMessage, ShuffleDPError, UnknownRound, ValueOutOfRange
+from shuffledp.protocol.messages import BatchAck, RoundSpec, ShuffledBatch, SignedRoundSpec
+from shuffledp.protocol.onion import signed, verify_encoded, verify_signed
+from shuffledp.protocol.report_format import WrongSize, read_batch_chunk, report_format
 from shuffledp.protocol.sealing import ENCAPSULATED_KEY_BYTES, AnalyzerKeys, ReportOpener, sign
 
 _log = logging.getLogger(__name__)
@@ -41,92 +51,187 @@ class OpenedBatch:
         return int(self.values.shape[0])
 
 
-class Analyzer:
-    """Holds the analyzer keys; signs specs and opens batches."""
+#: Below this many payloads a chunk is opened in the calling process (a process hop costs more).
+PARALLEL_THRESHOLD = 2048
 
-    def __init__(self, keys: AnalyzerKeys | None = None) -> None:
+
+def _open_rows(
+    private: X25519PrivateKey, session_id: bytes, round_id: int, mechanism: str, payloads: Sequence[bytes]
+) -> tuple[list[tuple[int, ...]], Counter]:
+    """Open sealed payloads of one round (sizes and duplicates already checked): their values, and refusals by reason."""
+    read_values = report_format(round_id, mechanism).values
+    open_one = ReportOpener(private, session_id, round_id).open
+    rows: list[tuple[int, ...]] = []
+    rejected: Counter = Counter()
+    for sealed in payloads:
+        try:
+            rows.append(read_values(open_one(sealed)))
+        except ShuffleDPError as exc:
+            rejected[exc.reason] += 1
+        except Exception:  # a bug, not an input class: count it loudly, keep going
+            rejected[INTERNAL_ERROR] += 1
+            _log.exception("analyzer: untyped exception opening a %d-byte payload", len(sealed))
+    return rows, rejected
+
+
+_worker_key: X25519PrivateKey | None = None
+
+
+def _worker_init(private_bytes: bytes) -> None:
+    global _worker_key
+    _worker_key = X25519PrivateKey.from_private_bytes(private_bytes)
+
+
+def _worker_open(session_id: bytes, round_id: int, mechanism: str, payloads: list[bytes]):
+    assert _worker_key is not None
+    return _open_rows(_worker_key, session_id, round_id, mechanism, payloads)
+
+
+class BatchOpening:
+    """Opens one round's batch incrementally: :meth:`add` each chunk's payloads, then :meth:`finish`.
+
+    Each payload must be the round's fixed sealed size, carry an HPKE encapsulated key
+    not seen before in this batch (an honest client draws a fresh one per seal, so a
+    repeat is a copy: the shuffler de-duplicates too, but the analyzer does not trust
+    it to, and a batch may come from several shufflers), open under the round's HPKE
+    context, follow the round's report layout, and hold only values an honest
+    randomizer can produce (:func:`~shuffledp.client.mechanisms.report_ranges`,
+    checked in :meth:`finish`). Anything else is counted by reason and dropped, so one
+    report can move an estimate by at most its bounded share.
+    """
+
+    def __init__(
+        self,
+        analyzer: "Analyzer",
+        spec: RoundSpec,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.analyzer = analyzer
+        self.spec = spec
+        self.sealed_size = report_format(spec.round_id, spec.mechanism).sealed_size
+        self.on_progress = on_progress
+        self.rejected: Counter = Counter()
+        self.rows: list[tuple[int, ...]] = []
+        self.received = 0
+        self._seen_keys: set[bytes] = set()
+
+    def add(self, payloads: Sequence[bytes]) -> None:
+        spec = self.spec
+        self.received += len(payloads)
+        if self.received > spec.max_batch:
+            raise MalformedMessage(f"batch holds more than the round's max_batch of {spec.max_batch}")
+        fresh: list[bytes] = []
+        for sealed in payloads:
+            if not isinstance(sealed, bytes) or len(sealed) != self.sealed_size:
+                self.rejected[WrongSize.reason] += 1
+                continue
+            encapsulated = sealed[:ENCAPSULATED_KEY_BYTES]
+            if encapsulated in self._seen_keys:
+                self.rejected[DuplicateReport.reason] += 1
+                continue
+            self._seen_keys.add(encapsulated)
+            fresh.append(sealed)
+        for rows, rejected in self.analyzer.open_rows(spec, fresh):
+            self.rows.extend(rows)
+            self.rejected.update(rejected)
+        if self.on_progress is not None:
+            self.on_progress(len(payloads))
+
+    def finish(self) -> OpenedBatch:
+        ranges = report_ranges(self.spec)
+        values = np.array(self.rows, dtype=np.int64).reshape(len(self.rows), len(ranges))
+        valid = np.ones(len(self.rows), dtype=bool)
+        for column, allowed in enumerate(ranges):
+            v = values[:, column]
+            valid &= (v >= allowed.low) & (v <= allowed.high) & ((v - allowed.low) % allowed.stride == 0)
+        rejected = Counter(self.rejected)
+        if not valid.all():
+            rejected[ValueOutOfRange.reason] += int((~valid).sum())
+            values = values[valid]
+        return OpenedBatch(values, rejected)
+
+
+class Analyzer:
+    """Holds the analyzer keys; signs specs and acknowledgements, and opens batches.
+
+    ``workers`` processes open large chunks in parallel (``None``: one per CPU;
+    ``1``: everything in this process). Call :meth:`close` to stop them.
+    """
+
+    def __init__(self, keys: AnalyzerKeys | None = None, *, workers: int | None = 1) -> None:
         self.keys = keys if keys is not None else AnalyzerKeys.generate()
+        self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
+        self._pool: ProcessPoolExecutor | None = None
 
     def sign_spec(self, spec: RoundSpec) -> bytes:
         """The encoded :class:`SignedRoundSpec` for ``spec``."""
         spec_bytes = codec.encode(spec)
         return codec.encode(SignedRoundSpec(spec_bytes, sign(self.keys.signing_private, spec_bytes)))
 
+    def acknowledge(self, spec: RoundSpec, batch_id: bytes) -> bytes:
+        """The encoded, signed :class:`BatchAck` of a batch this analyzer has opened."""
+        return codec.encode(signed(self.keys.signing_private, BatchAck(spec.session_id, spec.round_id, batch_id, bytes(64))))
+
+    def open_rows(self, spec: RoundSpec, payloads: list[bytes]):
+        """Open de-duplicated, right-sized payloads; yields ``(rows, rejected)`` per slice (in parallel if large)."""
+        if self.workers == 1 or len(payloads) < PARALLEL_THRESHOLD:
+            yield _open_rows(self.keys.hpke_private, spec.session_id, spec.round_id, spec.mechanism, payloads)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("forkserver"),
+                initializer=_worker_init,
+                initargs=(self.keys.hpke_private.private_bytes_raw(),),
+            )
+        step = -(-len(payloads) // self.workers)
+        futures = [
+            self._pool.submit(_worker_open, spec.session_id, spec.round_id, spec.mechanism, payloads[i : i + step])
+            for i in range(0, len(payloads), step)
+        ]
+        for future in futures:
+            yield future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
     def open_batch(
         self, batch: ShuffledBatch, spec: RoundSpec, on_progress: Callable[[int], None] | None = None
     ) -> OpenedBatch:
-        """Open and validate every payload of a decoded batch for ``spec``'s round (see :meth:`open_payloads`)."""
+        """Open a decoded single-chunk batch of ``spec``'s round, if the shuffler named in the spec signed it."""
         if batch.session_id != spec.session_id or batch.round_id != spec.round_id:
             return _empty(spec, Counter({UnknownRound.reason: batch.size}))
+        verify_signed(spec.shuffler_signing_key, batch)
+        if batch.chunks != 1:
+            raise MalformedMessage("open_batch takes a whole batch in one chunk; use BatchOpening for chunks")
         return self.open_payloads(batch.payloads, spec, on_progress)
 
     def open_batch_bytes(
         self, data: bytes, spec: RoundSpec, on_progress: Callable[[int], None] | None = None
     ) -> OpenedBatch:
-        """Read an encoded batch by the round's fixed layout (bounded by ``spec.max_batch``), then open it.
+        """Read an encoded single-chunk batch by the round's fixed layout, check its signature, open it.
 
-        Raises :class:`MalformedMessage` for bytes that are not a batch of this round
-        (the caller keeps waiting for a valid one); never anything untyped.
+        Raises :class:`MalformedMessage` or :class:`BadSignature` for bytes that are not
+        a signed whole batch of this round; never anything untyped.
         """
         layout = report_format(spec.round_id, spec.mechanism)
-        payloads = batch_payloads(data, spec.session_id, spec.round_id, layout.sealed_size, spec.max_batch)
-        return self.open_payloads(payloads, spec, on_progress)
+        chunk = read_batch_chunk(data, spec.session_id, spec.round_id, layout.sealed_size, spec.max_batch)
+        verify_encoded(spec.shuffler_signing_key, ShuffledBatch, chunk.digest, chunk.signature)
+        if chunk.chunks != 1 or chunk.size != chunk.total:
+            raise MalformedMessage("open_batch_bytes takes a whole batch in one chunk; use BatchOpening for chunks")
+        return self.open_payloads(chunk.payloads, spec, on_progress)
 
     def open_payloads(
         self, payloads: Sequence[bytes], spec: RoundSpec, on_progress: Callable[[int], None] | None = None
     ) -> OpenedBatch:
-        """Open, de-duplicate and validate sealed payloads of ``spec``'s round.
-
-        Each payload must be the round's fixed sealed size, open under the round's
-        HPKE context, carry an encapsulated key not seen before in this batch (an
-        honest client draws a fresh one per seal, so a repeat is a copy: the
-        shuffler de-duplicates too, but the analyzer does not trust it to, and a
-        batch may come from several shufflers), follow the round's report layout,
-        and hold only values an honest randomizer can produce
-        (:func:`~shuffledp.client.mechanisms.report_ranges`). Anything else is
-        counted by reason and dropped; one report can therefore move an estimate
-        by at most its bounded share. ``on_progress(k)`` is called every 1024
-        payloads and for the rest at the end.
-        """
+        """Open, de-duplicate and validate sealed payloads of ``spec``'s round (see :class:`BatchOpening`)."""
         if len(payloads) > spec.max_batch:
             return _empty(spec, Counter({"too-large": len(payloads)}))
-        layout = report_format(spec.round_id, spec.mechanism)
-        sealed_size = layout.sealed_size
-        read_values = layout.values
-        open_one = ReportOpener(self.keys.hpke_private, spec.session_id, spec.round_id).open
-        rejected: Counter = Counter()
-        seen_keys: set[bytes] = set()
-        rows: list[tuple[int, ...]] = []
-        for index, sealed in enumerate(payloads, 1):
-            if on_progress is not None and index % 1024 == 0:
-                on_progress(1024)
-            if not isinstance(sealed, bytes) or len(sealed) != sealed_size:
-                rejected[WrongSize.reason] += 1
-                continue
-            try:
-                plaintext = open_one(sealed)
-                encapsulated = sealed[:ENCAPSULATED_KEY_BYTES]
-                if encapsulated in seen_keys:
-                    raise DuplicateReport("encapsulated key already seen in this batch")
-                seen_keys.add(encapsulated)
-                rows.append(read_values(plaintext))
-            except ShuffleDPError as exc:
-                rejected[exc.reason] += 1
-            except Exception:  # a bug, not an input class: count it loudly, keep going
-                rejected[INTERNAL_ERROR] += 1
-                _log.exception("analyzer: untyped exception opening a %d-byte payload", len(sealed))
-        if on_progress is not None:
-            on_progress(len(payloads) % 1024)
-        ranges = report_ranges(spec)
-        values = np.array(rows, dtype=np.int64).reshape(len(rows), len(ranges))
-        valid = np.ones(len(rows), dtype=bool)
-        for column, allowed in enumerate(ranges):
-            v = values[:, column]
-            valid &= (v >= allowed.low) & (v <= allowed.high) & ((v - allowed.low) % allowed.stride == 0)
-        if not valid.all():
-            rejected[ValueOutOfRange.reason] += int((~valid).sum())
-            values = values[valid]
-        return OpenedBatch(values, rejected)
+        opening = BatchOpening(self, spec, on_progress)
+        opening.add(payloads)
+        return opening.finish()
 
 
 def _empty(spec: RoundSpec, rejected: Counter) -> OpenedBatch:

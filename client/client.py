@@ -1,17 +1,25 @@
-"""The device-side Client: verify a round, check the budget, randomize, seal, envelope.
+"""The device-side Client: verify a round, check the budget, randomize, seal, wrap.
 
-A :class:`Client` holds one user's samples. Given a signed round spec it
+A :class:`Client` holds one user's samples and its admission credential. Given a
+signed round spec it
 
 1. verifies the analyzer's Ed25519 signature against the key it pinned,
 2. refuses expired rounds and rounds its :class:`PrivacyLedger` cannot afford,
 3. runs the round's randomizer on its local mean (the same vectorized function the
    simulation uses, with a batch of one),
 4. pads each report to the round's fixed size (so its length says nothing about its
-   value) and seals it to the analyzer with HPKE, bound to the session and round,
-5. wraps each in an :class:`Envelope` with its admission token (fresh every round
-   unless one was configured) and a fresh nonce,
+   value) and seals it to the analyzer with HPKE, bound to the session and round:
+   the inner layer,
+5. wraps it with its credential and a fresh nonce in an :class:`Admission` sealed to
+   the round's shuffler (``protocol/onion.py``): the outer layer, so the broker and
+   the network see only a fixed-size ciphertext, and no credential,
 6. and only then charges its ledger (an atomic check-and-spend): a round that fails
    anywhere above costs nothing, and nothing is returned for a round not charged.
+
+Afterwards the shuffler's signed receipts and round outcome
+(:meth:`Client.settle_receipts`, :meth:`Client.settle_outcome`) tell the client
+whether its envelopes were admitted and whether the round was released or lost;
+the ledger records it (see ``client/ledger.py`` for why a lost round stays charged).
 
 Randomness comes from the OS CSPRNG (:class:`SystemSource`) unless a source is
 given (simulations pass a seeded one, labelled as such).
@@ -19,8 +27,8 @@ given (simulations pass a seeded one, labelled as such).
 
 from __future__ import annotations
 
-import os
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,7 +37,10 @@ from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mechanisms import check_report_values, randomize_reports, report_ranges
 from shuffledp.protocol import codec
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
-from shuffledp.protocol.messages import NONCE_BYTES, TOKEN_BYTES, Envelope, Report, RoundSpec, SignedRoundSpec
+from shuffledp.protocol.credentials import CREDENTIAL_BYTES
+from shuffledp.protocol.errors import UnknownRound
+from shuffledp.protocol.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec
+from shuffledp.protocol.onion import decode_verified, wrap
 from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.randomness import RandomSource, SystemSource
 from shuffledp.protocol.sealing import Sealer, verify
@@ -47,8 +58,24 @@ def verified_spec(signed: SignedRoundSpec | bytes, analyzer_signing_key: bytes) 
     return codec.decode(signed.spec_bytes, RoundSpec)
 
 
+@dataclass
+class SentRound:
+    """What a client sent in one round, and what the shuffler has said of it."""
+
+    spec: RoundSpec
+    nonces: list[bytes]
+    #: nonce -> "admitted" or the refusal's reason, from signed receipts.
+    receipts: dict[bytes, str] = field(default_factory=dict)
+    #: "released" or "failed:<reason>", from the signed round outcome.
+    outcome: str | None = None
+
+    @property
+    def admitted(self) -> int:
+        return sum(1 for status in self.receipts.values() if status == "admitted")
+
+
 class Client:
-    """One user's device: its samples, its pinned analyzer key, its budget and its token."""
+    """One user's device: its samples, its pinned analyzer key, its budget and its credential."""
 
     def __init__(
         self,
@@ -56,7 +83,7 @@ class Client:
         analyzer_signing_key: bytes,
         ledger: PrivacyLedger,
         *,
-        token: bytes | None = None,
+        credential: bytes,
         source: RandomSource | None = None,
         clock=time.time,
     ) -> None:
@@ -71,13 +98,14 @@ class Client:
             raise InvalidParameter("samples", "their mean overflows a double")
         self.analyzer_signing_key = analyzer_signing_key
         self.ledger = ledger
-        if token is not None and (not isinstance(token, bytes) or len(token) != TOKEN_BYTES):
-            raise InvalidParameter("token", f"must be {TOKEN_BYTES} bytes")
-        #: A fixed admission token, or None: a fresh random token every round, so the
-        #: shuffler and the broker cannot link one device's envelopes across rounds.
-        self.token = token
+        if not isinstance(credential, bytes) or len(credential) != CREDENTIAL_BYTES:
+            raise InvalidParameter("credential", f"must be the {CREDENTIAL_BYTES}-byte credential issued at enrollment")
+        #: Shown only to the shuffler, inside the outer layer.
+        self.credential = credential
         self.source = source if source is not None else SystemSource()
         self.clock = clock
+        #: (session id, round id) -> what was sent and what the shuffler said of it.
+        self.sent: dict[tuple[bytes, int], SentRound] = {}
 
     def answer(self, signed: SignedRoundSpec | bytes) -> list[bytes]:
         """Encoded envelopes answering the round, or a typed error (bad signature, expired, budget)."""
@@ -100,7 +128,40 @@ class Client:
         layout = report_format(spec.round_id, spec.mechanism)
         payload = layout.pad(codec.encode(Report(spec.round_id, spec.mechanism, values)))
         sealed = sealer.seal(payload, spec.session_id, spec.round_id)
-        token = self.token if self.token is not None else os.urandom(TOKEN_BYTES)
-        envelope = codec.encode(Envelope(spec.session_id, spec.round_id, token, os.urandom(NONCE_BYTES), sealed))
+        envelope, nonce = wrap(spec, self.credential, sealed)
         self.ledger.spend(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
+        self.sent[(spec.session_id, spec.round_id)] = SentRound(spec, [nonce])
         return [envelope]
+
+    def settle_receipts(self, data: bytes) -> SentRound:
+        """Record the shuffler's signed receipts for one of this client's rounds; typed error if not genuine."""
+        receipts = codec.decode(data, AdmissionReceipts)
+        sent = self._sent(receipts.session_id, receipts.round_id)
+        decode_verified(data, AdmissionReceipts, sent.spec.shuffler_signing_key)
+        mine = set(sent.nonces)
+        for nonce in receipts.admitted:
+            if nonce in mine:
+                sent.receipts[nonce] = "admitted"
+        for nonce, reason in zip(receipts.refused, receipts.reasons):
+            if nonce in mine and sent.receipts.get(nonce) != "admitted":
+                sent.receipts[nonce] = reason
+        return sent
+
+    def settle_outcome(self, data: bytes) -> SentRound:
+        """Record the shuffler's signed outcome of one of this client's rounds in the ledger.
+
+        A round that failed after this client's report was admitted is recorded as
+        lost (``PrivacyLedger.outcomes``): the client is told, and stays charged.
+        """
+        outcome = codec.decode(data, RoundOutcome)
+        sent = self._sent(outcome.session_id, outcome.round_id)
+        decode_verified(data, RoundOutcome, sent.spec.shuffler_signing_key)
+        sent.outcome = outcome.outcome if outcome.outcome == "released" else f"failed:{outcome.reason}"
+        self.ledger.record_outcome(outcome.session_id, outcome.round_id, sent.outcome)
+        return sent
+
+    def _sent(self, session_id: bytes, round_id: int) -> SentRound:
+        sent = self.sent.get((session_id, round_id))
+        if sent is None:
+            raise UnknownRound(f"this client sent nothing in round {round_id} of session {session_id.hex()}")
+        return sent

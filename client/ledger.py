@@ -12,6 +12,13 @@ device that answers rounds from several threads, or several :class:`Client`
 objects sharing one ledger, can never spend past the budget or answer a round
 twice. Clients call :meth:`~PrivacyLedger.check` first (cheap, no charge) and
 :meth:`~PrivacyLedger.spend` last, once the report is ready to leave.
+
+Lost rounds stay charged. When the shuffler's signed outcome says a round failed
+after a report was sent (:meth:`PrivacyLedger.record_outcome`), the ledger records
+it in :attr:`PrivacyLedger.outcomes` so the device knows, but does not refund: the
+report left the device, and the local guarantee must hold even against a shuffler
+that lies about having discarded it. Refunding would make the client's budget
+depend on trusting the shuffler, which the local model does not assume.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ class PrivacyLedger:
     spent_epsilon: float = 0.0
     spent_delta: float = 0.0
     answered: set[tuple[bytes, int]] = field(default_factory=set)
+    #: (session, round) -> "released" or "failed:<reason>", as the shuffler signed it.
+    outcomes: dict[tuple[bytes, int], str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -82,3 +91,14 @@ class PrivacyLedger:
             self.spent_epsilon += float(epsilon)
             self.spent_delta += float(delta)
             self.answered.add((session_id, round_id))
+
+    def record_outcome(self, session_id: bytes, round_id: int, outcome: str) -> None:
+        """Record what became of an answered round (the charge stands either way)."""
+        with self._lock:
+            if (session_id, round_id) not in self.answered:
+                raise InvalidParameter("round_id", f"round {round_id} was not answered by this ledger")
+            self.outcomes[(session_id, round_id)] = outcome
+
+    def lost_rounds(self) -> list[tuple[bytes, int]]:
+        """Answered rounds the shuffler says failed: charged, and never reached the analyzer (if it is honest)."""
+        return [key for key, outcome in self.outcomes.items() if outcome.startswith("failed")]

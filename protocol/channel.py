@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, Callable, Protocol
 
 TOPIC_ROOT = "shuffledp"
 
@@ -99,23 +99,82 @@ class Channel(Protocol):
 
 
 class QueueSubscription:
-    """A subscription backed by an unbounded asyncio queue."""
+    """A subscription backed by an asyncio queue, optionally bounded, that can be failed.
 
-    def __init__(self, on_close=None) -> None:
-        self._queue: asyncio.Queue[bytes] = asyncio.Queue()
+    * ``maxsize`` (0 = unbounded, the default): when that many messages wait
+      unread, a new one is **dropped** and counted in :attr:`dropped` instead of
+      growing memory without bound; :meth:`deliver` returns whether it was queued.
+    * :meth:`fail` ends the subscription with an exception: messages queued before
+      it are still returned by :meth:`get`, then every ``get()`` (those already
+      waiting included) raises that exception, and async iteration raises it too.
+    * :meth:`close` detaches it from its channel (no further deliveries).
+
+    Not thread-safe: deliver and get from the event loop's thread.
+    """
+
+    def __init__(self, on_close: Callable[["QueueSubscription"], None] | None = None, *, maxsize: int = 0) -> None:
+        if maxsize < 0:
+            raise ValueError(f"maxsize must be >= 0, got {maxsize}")
+        # Unbounded underneath: the bound is enforced in deliver(), so the failure
+        # sentinel always fits.
+        self._queue: asyncio.Queue = asyncio.Queue()
         self._on_close = on_close
+        self.maxsize = maxsize
+        self.dropped = 0
+        self._failure: BaseException | None = None
 
-    def deliver(self, payload: bytes) -> None:
+    def deliver(self, payload: bytes) -> bool:
+        """Queue ``payload``; False (and :attr:`dropped` + 1) if the queue is full.
+
+        Messages delivered after :meth:`fail` are ignored (and return False, uncounted).
+        """
+        if self._failure is not None:
+            return False
+        if self.maxsize and self._queue.qsize() >= self.maxsize:
+            self.dropped += 1
+            return False
         self._queue.put_nowait(payload)
+        return True
+
+    def fail(self, exc: BaseException) -> None:
+        """End the subscription with ``exc``: after the messages already queued,
+        every :meth:`get` raises it (waiting ones are woken). Only the first call counts."""
+        if self._failure is not None:
+            return
+        self._failure = exc
+        self._queue.put_nowait(_FAILED)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The exception passed to :meth:`fail`, or None."""
+        return self._failure
+
+    def qsize(self) -> int:
+        """Messages waiting to be read."""
+        # Once failed, exactly one _FAILED marker stays queued (get re-queues it).
+        return self._queue.qsize() - (1 if self._failure is not None else 0)
 
     async def get(self) -> bytes:
-        return await self._queue.get()
+        """The next message, waiting for one; raises the :meth:`fail` exception once
+        the messages queued before it are consumed."""
+        item = await self._queue.get()
+        if item is _FAILED:
+            self._queue.put_nowait(_FAILED)  # wake the next waiter too
+            assert self._failure is not None
+            raise self._failure
+        return item
 
     def get_nowait_all(self) -> list[bytes]:
-        """Everything already delivered, without waiting (used to drain bursts cheaply)."""
+        """Everything already delivered, without waiting (used to drain bursts cheaply).
+
+        Never raises the failure; a later :meth:`get` does."""
         items = []
         while not self._queue.empty():
-            items.append(self._queue.get_nowait())
+            item = self._queue.get_nowait()
+            if item is _FAILED:
+                self._queue.put_nowait(_FAILED)
+                break
+            items.append(item)
         return items
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -123,12 +182,17 @@ class QueueSubscription:
 
     async def _iterate(self) -> AsyncIterator[bytes]:
         while True:
-            yield await self._queue.get()
+            yield await self.get()
 
     async def close(self) -> None:
+        """Detach from the channel; idempotent. Queued messages stay readable."""
         if self._on_close is not None:
             self._on_close(self)
             self._on_close = None
+
+
+#: Queue marker behind which a failed subscription's exception waits.
+_FAILED = object()
 
 
 class InProcessChannel:

@@ -39,11 +39,23 @@ MESSAGE_TYPES: dict[str, tuple[type, int]] = {
     "round-spec": (m.RoundSpec, 4096),
     "signed-round-spec": (m.SignedRoundSpec, 8192),
     "report": (m.Report, 256),
-    "envelope": (m.Envelope, 2048),
+    "admission": (m.Admission, 2048),
+    "envelope": (m.Envelope, 4096),
     "shuffled-batch": (m.ShuffledBatch, 512 * 1024 * 1024),
+    "batch-ack": (m.BatchAck, 256),
+    "admission-receipts": (m.AdmissionReceipts, 4 * 1024 * 1024),
+    "round-outcome": (m.RoundOutcome, 512),
 }
 _TYPE_OF: dict[type, str] = {cls: tag for tag, (cls, _) in MESSAGE_TYPES.items()}
 MAX_MESSAGE_BYTES = max(limit for _, limit in MESSAGE_TYPES.values())
+
+
+def message_tag(cls: type) -> str:
+    """The wire type tag of a message class (``"envelope"``, ``"shuffled-batch"``, ...)."""
+    tag = _TYPE_OF.get(cls)
+    if tag is None:
+        raise InvalidParameter("message", f"{getattr(cls, '__name__', cls)!r} is not a wire message")
+    return tag
 
 T = TypeVar("T")
 

@@ -101,3 +101,15 @@ class TransportError(ShuffleDPError):
     """A channel could not connect or lost its connection (e.g. the MQTT broker is unreachable)."""
 
     reason = "transport"
+
+
+class RoundFull(QuotaExceeded):
+    """The round already holds its maximum batch."""
+
+    reason = "round-full"
+
+
+class RateLimited(ShuffleDPError):
+    """A credential that keeps sending refused envelopes in one round: later ones are dropped unread."""
+
+    reason = "rate-limited"

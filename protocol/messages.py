@@ -2,17 +2,26 @@
 
 One round flows as::
 
-    Analyzer --SignedRoundSpec--> Client --Envelope(sealed Report)--> Shuffler
-             --ShuffledBatch--> Analyzer
+    Analyzer --SignedRoundSpec--> Shuffler --SignedRoundSpec--> Client
+    Client --Envelope(outer: Admission(credential, nonce, sealed Report))--> Shuffler
+    Shuffler --AdmissionReceipts--> Clients
+    Shuffler --ShuffledBatch chunks (signed)--> Analyzer --BatchAck (signed)--> Shuffler
+    Shuffler --RoundOutcome (signed)--> Clients, Analyzer
 
-* :class:`RoundSpec` names the mechanism and every public parameter of a round.
+* :class:`RoundSpec` names the mechanism, every public parameter of a round, and the
+  keys of the analyzer (sealing) and of the shuffler (sealing and batch signatures).
   The analyzer signs its canonical encoding (:class:`SignedRoundSpec`).
-* :class:`Report` is a client's randomized answer. It is encoded and sealed to the
-  analyzer with HPKE, so the shuffler only ever sees opaque bytes.
-* :class:`Envelope` is what the shuffler sees: the round, an admission token, a
-  nonce for replay checks, and the sealed payload.
-* :class:`ShuffledBatch` is what the shuffler forwards: the sealed payloads alone,
-  permuted, with their count.
+* :class:`Report` is a client's randomized answer, padded to the round's fixed size
+  and sealed to the analyzer with HPKE: the inner layer.
+* :class:`Admission` is the outer layer's plaintext: the client's credential, a fresh
+  nonce and the sealed report; it is sealed to the shuffler (``protocol/onion.py``).
+* :class:`Envelope` is what the broker and the network see: the session, the round,
+  and the outer ciphertext, all of one length per round.
+* :class:`ShuffledBatch` is one signed chunk of what the shuffler forwards: the sealed
+  reports alone, permuted; :class:`BatchAck` is the analyzer's signed receipt of it.
+* :class:`AdmissionReceipts` and :class:`RoundOutcome` tell clients, under the
+  shuffler's signature, whether their envelopes were admitted and what became of
+  the round.
 
 The wire encoding of all of these lives in :mod:`shuffledp.protocol.codec`.
 """
@@ -31,8 +40,15 @@ from shuffledp.protocol.randomness import MAX_NOISE_SCALE
 WIRE_VERSION = 2
 SESSION_ID_BYTES = 16
 NONCE_BYTES = 16
-TOKEN_BYTES = 16
 X25519_KEY_BYTES = 32
+ED25519_KEY_BYTES = 32
+SIGNATURE_BYTES = 64
+#: An admission credential: client id (16 bytes) and its HMAC tag (32), see ``protocol/credentials.py``.
+CREDENTIAL_BYTES = 48
+BATCH_ID_BYTES = 16
+#: Largest sealed report a round may use, and largest outer ciphertext of an envelope.
+MAX_SEALED_BYTES = 1024
+MAX_OUTER_BYTES = 2048
 MAX_BINS = 1 << 20
 MAX_GRID_LEVELS = 1 << 24
 MAX_MESSAGES_PER_USER = 64
@@ -242,6 +258,10 @@ class RoundSpec:
 
     ``epsilon0``/``delta0`` is the local (user-level) guarantee one answer gives;
     a client refuses a spec that would push its ledger past its budget.
+    ``analyzer_key`` is the X25519 key reports are sealed to (inner layer);
+    ``shuffler_key`` the X25519 key envelopes are sealed to (outer layer), and
+    ``shuffler_signing_key`` the Ed25519 key the shuffler signs batches, receipts and
+    outcomes with: the analyzer names the one shuffler it will accept batches from.
     ``min_batch`` is the batch size the shuffler waits for before forwarding,
     ``max_batch`` the most reports a batch of this round may hold (the analyzer
     refuses a longer batch before decoding it), and ``deadline`` (Unix seconds)
@@ -253,6 +273,8 @@ class RoundSpec:
     params: MechanismParams
     epsilon0: float
     analyzer_key: bytes
+    shuffler_key: bytes
+    shuffler_signing_key: bytes
     min_batch: int
     deadline: float
     delta0: float = 0.0
@@ -266,6 +288,8 @@ class RoundSpec:
         check_local_budget(self.epsilon0, self.delta0, getattr(self.params, "noise", "laplace"))
         self.params.check_budget(self.epsilon0, self.delta0)
         _bytes_of(self.analyzer_key, X25519_KEY_BYTES, "analyzer_key")
+        _bytes_of(self.shuffler_key, X25519_KEY_BYTES, "shuffler_key")
+        _bytes_of(self.shuffler_signing_key, ED25519_KEY_BYTES, "shuffler_signing_key")
         _count(self.max_batch, "max_batch", 1, MAX_BATCH)
         _count(self.min_batch, "min_batch", 1, self.max_batch)
         _finite(self.deadline, "deadline")
@@ -285,7 +309,7 @@ class SignedRoundSpec:
 
     def __post_init__(self) -> None:
         _require(isinstance(self.spec_bytes, bytes) and len(self.spec_bytes) > 0, "spec_bytes", "must be non-empty bytes")
-        _bytes_of(self.signature, 64, "signature")
+        _bytes_of(self.signature, SIGNATURE_BYTES, "signature")
 
 
 @dataclass(frozen=True)
@@ -310,39 +334,167 @@ class Report:
             _require(-(2**62) <= v < 2**62, "values", "out of range")
 
 
-@dataclass(frozen=True)
-class Envelope:
-    """What a client hands the shuffler: routing data and an opaque sealed payload."""
+def _round(value: int) -> None:
+    _count(value, "round_id", 0, 2**63 - 1)
 
-    session_id: bytes
+
+def _byte_strings(values: tuple, name: str, low: int, high: int) -> None:
+    _require(isinstance(values, tuple), name, "must be a tuple of bytes")
+    for v in values:
+        _require(isinstance(v, bytes) and low <= len(v) <= high, name, f"each must be {low}..{high} bytes")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The plaintext of an envelope's outer layer, which only the shuffler can open.
+
+    ``credential`` proves the sender is an enrolled client (the shuffler's quota is per
+    credential); ``nonce`` is fresh per envelope (replays are refused, and receipts
+    name it); ``sealed`` is the padded report sealed to the analyzer. Every field has
+    one length per round, so the outer ciphertext does too.
+    """
+
     round_id: int
-    token: bytes
+    credential: bytes
     nonce: bytes
     sealed: bytes
 
     def __post_init__(self) -> None:
-        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
-        _count(self.round_id, "round_id", 0, 2**63 - 1)
-        _bytes_of(self.token, TOKEN_BYTES, "token")
+        _round(self.round_id)
+        _bytes_of(self.credential, CREDENTIAL_BYTES, "credential")
         _bytes_of(self.nonce, NONCE_BYTES, "nonce")
-        _require(isinstance(self.sealed, bytes) and 0 < len(self.sealed) <= 1024, "sealed", "must be 1..1024 bytes")
+        _require(isinstance(self.sealed, bytes) and 0 < len(self.sealed) <= MAX_SEALED_BYTES, "sealed", f"must be 1..{MAX_SEALED_BYTES} bytes")
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What a client publishes: the round it is for, and the outer ciphertext (an :class:`Admission` sealed to the shuffler)."""
+
+    session_id: bytes
+    round_id: int
+    outer: bytes
+
+    def __post_init__(self) -> None:
+        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
+        _round(self.round_id)
+        _require(isinstance(self.outer, bytes) and 0 < len(self.outer) <= MAX_OUTER_BYTES, "outer", f"must be 1..{MAX_OUTER_BYTES} bytes")
 
 
 @dataclass(frozen=True)
 class ShuffledBatch:
-    """What the shuffler forwards: only the sealed payloads, in a uniformly random order."""
+    """One chunk of a round's shuffled batch: sealed reports only, in a uniformly random order.
+
+    A batch of ``total`` reports travels as ``chunks`` messages (``chunk`` = 0 ..
+    chunks - 1) that share one random ``batch_id``; chunk ``i`` holds positions
+    ``[i * c, i * c + len(payloads))`` of the permuted batch. Each chunk carries the
+    shuffler's Ed25519 signature over its own encoding (``protocol/onion.py``), so the
+    analyzer checks every chunk as it arrives and accepts only a complete batch whose
+    chunks all verify under the shuffler key named in the round spec.
+    """
 
     session_id: bytes
     round_id: int
+    batch_id: bytes
+    chunk: int
+    chunks: int
+    total: int
     payloads: tuple[bytes, ...] = field(repr=False)
+    signature: bytes = bytes(SIGNATURE_BYTES)
 
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
-        _count(self.round_id, "round_id", 0, 2**63 - 1)
-        _require(isinstance(self.payloads, tuple), "payloads", "must be a tuple of bytes")
-        for p in self.payloads:
-            _require(isinstance(p, bytes) and 0 < len(p) <= 1024, "payloads", "each must be 1..1024 bytes")
+        _round(self.round_id)
+        _bytes_of(self.batch_id, BATCH_ID_BYTES, "batch_id")
+        _count(self.total, "total", 1, MAX_BATCH)
+        _count(self.chunks, "chunks", 1, self.total)
+        _count(self.chunk, "chunk", 0, self.chunks - 1)
+        _byte_strings(self.payloads, "payloads", 1, MAX_SEALED_BYTES)
+        _require(0 < len(self.payloads) <= self.total, "payloads", f"a chunk holds 1..total ({self.total}) payloads")
+        _bytes_of(self.signature, SIGNATURE_BYTES, "signature")
 
     @property
     def size(self) -> int:
         return len(self.payloads)
+
+
+@dataclass(frozen=True)
+class BatchAck:
+    """The analyzer's signed acknowledgement that it has received and opened a batch.
+
+    On it the shuffler marks the round served and stops re-publishing the batch.
+    """
+
+    session_id: bytes
+    round_id: int
+    batch_id: bytes
+    signature: bytes
+
+    def __post_init__(self) -> None:
+        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
+        _round(self.round_id)
+        _bytes_of(self.batch_id, BATCH_ID_BYTES, "batch_id")
+        _bytes_of(self.signature, SIGNATURE_BYTES, "signature")
+
+
+#: Most nonces one receipts message may list.
+MAX_RECEIPTS = 1 << 16
+
+
+@dataclass(frozen=True)
+class AdmissionReceipts:
+    """The shuffler's signed word on envelopes it has processed: which nonces it admitted
+    (durably spooled) and which it refused, with the refusal's reason.
+
+    Only envelopes whose outer layer opened have a nonce to name; the rest are counted
+    in the shuffler's stats only. Published on the round's receipts topic.
+    """
+
+    session_id: bytes
+    round_id: int
+    admitted: tuple[bytes, ...]
+    refused: tuple[bytes, ...]
+    reasons: tuple[str, ...]
+    signature: bytes = bytes(SIGNATURE_BYTES)
+
+    def __post_init__(self) -> None:
+        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
+        _round(self.round_id)
+        _byte_strings(self.admitted, "admitted", NONCE_BYTES, NONCE_BYTES)
+        _byte_strings(self.refused, "refused", NONCE_BYTES, NONCE_BYTES)
+        _require(len(self.admitted) + len(self.refused) <= MAX_RECEIPTS, "admitted", f"at most {MAX_RECEIPTS} receipts")
+        _require(isinstance(self.reasons, tuple) and len(self.reasons) == len(self.refused), "reasons", "one per refused nonce")
+        for r in self.reasons:
+            _require(isinstance(r, str) and 0 < len(r) <= 32, "reasons", "each must be 1..32 characters")
+        _bytes_of(self.signature, SIGNATURE_BYTES, "signature")
+
+
+ROUND_OUTCOMES = ("released", "failed")
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """The shuffler's signed word on how a round ended.
+
+    ``released``: a batch of ``admitted`` reports left for the analyzer under
+    ``batch_id``. ``failed``: nothing was forwarded (``reason``, e.g. too few reports
+    by the deadline) and the admitted reports were deleted from the spool. A client
+    whose report was admitted learns from it whether its round was lost.
+    """
+
+    session_id: bytes
+    round_id: int
+    outcome: str
+    reason: str
+    admitted: int
+    batch_id: bytes
+    signature: bytes = bytes(SIGNATURE_BYTES)
+
+    def __post_init__(self) -> None:
+        _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
+        _round(self.round_id)
+        _require(self.outcome in ROUND_OUTCOMES, "outcome", f"must be one of {ROUND_OUTCOMES}")
+        _require(isinstance(self.reason, str) and len(self.reason) <= 32, "reason", "at most 32 characters")
+        _count(self.admitted, "admitted", 0, MAX_BATCH)
+        _bytes_of(self.batch_id, BATCH_ID_BYTES, "batch_id")
+        _bytes_of(self.signature, SIGNATURE_BYTES, "signature")
+

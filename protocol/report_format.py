@@ -28,11 +28,12 @@ strict decoder (:func:`shuffledp.protocol.codec.decode`) accepts.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from shuffledp.protocol import codec
 from shuffledp.protocol.cbor_strict import StrictReader, as_bytes
 from shuffledp.protocol.errors import MalformedMessage, MessageTooLarge
-from shuffledp.protocol.messages import MECHANISMS, WIRE_VERSION, Report
+from shuffledp.protocol.messages import MECHANISMS, SIGNATURE_BYTES, WIRE_VERSION, Report
 
 #: Bytes HPKE adds to a plaintext: the X25519 encapsulated key (32) and the AEAD tag (16).
 HPKE_OVERHEAD = 48
@@ -152,48 +153,92 @@ def _uint_header(major: int, value: int) -> bytes:
     raise ValueError("argument too large for CBOR")  # pragma: no cover - lengths are far below 2**64
 
 
-def batch_payloads(data: bytes, session_id: bytes, round_id: int, sealed_size: int, max_batch: int) -> list[bytes]:
-    """The sealed payloads of an encoded ``shuffled-batch`` of one round, read by its fixed layout.
+@dataclass(frozen=True)
+class BatchChunk:
+    """One chunk of a shuffled batch as read by :func:`read_batch_chunk`; ``digest`` is what its signature covers."""
 
-    In the deterministic encoding, a batch of the round whose payloads are all
-    ``sealed_size`` bytes has exactly one shape: a fixed prefix, the array header,
-    ``n`` equal-length byte strings, a fixed suffix (round id, session id). So the
-    reader checks the total length against ``n`` first (O(1)), then the prefix,
-    suffix and every payload header byte for byte, and slices. Memory is the
-    payloads themselves (about 1.3 times the input), whatever the bytes claim;
-    ``n > max_batch`` is refused before anything is allocated. A batch of any
-    other shape raises :class:`MalformedMessage`; ``codec.decode`` reads it in
-    general form (and the test suite checks the two agree).
+    batch_id: bytes
+    chunk: int
+    chunks: int
+    total: int
+    payloads: list[bytes]
+    signature: bytes
+    digest: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.payloads)
+
+
+def _expect(data: bytes, pos: int, literal: bytes, what: str) -> int:
+    if data[pos : pos + len(literal)] != literal:
+        raise MalformedMessage(f"not a shuffled-batch of this round in deterministic layout ({what})")
+    return pos + len(literal)
+
+
+def read_batch_chunk(data: bytes, session_id: bytes, round_id: int, sealed_size: int, max_batch: int) -> BatchChunk:
+    """One encoded ``shuffled-batch`` chunk of a round, read by its fixed layout.
+
+    In the deterministic encoding a chunk of the round whose payloads are all
+    ``sealed_size`` bytes has exactly one shape: the map header and ``t``/``v``, three
+    shortest-form integers (``chunk``, ``total``, ``chunks``), the 16-byte batch id,
+    the array header, ``n`` equal-length byte strings, the round id, the 64-byte
+    signature and the session id. The reader checks the total length against ``n``
+    first (O(1)), then every fixed byte and every payload header, and slices: memory
+    is the payloads themselves, whatever the bytes claim; ``total > max_batch`` is
+    refused before anything is allocated. It also hashes the chunk once, with its
+    signature zeroed in place, for the caller to check the shuffler's signature
+    (:func:`shuffledp.protocol.onion.verify_encoded`). Anything else raises
+    :class:`MalformedMessage`; ``codec.decode`` reads the general form, and the test
+    suite checks the two agree.
     """
     data = as_bytes(data)
     limit = codec.MESSAGE_TYPES["shuffled-batch"][1]
     if len(data) > limit:
-        raise MessageTooLarge(f"batch of {len(data)} bytes, over the limit of {limit}")
-    prefix = b"\xa5\x61t\x6eshuffled-batch\x61v" + _uint_header(0, WIRE_VERSION) + b"\x68payloads"
-    suffix = b"\x68round_id" + _uint_header(0, round_id) + b"\x6asession_id" + _uint_header(2, len(session_id)) + session_id
-    if not data.startswith(prefix):
-        raise MalformedMessage("not a shuffled-batch of this wire version in deterministic layout")
+        raise MessageTooLarge(f"batch chunk of {len(data)} bytes, over the limit of {limit}")
     reader = StrictReader(data)
-    reader.pos = len(prefix)
-    initial = data[reader.pos] if reader.pos < len(data) else -1
-    if initial >> 5 != 4:
+    pos = _expect(data, 0, b"\xaa\x61t\x6eshuffled-batch\x61v" + _uint_header(0, WIRE_VERSION) + b"\x65chunk", "header")
+    numbers = []
+    for key in (b"\x65total", b"\x66chunks", None):
+        if pos >= len(data) or data[pos] >> 5 != 0:
+            raise MalformedMessage("batch chunk: expected an unsigned integer")
+        reader.pos = pos + 1
+        numbers.append(reader._argument(data[pos] & 0x1F))  # shortest form enforced by the strict reader
+        pos = reader.pos
+        if key is not None:
+            pos = _expect(data, pos, key, "keys")
+    chunk, total, chunks = numbers
+    if not (1 <= total <= max_batch and 1 <= chunks <= total and chunk < chunks):
+        raise MalformedMessage(f"batch chunk {chunk} of {chunks}, {total} reports: outside the round's max_batch {max_batch}")
+    pos = _expect(data, pos, b"\x68batch_id\x50", "batch id")
+    batch_id = data[pos : pos + 16]
+    pos = _expect(data, pos + 16, b"\x68payloads", "payloads key")
+    if pos >= len(data) or data[pos] >> 5 != 4:
         raise MalformedMessage("batch payloads must be an array")
-    reader.pos += 1
-    count = reader._argument(initial & 0x1F)
-    if count > max_batch:
-        raise MalformedMessage(f"batch of {count} payloads, over the round's max_batch of {max_batch}")
+    reader.pos = pos + 1
+    count = reader._argument(data[pos] & 0x1F)
+    if not 1 <= count <= total:
+        raise MalformedMessage(f"batch chunk of {count} payloads; the batch holds {total}")
     header = _uint_header(2, sealed_size)
     stride = len(header) + sealed_size
     start = reader.pos
     end = start + count * stride
-    if len(data) != end + len(suffix):
-        raise MalformedMessage(
-            f"batch of {len(data)} bytes; {count} payloads of {sealed_size} bytes take {end + len(suffix)}"
-        )
-    if data[end:] != suffix:
-        raise MalformedMessage("batch is for another session or round")
+    suffix_head = b"\x68round_id" + _uint_header(0, round_id) + b"\x69signature\x58\x40"
+    suffix_tail = b"\x6asession_id" + _uint_header(2, len(session_id)) + session_id
+    if len(data) != end + len(suffix_head) + SIGNATURE_BYTES + len(suffix_tail):
+        raise MalformedMessage(f"batch chunk of {len(data)} bytes does not hold {count} payloads of {sealed_size} bytes")
+    signature_at = _expect(data, end, suffix_head, "another round")
+    _expect(data, signature_at + SIGNATURE_BYTES, suffix_tail, "another session")
     for offset, expected in enumerate(header):
         if data[start + offset : end : stride].count(expected) != count:
             raise MalformedMessage(f"every payload of this round must be {sealed_size} bytes")
     skip = len(header)
-    return [data[o + skip : o + stride] for o in range(start, end, stride)]
+    payloads = [data[o + skip : o + stride] for o in range(start, end, stride)]
+    digest = _encoded_digest(data, signature_at)
+    return BatchChunk(batch_id, chunk, chunks, total, payloads, data[signature_at : signature_at + SIGNATURE_BYTES], digest)
+
+
+def _encoded_digest(data: bytes, signature_at: int) -> bytes:
+    from shuffledp.protocol.onion import encoded_digest  # onion imports this module
+
+    return encoded_digest(data, signature_at)

@@ -26,7 +26,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shuffledp.analyzer.coordinator import Coordinator
 from shuffledp.analyzer.scalar_mean import (
     ScalarMeanConfig,
     concentration_radius,
@@ -34,17 +33,15 @@ from shuffledp.analyzer.scalar_mean import (
     estimate_range,
     theorem1_mse_bound,
 )
-from shuffledp.analyzer.service import Analyzer
-from shuffledp.client.client import Client
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
 from shuffledp.client.pool import ClientPool
 from shuffledp.client.range_randomizer import bin_index, randomize_range
+from shuffledp.deployment import Deployment
 from shuffledp.population import Population, block_samples, user_blocks
 from shuffledp.protocol.channel import InProcessChannel, reports_topic
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.randomness import SeededSource
-from shuffledp.shuffler.service import Shuffler
 
 PATHS = ("fast", "messages")
 Progress = Callable[[str, int], None]
@@ -204,17 +201,14 @@ async def _message_rounds(config: SimulationConfig, means: np.ndarray, progress:
 
 async def _message_rounds_on(config, means, progress, coordinator_channel, shuffler_channel, pool_channel):
     protocol = config.protocol_config()
-    analyzer = Analyzer()
+    deployment = Deployment()
     on_open = (lambda k: progress("opened reports", k)) if progress else None
-    coordinator = Coordinator(coordinator_channel, analyzer, round_timeout=3600.0, on_progress=on_open)
-    signing_key = analyzer.keys.signing_public
-    clients = [
-        Client(np.array([y]), signing_key, PrivacyLedger(config.epsilon0, config.delta0)) for y in means
-    ]
+    coordinator = deployment.coordinator(coordinator_channel, round_timeout=3600.0, on_progress=on_open)
+    clients = [deployment.client(np.array([y]), PrivacyLedger(config.epsilon0, config.delta0)) for y in means]
     source = SeededSource(np.random.SeedSequence([config.seed, 0xC11E]))
     on_progress = (lambda k: progress("sealed reports", k)) if progress else None
     pool = ClientPool(pool_channel, coordinator.session_id, clients, source, on_progress=on_progress)
-    shuffler = Shuffler(shuffler_channel, coordinator.session_id, signing_key)
+    shuffler = deployment.shuffler(shuffler_channel)
     shuffler_task = asyncio.create_task(shuffler.serve())
     pool_task = asyncio.create_task(pool.serve(rounds=2))
     try:

@@ -1,33 +1,43 @@
-"""The shuffler service: admit, batch, strip, permute, forward.
+"""The shuffler service: authenticate, admit, spool, batch, permute, sign, forward.
 
 For every round the analyzer announces (a signed spec on the session's announce
 topic), the shuffler
 
-1. verifies the analyzer's signature (announcements are retained, so a shuffler
-   that starts late still sees the current round; a round it already served is
-   skipped) and opens the round: it subscribes to the
-   round's reports topic, then passes the signed spec on to the clients (so no
-   report can reach a round it has not opened);
-2. admits envelopes for that open round only, at most ``messages_per_user`` per
-   admission token, rejecting replayed nonces, a sealed payload already admitted
-   (however re-wrapped: new nonce, new token), a payload not of the round's fixed
-   sealed size, foreign sessions or rounds and malformed bytes with a typed reason,
-   counted in :attr:`RoundStats.rejected`;
-3. once ``max_batch`` envelopes are admitted, or at the deadline, releases the round
-   if it holds at least ``min_batch``: strips everything but the sealed payloads,
-   permutes them with the OS CSPRNG (:func:`secure_permutation`) and forwards one
-   :class:`ShuffledBatch`; a round below ``min_batch`` at its deadline is dropped
-   (``BatchTooSmall``), because forwarding it would void the amplification the
-   round was accounted for;
-4. commits every admitted envelope to its spool (:mod:`shuffledp.shuffler.spool`)
-   before counting it, so a restart resumes open rounds and never re-opens a
-   released one.
+1. verifies the analyzer's signature, checks that the spec names *this* shuffler
+   (its sealing and signing keys), and opens the round: it subscribes to the round's
+   reports topic, then passes the signed spec on to the clients (so no report can
+   reach a round it has not opened). Announcements are retained, so a shuffler that
+   starts late still sees the current round; a round it served, or that failed, is
+   never re-opened;
+2. opens each envelope's outer layer (:class:`~shuffledp.protocol.onion.EnvelopeOpener`)
+   and admits the :class:`~shuffledp.protocol.messages.Admission` inside only if its
+   credential verifies (the issuer's HMAC, :mod:`shuffledp.protocol.credentials`), the
+   credential is under the round's ``messages_per_user`` quota, the nonce is new, the
+   sealed report was not admitted before (however re-wrapped), it has the round's
+   fixed size and the round is under ``max_batch``. Each refusal has a typed reason
+   and a counter (:attr:`RoundStats.rejected`);
+3. commits admitted envelopes to its durable spool (:mod:`shuffledp.shuffler.spool`)
+   *before* acknowledging them: a signed :class:`AdmissionReceipts` on the round's
+   receipts topic names the nonces admitted and refused. An exact retransmission of
+   an admitted envelope is acknowledged again, never counted twice;
+4. once ``max_batch`` envelopes are admitted, or at the deadline, releases the round
+   if it holds at least ``min_batch``: keeps only the sealed reports, permutes them
+   with the OS CSPRNG (:func:`secure_permutation`), cuts the batch into signed chunks
+   of at most ``chunk_size`` reports under a fresh batch id, spools the chunks, and
+   publishes them and a signed ``released`` :class:`RoundOutcome`. A round below
+   ``min_batch`` at its deadline fails: its reports are deleted, never forwarded
+   (that would void the amplification the round was accounted for), and a signed
+   ``failed`` outcome tells its clients;
+5. marks a round served when the analyzer's signed :class:`BatchAck` arrives, and
+   re-publishes unacknowledged batches after a restart and every
+   ``republish_interval`` seconds: at least once on the wire, exactly once at the
+   analyzer (which takes one batch id per round).
 
 Bad input never stops the service: admission raises only typed errors, and a
 last-resort guard counts anything else as ``internal-error`` (a bug to fix, never
-seen in the fuzz suite) instead of ending the task. The shuffler sees only sealed
-payloads, all of one length per round: it cannot read a report, nor learn from
-its size.
+seen in the fuzz suite) instead of ending the task. The shuffler never sees a value
+(reports are sealed to the analyzer), and every sealed report of a round has one
+length.
 """
 
 from __future__ import annotations
@@ -38,27 +48,51 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from shuffledp.protocol import codec
-from shuffledp.protocol.channel import Channel, announce_topic, batch_topic, reports_topic, spec_topic
+from shuffledp.protocol.channel import (
+    Channel,
+    acks_topic,
+    announce_topic,
+    batch_topic,
+    outcome_topic,
+    receipts_topic,
+    reports_topic,
+    spec_topic,
+)
+from shuffledp.protocol.credentials import CredentialIssuer
 from shuffledp.protocol.errors import (
     BatchTooSmall,
     DuplicateReport,
     QuotaExceeded,
+    RateLimited,
     ReplayedReport,
+    RoundFull,
     ShuffleDPError,
     UnknownRound,
 )
-from shuffledp.protocol.messages import Envelope, RoundSpec, ShuffledBatch, SignedRoundSpec
-from shuffledp.protocol.report_format import WrongSize, report_format
+from shuffledp.protocol.messages import (
+    BATCH_ID_BYTES,
+    AdmissionReceipts,
+    BatchAck,
+    RoundOutcome,
+    RoundSpec,
+    ShuffledBatch,
+    SignedRoundSpec,
+)
+from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed
 from shuffledp.protocol.sealing import verify
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool, Spool
 
-
 _log = logging.getLogger(__name__)
 #: Rejection reason counted when a service meets an exception that is not a typed ShuffleDPError.
 INTERNAL_ERROR = "internal-error"
+#: Reports per batch chunk by default: about 2 MiB of sealed reports per MQTT message.
+DEFAULT_CHUNK_SIZE = 16384
+#: Refusals one credential may cause in a round before its later envelopes are dropped unanswered.
+REFUSALS_PER_CREDENTIAL = 8
 
 
 @dataclass
@@ -69,88 +103,230 @@ class RoundStats:
     admitted: int = 0
     rejected: Counter = field(default_factory=Counter)
     forwarded: int = 0
+    chunks: int = 0
     outcome: str = "open"
     #: Envelopes reloaded from the spool when the round was resumed after a restart.
     resumed: int = 0
+    #: Exact retransmissions of admitted envelopes, acknowledged again but not counted.
+    retransmitted: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "round_id": self.round_id,
+            "outcome": self.outcome,
+            "admitted": self.admitted,
+            "forwarded": self.forwarded,
+            "chunks": self.chunks,
+            "resumed": self.resumed,
+            "retransmitted": self.retransmitted,
+            "rejected": dict(sorted(self.rejected.items())),
+        }
+
+
+@dataclass
+class Receipts:
+    """Nonces admitted and refused (with reasons) since the last receipts message."""
+
+    admitted: list[bytes] = field(default_factory=list)
+    refused: list[bytes] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.admitted or self.refused)
 
 
 class RoundAdmission:
-    """Admission state of one open round: the checks, and the spooled sealed payloads.
+    """Admission state of one open round: the checks, and the spooled sealed reports.
 
-    With a ``spool``, every admitted envelope is committed there before it counts as
-    admitted, and a new ``RoundAdmission`` on the same spool resumes the round: the
-    nonces, sealed payloads and per-client counts already admitted are loaded back.
+    With a ``spool``, admitted envelopes are committed there before they count as
+    admitted (and before any receipt names them); a new ``RoundAdmission`` on the same
+    spool resumes the round with its nonces, sealed reports and per-credential counts.
     """
 
-    def __init__(self, spec: RoundSpec, spool: Spool | None = None) -> None:
+    def __init__(
+        self,
+        spec: RoundSpec,
+        keys: ShufflerKeys,
+        issuer: CredentialIssuer,
+        spool: Spool | None = None,
+        *,
+        revoked: frozenset[bytes] = frozenset(),
+    ) -> None:
         self.spec = spec
+        self.issuer = issuer
+        self.revoked = revoked
         self.spool = spool
-        self.per_token: Counter = Counter()
-        self.nonces: set[bytes] = set()
+        self.opener = EnvelopeOpener(keys.hpke_private, spec)
+        self.per_client: Counter = Counter()
+        self.refusals: Counter = Counter()
+        self.nonces: dict[bytes, bytes] = {}  # nonce -> sealed report
         self.sealed_seen: set[bytes] = set()
         self.payloads: list[bytes] = []
-        self.sealed_size = report_format(spec.round_id, spec.mechanism).sealed_size
         self.stats = RoundStats(spec.round_id)
         if spool is not None:
             for stored in spool.admitted(spec.session_id, spec.round_id):
-                self._record(stored.client_id, stored.nonce, stored.sealed)
+                self._record(AdmittedEnvelope(stored.client_id, stored.nonce, stored.sealed))
             self.stats.resumed = self.stats.admitted
 
-    def _record(self, client_id: bytes, nonce: bytes, sealed: bytes) -> None:
-        self.nonces.add(nonce)
-        self.sealed_seen.add(sealed)
-        self.per_token[client_id] += 1
-        self.payloads.append(sealed)
+    @property
+    def full(self) -> bool:
+        return len(self.payloads) >= self.spec.max_batch
+
+    def _record(self, admitted: AdmittedEnvelope) -> None:
+        self.nonces[admitted.nonce] = admitted.sealed
+        self.sealed_seen.add(admitted.sealed)
+        self.per_client[admitted.client_id] += 1
+        self.payloads.append(admitted.sealed)
         self.stats.admitted += 1
 
-    def admit(self, data: bytes) -> None:
-        """Admit one encoded envelope or raise a typed :class:`ShuffleDPError`."""
-        envelope = codec.decode(data, Envelope)
+    def _check(self, data: bytes, pending: "_Pending") -> tuple[bytes, AdmittedEnvelope | None]:
+        """The nonce and the envelope to admit (None: an exact retransmission), or a typed error.
+
+        An error raised after the outer layer opened carries the envelope's nonce
+        (``exc.nonce``), so the receipts can name the refusal.
+        """
+        admission = self.opener.open(data)
+        nonce = admission.nonce
+        client_id = None
+        try:
+            client_id = self.issuer.verify(admission.credential, self.revoked)
+            if self.refusals[client_id] >= REFUSALS_PER_CREDENTIAL:
+                raise RateLimited(f"credential refused {REFUSALS_PER_CREDENTIAL} times this round")
+            known = self.nonces.get(nonce, pending.nonces.get(nonce))
+            if known is not None:
+                if known == admission.sealed:
+                    return nonce, None  # the same envelope again (a client retrying): acknowledge, count once
+                raise ReplayedReport("nonce already admitted")
+            if admission.sealed in self.sealed_seen or admission.sealed in pending.sealed:
+                raise DuplicateReport("this sealed report was already admitted (re-wrapped copy)")
+            if self.per_client[client_id] + pending.per_client[client_id] >= self.spec.messages_per_user:
+                raise QuotaExceeded(f"credential already sent {self.spec.messages_per_user} report(s) this round")
+            if len(self.payloads) + len(pending.envelopes) >= self.spec.max_batch:
+                raise RoundFull(f"round already holds its maximum batch of {self.spec.max_batch}")
+        except ShuffleDPError as exc:
+            if client_id is not None:
+                self.refusals[client_id] += 1
+            exc.nonce = nonce  # type: ignore[attr-defined]
+            raise
+        return nonce, AdmittedEnvelope(client_id, nonce, admission.sealed)
+
+    def offer_many(self, items: list[bytes]) -> Receipts:
+        """Process encoded envelopes; spool the admitted ones in one transaction; return the receipts.
+
+        Never raises for bad input: each refusal is counted by reason, and refused
+        envelopes whose outer layer opened are named (by nonce) in the receipts,
+        except ``rate-limited`` ones, which are dropped unanswered.
+        """
+        receipts = Receipts()
+        pending = _Pending()
+        for data in items:
+            try:
+                nonce, admitted = self._check(data, pending)
+            except ShuffleDPError as exc:
+                self.stats.rejected[exc.reason] += 1
+                nonce = getattr(exc, "nonce", None)
+                if nonce is not None and not isinstance(exc, RateLimited):
+                    receipts.refused.append(nonce)
+                    receipts.reasons.append(exc.reason)
+                continue
+            except Exception:  # a bug, not an input class: count it loudly, keep serving
+                self.stats.rejected[INTERNAL_ERROR] += 1
+                _log.exception("shuffler admission: untyped exception on a %s input", type(data).__name__)
+                continue
+            if admitted is None:
+                self.stats.retransmitted += 1
+                receipts.admitted.append(nonce)
+            else:
+                pending.add(admitted)
+        if pending.envelopes:
+            self._commit(pending.envelopes, receipts)
+        return receipts
+
+    def _commit(self, batch: list[AdmittedEnvelope], receipts: Receipts) -> None:
         spec = self.spec
-        if envelope.session_id != spec.session_id or envelope.round_id != spec.round_id:
-            raise UnknownRound(f"envelope for session {envelope.session_id.hex()} round {envelope.round_id}")
-        if len(envelope.sealed) != self.sealed_size:
-            raise WrongSize(f"sealed payload of {len(envelope.sealed)} bytes; this round's are {self.sealed_size}")
-        if envelope.nonce in self.nonces:
-            raise ReplayedReport("nonce already admitted")
-        if envelope.sealed in self.sealed_seen:
-            raise DuplicateReport("this sealed payload was already admitted (re-wrapped copy)")
-        if self.per_token[envelope.token] >= spec.messages_per_user:
-            raise QuotaExceeded(f"token already sent {spec.messages_per_user} report(s)")
-        if len(self.payloads) >= spec.max_batch:
-            raise QuotaExceeded(f"round already holds its maximum batch of {spec.max_batch}")
-        if self.spool is not None:  # durable before it counts
-            self.spool.admit(spec.session_id, spec.round_id, AdmittedEnvelope(envelope.token, envelope.nonce, envelope.sealed))
-        self._record(envelope.token, envelope.nonce, envelope.sealed)
+        if self.spool is not None:
+            try:
+                self.spool.admit_many(spec.session_id, spec.round_id, batch)
+            except ShuffleDPError:  # another process on the spool admitted one of them: go one by one
+                kept = []
+                for envelope in batch:
+                    try:
+                        self.spool.admit(spec.session_id, spec.round_id, envelope)
+                        kept.append(envelope)
+                    except ShuffleDPError as exc:
+                        self.stats.rejected[exc.reason] += 1
+                        receipts.refused.append(envelope.nonce)
+                        receipts.reasons.append(exc.reason)
+                batch = kept
+        for envelope in batch:
+            self._record(envelope)
+            receipts.admitted.append(envelope.nonce)
+
+    def admit(self, data: bytes) -> None:
+        """Admit one encoded envelope or raise its typed :class:`ShuffleDPError` (tests and tools)."""
+        _, admitted = self._check(data, _Pending())
+        if admitted is not None:
+            self._commit([admitted], Receipts())
 
     def offer(self, data: bytes) -> None:
         """Admit or count the rejection; never raises for bad input."""
-        try:
-            self.admit(data)
-        except ShuffleDPError as exc:
-            self.stats.rejected[exc.reason] += 1
-        except Exception:  # a bug, not an input class: count it loudly, keep serving
-            self.stats.rejected[INTERNAL_ERROR] += 1
-            _log.exception("shuffler admission: untyped exception on a %d-byte input", len(data))
+        self.offer_many([data])
 
-    def shuffled_batch(self) -> ShuffledBatch:
+    def shuffled_payloads(self) -> list[bytes]:
+        """The admitted sealed reports in a uniformly random order (OS CSPRNG)."""
         order = secure_permutation(len(self.payloads))
-        payloads = tuple(self.payloads[i] for i in order)
-        return ShuffledBatch(self.spec.session_id, self.spec.round_id, payloads)
+        return [self.payloads[i] for i in order]
+
+
+class _Pending:
+    """Envelopes checked in the current burst but not yet committed to the spool."""
+
+    def __init__(self) -> None:
+        self.envelopes: list[AdmittedEnvelope] = []
+        self.nonces: dict[bytes, bytes] = {}
+        self.sealed: set[bytes] = set()
+        self.per_client: Counter = Counter()
+
+    def add(self, envelope: AdmittedEnvelope) -> None:
+        self.envelopes.append(envelope)
+        self.nonces[envelope.nonce] = envelope.sealed
+        self.sealed.add(envelope.sealed)
+        self.per_client[envelope.client_id] += 1
+
+
+def batch_chunks(
+    spec: RoundSpec, keys: ShufflerKeys, batch_id: bytes, payloads: list[bytes], chunk_size: int
+) -> list[bytes]:
+    """The encoded, signed chunks of one shuffled batch, in order."""
+    total = len(payloads)
+    starts = range(0, total, chunk_size)
+    chunks = len(starts)
+    return [
+        codec.encode(
+            signed(
+                keys.signing_private,
+                ShuffledBatch(spec.session_id, spec.round_id, batch_id, index, chunks, total, tuple(payloads[s : s + chunk_size])),
+            )
+        )
+        for index, s in enumerate(starts)
+    ]
 
 
 class Shuffler:
     """An asyncio shuffler for one session, running over any :class:`Channel`.
 
-    Batching policy (per round): admit until ``max_batch`` envelopes or the deadline,
-    whichever comes first, then release the batch if it holds at least ``min_batch``;
-    otherwise the round fails (``batch-too-small``) and nothing is forwarded. Honest
+    ``keys`` are its sealing and signing keys (the analyzer names their public halves
+    in every spec), ``issuer`` verifies client credentials, ``analyzer_signing_key``
+    authenticates specs and batch acknowledgements. Batching policy (per round):
+    admit until ``max_batch`` envelopes or the deadline, whichever comes first, then
+    release the batch if it holds at least ``min_batch``, else fail the round. Honest
     clients who answer before the deadline are never dropped because ``min_batch``
     was reached early.
 
     Durability: with a file-backed ``spool`` (:class:`~shuffledp.shuffler.spool.SqliteSpool`),
     a shuffler restarted after ``kill -9`` resumes the session's open rounds with their
-    admission state and never re-opens a released, served or failed round.
+    admission state, re-publishes unacknowledged batches and never re-opens a
+    released, served or failed round.
     """
 
     def __init__(
@@ -158,30 +334,54 @@ class Shuffler:
         channel: Channel,
         session_id: bytes,
         analyzer_signing_key: bytes,
+        keys: ShufflerKeys,
+        issuer: CredentialIssuer,
         *,
         spool: Spool | None = None,
+        revoked: frozenset[bytes] = frozenset(),
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        republish_interval: float = 30.0,
         clock=time.time,
     ) -> None:
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError("chunk_size must be a positive integer")
         self.channel = channel
         self.session_id = session_id
         self.analyzer_signing_key = analyzer_signing_key
+        self.keys = keys
+        self.issuer = issuer
+        self.revoked = frozenset(revoked)
         self.spool = spool if spool is not None else SqliteSpool(":memory:")
+        self.chunk_size = chunk_size
+        self.republish_interval = republish_interval
         self.clock = clock
         self.rounds: dict[int, RoundStats] = {}
         self.rejected_announcements: Counter = Counter()
+        self.rejected_acks: Counter = Counter()
+        self.acknowledged: int = 0
+        self.republished: int = 0
+        self.started = time.time()
 
+    # ------------------------------------------------------------------ serving
     async def serve(self) -> None:
-        """Resume the session's open rounds from the spool, then serve announced rounds until cancelled."""
+        """Resume from the spool, then serve announced rounds and acknowledgements until cancelled."""
         announcements = await self.channel.subscribe(announce_topic(self.session_id))
+        acks = await self.channel.subscribe(acks_topic(self.session_id))
+        ack_task = asyncio.create_task(self._serve_acks(acks))
+        republish_task = asyncio.create_task(self._republish_periodically())
         try:
+            await self.republish_unacknowledged()
             for stored in self.spool.rounds("open"):
                 if stored.session_id == self.session_id and stored.round_id not in self.rounds:
-                    await self._run_guarded(verified_round_spec(stored.signed_spec, self.analyzer_signing_key), stored.signed_spec)
+                    try:
+                        spec = self.verified_spec(stored.signed_spec)
+                    except ShuffleDPError as exc:  # e.g. keys rotated since: the round cannot be served
+                        self.spool.fail(stored.session_id, stored.round_id, exc.reason)
+                        continue
+                    await self._run_guarded(spec, stored.signed_spec)
             async for data in announcements:
                 try:
-                    spec = verified_round_spec(data, self.analyzer_signing_key)
-                    if spec.session_id != self.session_id:
-                        raise UnknownRound("spec for another session")
+                    spec = self.verified_spec(data)
                 except ShuffleDPError as exc:
                     self.rejected_announcements[exc.reason] += 1
                     continue
@@ -196,7 +396,20 @@ class Shuffler:
                     continue  # served (or failed) before a restart: never re-opened
                 await self._run_guarded(spec, data)
         finally:
+            for task in (ack_task, republish_task):
+                task.cancel()
+            await asyncio.gather(ack_task, republish_task, return_exceptions=True)
             await announcements.close()
+            await acks.close()
+
+    def verified_spec(self, signed_spec: bytes) -> RoundSpec:
+        """The spec inside a signed announcement, if the analyzer signed it for this session and this shuffler."""
+        spec = verified_round_spec(signed_spec, self.analyzer_signing_key)
+        if spec.session_id != self.session_id:
+            raise UnknownRound("spec for another session")
+        if spec.shuffler_key != self.keys.hpke_public or spec.shuffler_signing_key != self.keys.signing_public:
+            raise UnknownRound("spec names another shuffler")
+        return spec
 
     async def _run_guarded(self, spec: RoundSpec, signed_spec: bytes) -> None:
         try:
@@ -204,43 +417,147 @@ class Shuffler:
         except ShuffleDPError as exc:  # e.g. a batch too large to encode: the round fails, the service goes on
             self.rounds[spec.round_id].outcome = exc.reason
             self.spool.fail(spec.session_id, spec.round_id, exc.reason)
+            await self._publish_outcome(spec, "failed", exc.reason, self.rounds[spec.round_id].admitted)
             _log.warning("shuffler: round %d failed: %s", spec.round_id, exc)
 
     async def run_round(self, spec: RoundSpec, signed_spec: bytes) -> RoundStats:
         """Open (or resume) one round, admit until ``max_batch`` or the deadline, then release or fail."""
         self.spool.open_round(spec.session_id, spec.round_id, signed_spec)
-        admission = RoundAdmission(spec, self.spool)
+        admission = RoundAdmission(spec, self.keys, self.issuer, self.spool, revoked=self.revoked)
         self.rounds[spec.round_id] = admission.stats
         reports = await self.channel.subscribe(reports_topic(spec.session_id, spec.round_id))
         try:
             await self.channel.publish(spec_topic(spec.session_id), signed_spec, retain=True)
-            while admission.stats.admitted < spec.max_batch:
+            while not admission.full:
                 remaining = spec.deadline - self.clock()
                 if remaining <= 0:
                     break
                 try:
-                    data = await asyncio.wait_for(reports.get(), timeout=remaining)
+                    first = await asyncio.wait_for(reports.get(), timeout=remaining)
                 except asyncio.TimeoutError:
                     break
-                admission.offer(data)
+                burst = [first, *_drain(reports, limit=4096)]
+                receipts = admission.offer_many(burst)
+                if receipts:
+                    await self._publish_receipts(spec, receipts)
         finally:
             await reports.close()
         stats = admission.stats
         if stats.admitted < spec.min_batch:
             stats.outcome = BatchTooSmall.reason
             self.spool.fail(spec.session_id, spec.round_id, BatchTooSmall.reason)
+            await self._publish_outcome(spec, "failed", BatchTooSmall.reason, stats.admitted)
+            _log.info("shuffler: round %d failed with %d of %d reports", spec.round_id, stats.admitted, spec.min_batch)
             return stats
-        batch = admission.shuffled_batch()
-        encoded = codec.encode(batch)
-        self.spool.release(spec.session_id, spec.round_id, os.urandom(16), encoded)
-        await self.channel.publish(batch_topic(spec.session_id, spec.round_id), encoded)
-        stats.forwarded = batch.size
+        batch_id = os.urandom(BATCH_ID_BYTES)
+        chunks = batch_chunks(spec, self.keys, batch_id, admission.shuffled_payloads(), self.chunk_size)
+        self.spool.release(spec.session_id, spec.round_id, batch_id, chunks)
+        await self._publish_chunks(spec.session_id, spec.round_id, chunks)
+        stats.forwarded = stats.admitted
+        stats.chunks = len(chunks)
         stats.outcome = "forwarded"
+        await self._publish_outcome(spec, "released", "", stats.admitted, batch_id)
+        _log.info("shuffler: round %d released %d reports in %d chunk(s)", spec.round_id, stats.admitted, len(chunks))
         return stats
+
+    # ------------------------------------------------------------------ publishing
+    async def _publish_chunks(self, session_id: bytes, round_id: int, chunks: list[bytes]) -> None:
+        topic = batch_topic(session_id, round_id)
+        for chunk in chunks:
+            await self.channel.publish(topic, chunk)
+
+    async def _publish_receipts(self, spec: RoundSpec, receipts: Receipts) -> None:
+        message = AdmissionReceipts(
+            spec.session_id, spec.round_id, tuple(receipts.admitted), tuple(receipts.refused), tuple(receipts.reasons)
+        )
+        await self.channel.publish(receipts_topic(spec.session_id, spec.round_id), codec.encode(signed(self.keys.signing_private, message)))
+
+    async def _publish_outcome(
+        self, spec: RoundSpec, outcome: str, reason: str, admitted: int, batch_id: bytes = bytes(BATCH_ID_BYTES)
+    ) -> None:
+        message = signed(self.keys.signing_private, RoundOutcome(spec.session_id, spec.round_id, outcome, reason, admitted, batch_id))
+        await self.channel.publish(outcome_topic(spec.session_id, spec.round_id), codec.encode(message), retain=True)
+
+    async def republish_unacknowledged(self) -> int:
+        """Publish again every released batch of this session the analyzer has not acknowledged."""
+        count = 0
+        for stored in self.spool.unacknowledged():
+            if stored.session_id == self.session_id:
+                await self._publish_chunks(stored.session_id, stored.round_id, stored.chunks)
+                count += 1
+        self.republished += count
+        return count
+
+    async def _republish_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.republish_interval)
+            try:
+                await self.republish_unacknowledged()
+            except ShuffleDPError as exc:  # e.g. the broker is away: try again next time
+                _log.warning("shuffler: re-publishing unacknowledged batches failed: %s", exc)
+
+    # ------------------------------------------------------------------ acknowledgements
+    async def _serve_acks(self, acks) -> None:
+        async for data in acks:
+            self.handle_ack(data)
+
+    def handle_ack(self, data: bytes) -> bool:
+        """Mark a batch served on the analyzer's signed acknowledgement; count anything else by reason."""
+        try:
+            ack = decode_verified(data, BatchAck, self.analyzer_signing_key)
+            if ack.session_id != self.session_id:
+                raise UnknownRound("acknowledgement for another session")
+        except ShuffleDPError as exc:
+            self.rejected_acks[exc.reason] += 1
+            return False
+        except Exception:  # a bug, not an input class
+            self.rejected_acks[INTERNAL_ERROR] += 1
+            _log.exception("shuffler acknowledgement: untyped exception")
+            return False
+        if self.spool.acknowledge(ack.batch_id):
+            self.acknowledged += 1
+            stats = self.rounds.get(ack.round_id)
+            if stats is not None:
+                stats.outcome = "served"
+            return True
+        self.rejected_acks["unknown-batch"] += 1
+        return False
+
+    # ------------------------------------------------------------------ operator view
+    def stats(self) -> dict[str, Any]:
+        """Everything an operator reads: per-round admission and rejection counts by reason, acks, re-publishing."""
+        rejected: Counter = Counter()
+        for r in self.rounds.values():
+            rejected.update(r.rejected)
+        return {
+            "session_id": self.session_id.hex(),
+            "uptime_s": round(time.time() - self.started, 3),
+            "rounds": [r.as_dict() for r in sorted(self.rounds.values(), key=lambda r: r.round_id)],
+            "admitted_total": sum(r.admitted for r in self.rounds.values()),
+            "rejected_total": dict(sorted(rejected.items())),
+            "rejected_announcements": dict(self.rejected_announcements),
+            "rejected_acks": dict(self.rejected_acks),
+            "acknowledged_batches": self.acknowledged,
+            "republished_batches": self.republished,
+        }
+
+
+def _drain(subscription, limit: int) -> list[bytes]:
+    """Up to ``limit`` messages already waiting on a subscription, without waiting."""
+    take = getattr(subscription, "get_nowait_all", None)
+    if take is None:
+        return []
+    try:
+        return take(limit)
+    except TypeError:  # an implementation without a limit argument
+        return take()
 
 
 def verified_round_spec(signed_spec: bytes, analyzer_signing_key: bytes) -> RoundSpec:
     """The RoundSpec inside an encoded SignedRoundSpec, if the analyzer's signature verifies."""
-    signed = codec.decode(signed_spec, SignedRoundSpec)
-    verify(analyzer_signing_key, signed.spec_bytes, signed.signature)
-    return codec.decode(signed.spec_bytes, RoundSpec)
+    signed_message = codec.decode(signed_spec, SignedRoundSpec)
+    verify(analyzer_signing_key, signed_message.spec_bytes, signed_message.signature)
+    return codec.decode(signed_message.spec_bytes, RoundSpec)
+
+
+__all__ = ["RoundAdmission", "RoundStats", "Shuffler", "batch_chunks", "verified_round_spec"]

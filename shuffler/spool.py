@@ -8,10 +8,12 @@ and the payloads themselves. A round's state only moves forward
 (``open -> released -> served``, or ``open -> failed``), so a released or served
 round is never re-opened, whatever announcements are replayed to the shuffler.
 
-A released batch stays in the spool, under its batch id, until the analyzer
-acknowledges it; a restarted shuffler publishes unacknowledged batches again, and
-the analyzer ignores a batch id it has already opened: delivery is at least once
-on the wire and exactly once at the analyzer.
+A released batch (its signed chunks) stays in the spool, under its batch id, until
+the analyzer acknowledges it; a restarted shuffler publishes unacknowledged batches
+again, and the analyzer takes one batch id per round and ignores chunks it already
+holds: delivery is at least once on the wire and exactly once at the analyzer.
+Once a batch is acknowledged, or a round fails, its sealed reports are deleted:
+the shuffler keeps ciphertexts no longer than it needs them.
 
 :class:`SqliteSpool` is the embedded default: SQLite in WAL mode with
 ``synchronous=NORMAL`` (a commit survives the process being killed; surviving a
@@ -53,7 +55,7 @@ class StoredBatch:
     batch_id: bytes
     session_id: bytes
     round_id: int
-    encoded: bytes
+    chunks: list[bytes]
 
 
 class Spool(Protocol):
@@ -67,9 +69,11 @@ class Spool(Protocol):
 
     def admit(self, session_id: bytes, round_id: int, envelope: AdmittedEnvelope) -> None: ...
 
+    def admit_many(self, session_id: bytes, round_id: int, envelopes: list[AdmittedEnvelope]) -> None: ...
+
     def admitted(self, session_id: bytes, round_id: int) -> list[AdmittedEnvelope]: ...
 
-    def release(self, session_id: bytes, round_id: int, batch_id: bytes, encoded: bytes) -> None: ...
+    def release(self, session_id: bytes, round_id: int, batch_id: bytes, chunks: list[bytes]) -> None: ...
 
     def fail(self, session_id: bytes, round_id: int, reason: str) -> None: ...
 
@@ -90,7 +94,9 @@ CREATE TABLE IF NOT EXISTS admitted (
     UNIQUE (session_id, round_id, nonce), UNIQUE (session_id, round_id, sealed));
 CREATE TABLE IF NOT EXISTS batches (
     batch_id BLOB PRIMARY KEY, session_id BLOB NOT NULL, round_id INTEGER NOT NULL,
-    encoded BLOB NOT NULL, acknowledged INTEGER NOT NULL DEFAULT 0);
+    acknowledged INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS chunks (
+    batch_id BLOB NOT NULL, chunk INTEGER NOT NULL, encoded BLOB NOT NULL, PRIMARY KEY (batch_id, chunk));
 """
 
 
@@ -138,6 +144,19 @@ class SqliteSpool:
                 raise ReplayedReport("nonce already admitted (spool)") from None
             raise DuplicateReport("sealed payload already admitted (spool)") from None
 
+    def admit_many(self, session_id: bytes, round_id: int, envelopes: list[AdmittedEnvelope]) -> None:
+        """Commit several admitted envelopes in one transaction (all or none), or raise as :meth:`admit`."""
+        try:
+            with self._transaction():
+                self._db.executemany(
+                    "INSERT INTO admitted (session_id, round_id, client_id, nonce, sealed) VALUES (?, ?, ?, ?, ?)",
+                    [(session_id, round_id, e.client_id, e.nonce, e.sealed) for e in envelopes],
+                )
+        except sqlite3.IntegrityError as exc:
+            if "nonce" in str(exc):
+                raise ReplayedReport("nonce already admitted (spool)") from None
+            raise DuplicateReport("sealed payload already admitted (spool)") from None
+
     def admitted(self, session_id: bytes, round_id: int) -> list[AdmittedEnvelope]:
         rows = self._db.execute(
             "SELECT client_id, nonce, sealed FROM admitted WHERE session_id = ? AND round_id = ? ORDER BY seq",
@@ -145,18 +164,27 @@ class SqliteSpool:
         )
         return [AdmittedEnvelope(*row) for row in rows]
 
-    def release(self, session_id: bytes, round_id: int, batch_id: bytes, encoded: bytes) -> None:
-        """Store the batch and mark the round released, in one transaction."""
+    def release(self, session_id: bytes, round_id: int, batch_id: bytes, chunks: list[bytes]) -> None:
+        """Store the batch's encoded chunks and mark the round released, in one transaction."""
         with self._transaction():
             self._db.execute(
-                "INSERT INTO batches (batch_id, session_id, round_id, encoded) VALUES (?, ?, ?, ?)",
-                (batch_id, session_id, round_id, encoded),
+                "INSERT INTO batches (batch_id, session_id, round_id) VALUES (?, ?, ?)", (batch_id, session_id, round_id)
+            )
+            self._db.executemany(
+                "INSERT INTO chunks (batch_id, chunk, encoded) VALUES (?, ?, ?)",
+                [(batch_id, index, encoded) for index, encoded in enumerate(chunks)],
             )
             self._advance(session_id, round_id, "released")
 
     def fail(self, session_id: bytes, round_id: int, reason: str) -> None:
+        """Mark an open round failed and delete its admitted reports (they will never be forwarded)."""
         with self._transaction():
             self._advance(session_id, round_id, "failed", reason)
+            self._db.execute(
+                "DELETE FROM admitted WHERE session_id = ? AND round_id = ? AND EXISTS (SELECT 1 FROM rounds "
+                "WHERE session_id = ? AND round_id = ? AND state = 'failed')",
+                (session_id, round_id, session_id, round_id),
+            )
 
     def acknowledge(self, batch_id: bytes) -> bool:
         """Mark a batch acknowledged and its round served; False for an unknown or repeated ack."""
@@ -168,13 +196,24 @@ class SqliteSpool:
                 return False
             self._db.execute("UPDATE batches SET acknowledged = 1 WHERE batch_id = ?", (batch_id,))
             self._advance(row[0], row[1], "served")
+            self._db.execute("DELETE FROM chunks WHERE batch_id = ?", (batch_id,))
+            self._db.execute("DELETE FROM admitted WHERE session_id = ? AND round_id = ?", (row[0], row[1]))
             return True
 
     def unacknowledged(self) -> list[StoredBatch]:
+        """Released batches the analyzer has not acknowledged, with their encoded chunks in order."""
         rows = self._db.execute(
-            "SELECT batch_id, session_id, round_id, encoded FROM batches WHERE acknowledged = 0 ORDER BY round_id"
-        )
-        return [StoredBatch(*row) for row in rows]
+            "SELECT batch_id, session_id, round_id FROM batches WHERE acknowledged = 0 ORDER BY round_id"
+        ).fetchall()
+        return [
+            StoredBatch(
+                batch_id,
+                session_id,
+                round_id,
+                [c for (c,) in self._db.execute("SELECT encoded FROM chunks WHERE batch_id = ? ORDER BY chunk", (batch_id,))],
+            )
+            for batch_id, session_id, round_id in rows
+        ]
 
     def close(self) -> None:
         self._db.close()

@@ -1,0 +1,224 @@
+"""Onion envelopes, and the signatures on what the shuffler and analyzer tell each other.
+
+An envelope has two layers:
+
+* the **inner** layer is the padded report sealed to the analyzer
+  (:mod:`shuffledp.protocol.sealing`); the shuffler cannot open it;
+* the **outer** layer seals an :class:`~shuffledp.protocol.messages.Admission` (the
+  client's credential, a fresh nonce and the inner sealed report) to the shuffler,
+  with HPKE in the same suite, ``info = "shuffledp/v2/envelope" || session || round``.
+
+So the broker, the network and other clients see only the session, the round and a
+ciphertext whose length is fixed for the round (:class:`EnvelopeFormat`); the
+shuffler sees the credential and the inner ciphertext, never a value; the analyzer
+sees the inner ciphertext only, never a credential, an arrival time or an order.
+
+**Signed messages.** Batch chunks, admission receipts and round outcomes are signed
+by the shuffler's Ed25519 key, batch acknowledgements by the analyzer's. A message's
+signature field is 64 bytes; the signature covers
+
+    "shuffledp/v2/signed/" || type tag || SHA-256(encoding with the signature field zeroed)
+
+The field has a fixed size, so "the encoding with the signature zeroed" is the same
+bytes whether one re-encodes the message or zeroes the field in place: the analyzer
+checks a large batch chunk by hashing it once where it lies
+(:func:`verify_encoded`). The type tag in the signed string keeps a signature on one
+message type from being replayed as another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import TypeVar
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from shuffledp.protocol import codec
+from shuffledp.protocol.errors import BadSignature, InvalidParameter, SealingError, UnknownRound
+from shuffledp.protocol.messages import (
+    CREDENTIAL_BYTES,
+    NONCE_BYTES,
+    SESSION_ID_BYTES,
+    SIGNATURE_BYTES,
+    Admission,
+    Envelope,
+    RoundSpec,
+)
+from shuffledp.protocol.report_format import HPKE_OVERHEAD, WrongSize, report_format
+from shuffledp.protocol.sealing import SUITE, public_bytes
+
+ENVELOPE_INFO_LABEL = b"shuffledp/v2/envelope"
+SIGNED_LABEL = b"shuffledp/v2/signed/"
+M = TypeVar("M")
+
+
+def envelope_info(session_id: bytes, round_id: int) -> bytes:
+    """HPKE ``info`` of the outer layer: label || session id (16 bytes) || round id (8 bytes, big-endian)."""
+    if len(session_id) != SESSION_ID_BYTES:
+        raise InvalidParameter("session_id", f"must be {SESSION_ID_BYTES} bytes")
+    return ENVELOPE_INFO_LABEL + session_id + round_id.to_bytes(8, "big")
+
+
+@dataclass(frozen=True)
+class ShufflerKeys:
+    """The shuffler's long-term secrets: X25519 for the outer layer, Ed25519 for signatures."""
+
+    hpke_private: X25519PrivateKey
+    signing_private: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> "ShufflerKeys":
+        return cls(X25519PrivateKey.generate(), Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_bytes(cls, hpke_private: bytes, signing_seed: bytes) -> "ShufflerKeys":
+        try:
+            return cls(X25519PrivateKey.from_private_bytes(hpke_private), Ed25519PrivateKey.from_private_bytes(signing_seed))
+        except ValueError as exc:
+            raise InvalidParameter("shuffler keys", str(exc)) from None
+
+    @property
+    def hpke_public(self) -> bytes:
+        """Raw X25519 public key clients seal the outer layer to (named in every RoundSpec)."""
+        return public_bytes(self.hpke_private.public_key())
+
+    @property
+    def signing_public(self) -> bytes:
+        """Raw Ed25519 public key batches, receipts and outcomes are checked with (named in every RoundSpec)."""
+        return public_bytes(self.signing_private.public_key())
+
+
+class EnvelopeFormat:
+    """The fixed sizes of one round's envelopes: every field has one length per round.
+
+    ``admission_size`` is the encoded :class:`Admission` (round id, a 48-byte
+    credential, a 16-byte nonce, the round's sealed report); ``outer_size`` adds
+    HPKE's 48 bytes; ``size`` is the encoded :class:`Envelope`.
+    """
+
+    def __init__(self, round_id: int, mechanism: str) -> None:
+        self.sealed_size = report_format(round_id, mechanism).sealed_size
+        admission = Admission(round_id, bytes(CREDENTIAL_BYTES), bytes(NONCE_BYTES), bytes(self.sealed_size))
+        self.admission_size = len(codec.encode(admission))
+        self.outer_size = self.admission_size + HPKE_OVERHEAD
+        self.size = len(codec.encode(Envelope(bytes(SESSION_ID_BYTES), round_id, bytes(self.outer_size))))
+
+
+@functools.lru_cache(maxsize=64)
+def envelope_format(round_id: int, mechanism: str) -> EnvelopeFormat:
+    return EnvelopeFormat(round_id, mechanism)
+
+
+def wrap(spec: RoundSpec, credential: bytes, sealed: bytes, nonce: bytes | None = None) -> tuple[bytes, bytes]:
+    """Client side: the encoded envelope carrying ``sealed`` under ``credential``, and its nonce."""
+    nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
+    admission = codec.encode(Admission(spec.round_id, credential, nonce, sealed))
+    try:
+        key = X25519PublicKey.from_public_bytes(spec.shuffler_key)
+        outer = SUITE.encrypt(admission, key, info=envelope_info(spec.session_id, spec.round_id))
+    except ValueError as exc:
+        raise SealingError(f"cannot seal to the round's shuffler key ({exc})") from None
+    return codec.encode(Envelope(spec.session_id, spec.round_id, outer)), nonce
+
+
+class EnvelopeOpener:
+    """Shuffler side: opens the envelopes of one round, strictly.
+
+    :meth:`open` returns the :class:`Admission` inside, or raises a typed error: a
+    malformed envelope, another session or round (:class:`UnknownRound`), an outer
+    layer or sealed report not of the round's fixed size (:class:`WrongSize`), an
+    outer layer that does not open (:class:`SealingError`) or an admission for
+    another round.
+    """
+
+    def __init__(self, private: X25519PrivateKey, spec: RoundSpec) -> None:
+        self._private = private
+        self._spec = spec
+        self._info = envelope_info(spec.session_id, spec.round_id)
+        self.format = envelope_format(spec.round_id, spec.mechanism)
+
+    def open(self, data: bytes) -> Admission:
+        spec = self._spec
+        envelope = codec.decode(data, Envelope)
+        if envelope.session_id != spec.session_id or envelope.round_id != spec.round_id:
+            raise UnknownRound(f"envelope for session {envelope.session_id.hex()} round {envelope.round_id}")
+        if len(envelope.outer) != self.format.outer_size:
+            raise WrongSize(f"outer layer of {len(envelope.outer)} bytes; this round's are {self.format.outer_size}")
+        try:
+            plaintext = SUITE.decrypt(envelope.outer, self._private, info=self._info)
+        except (InvalidTag, ValueError) as exc:
+            raise SealingError(f"envelope does not open for this session and round ({type(exc).__name__})") from None
+        admission = codec.decode(plaintext, Admission)
+        if admission.round_id != spec.round_id:
+            raise UnknownRound(f"admission for round {admission.round_id} inside an envelope of round {spec.round_id}")
+        if len(admission.sealed) != self.format.sealed_size:
+            raise WrongSize(f"sealed report of {len(admission.sealed)} bytes; this round's are {self.format.sealed_size}")
+        return admission
+
+
+def _label(message_type: type) -> bytes:
+    return SIGNED_LABEL + codec.message_tag(message_type).encode()
+
+
+def signed(private: Ed25519PrivateKey, message: M) -> M:
+    """``message`` with its ``signature`` field set to ``private``'s signature (see the module docstring)."""
+    zeroed = dataclasses.replace(message, signature=bytes(SIGNATURE_BYTES))
+    digest = hashlib.sha256(codec.encode(zeroed)).digest()
+    return dataclasses.replace(message, signature=private.sign(_label(type(message)) + digest))
+
+
+def verify_signed(public: bytes, message: object) -> None:
+    """Raise :class:`BadSignature` unless ``message.signature`` is ``public``'s signature of it."""
+    zeroed = dataclasses.replace(message, signature=bytes(SIGNATURE_BYTES))
+    digest = hashlib.sha256(codec.encode(zeroed)).digest()
+    _verify(public, _label(type(message)) + digest, message.signature, type(message))
+
+
+def encoded_digest(encoded: bytes | memoryview, signature_at: int) -> bytes:
+    """SHA-256 of an encoding with the 64 signature bytes at ``signature_at`` read as zeros, hashed in place."""
+    view = memoryview(encoded)
+    h = hashlib.sha256()
+    h.update(view[:signature_at])
+    h.update(bytes(SIGNATURE_BYTES))
+    h.update(view[signature_at + SIGNATURE_BYTES :])
+    return h.digest()
+
+
+def verify_encoded(public: bytes, message_type: type, digest: bytes, signature: bytes) -> None:
+    """Check a signature over an encoding's zeroed digest (:func:`encoded_digest`) without decoding it."""
+    _verify(public, _label(message_type) + digest, signature, message_type)
+
+
+def _verify(public: bytes, data: bytes, signature: bytes, message_type: type) -> None:
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
+    except (InvalidSignature, ValueError) as exc:
+        raise BadSignature(f"{codec.message_tag(message_type)} signature does not verify ({type(exc).__name__})") from None
+
+
+def decode_verified(data: bytes, expected: type[M], public: bytes) -> M:
+    """Decode a signed message and check its signature, or raise a typed error."""
+    message = codec.decode(data, expected)
+    verify_signed(public, message)
+    return message
+
+
+__all__ = [
+    "EnvelopeFormat",
+    "EnvelopeOpener",
+    "ShufflerKeys",
+    "decode_verified",
+    "encoded_digest",
+    "envelope_format",
+    "envelope_info",
+    "signed",
+    "verify_encoded",
+    "verify_signed",
+    "wrap",
+]
