@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import cbor2
 import numpy as np
 import pytest
 
-from shuffledp.analyzer.service import Analyzer
 from shuffledp.client.client import Client, RoundExpired, randomize_reports, verified_spec
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.protocol import codec
-from shuffledp.protocol.errors import BadSignature, BudgetExceeded, InvalidParameter, MalformedMessage
+from shuffledp.protocol.errors import BadSignature, BudgetExceeded, InvalidParameter, MalformedMessage, UnknownRound
 from shuffledp.protocol.messages import (
     Envelope,
     HadamardRangeParams,
     ProjectedMeanParams,
     Report,
+    RoundOutcome,
     RoundSpec,
-    ShuffledBatch,
     SignedRoundSpec,
 )
+from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, signed
+from shuffledp.shuffler.service import RoundAdmission
+
+import parties
+from shuffledp.deployment import Deployment
 from shuffledp.protocol.randomness import SeededSource
 from shuffledp.protocol.sealing import open_sealed
 
@@ -93,33 +98,34 @@ def test_ledger_invalid_budget(eps, delta):
 # client
 # --------------------------------------------------------------------------
 
-ANALYZER = Analyzer()
+DEPLOYMENT = parties.DEPLOYMENT
+ANALYZER = DEPLOYMENT.analyzer()
 RANGE = HadamardRangeParams(-4.0, 4.0, 0.5)  # 8 bins
 
 
 def spec(round_id=0, params=RANGE, epsilon0=0.5, delta0=0.0, deadline=NOW + 60, session=S1) -> RoundSpec:
-    return RoundSpec(
-        session_id=session,
-        round_id=round_id,
-        params=params,
-        epsilon0=epsilon0,
-        delta0=delta0,
-        analyzer_key=ANALYZER.keys.hpke_public,
-        min_batch=1,
-        deadline=deadline,
-    )
+    import dataclasses
+
+    s = parties.make_spec(params, round_id=round_id, epsilon0=epsilon0, delta0=delta0, deadline=deadline, min_batch=1)
+    return dataclasses.replace(s, session_id=session)
 
 
 def client(budget=1.0, delta_budget=0.0, samples=(1.2, 1.4), **kw) -> Client:
+    kw.setdefault("credential", DEPLOYMENT.enroll())
     return Client(
         np.array(samples), ANALYZER.keys.signing_public, PrivacyLedger(budget, delta_budget), clock=lambda: NOW, **kw
     )
 
 
+def sealed_of(data: bytes, s: RoundSpec) -> bytes:
+    """The inner sealed report of an envelope, through the shuffler's opener."""
+    return EnvelopeOpener(DEPLOYMENT.shuffler_keys.hpke_private, s).open(data).sealed
+
+
 def open_envelope(data: bytes, s: RoundSpec) -> Report:
     envelope = codec.decode(data, Envelope)
     assert envelope.session_id == s.session_id and envelope.round_id == s.round_id
-    return codec.decode_padded(open_sealed(ANALYZER.keys.hpke_private, envelope.sealed, s.session_id, s.round_id), Report)
+    return codec.decode_padded(open_sealed(ANALYZER.keys.hpke_private, sealed_of(data, s), s.session_id, s.round_id), Report)
 
 
 def test_valid_range_answer_opens_to_report():
@@ -127,15 +133,18 @@ def test_valid_range_answer_opens_to_report():
     s = spec(round_id=5)
     out = c.answer(ANALYZER.sign_spec(s))
     assert len(out) == 1
-    envelope = codec.decode(out[0], Envelope)
-    assert c.token is None and len(envelope.token) == 16 and len(envelope.nonce) == 16  # a fresh token per round
+    admission = EnvelopeOpener(DEPLOYMENT.shuffler_keys.hpke_private, s).open(out[0])
+    assert admission.credential == c.credential and c.sent[(S1, 5)].nonces == [admission.nonce]
+    # the broker sees no credential: nothing but the session, the round and a ciphertext
+    assert set(cbor2.loads(out[0])) == {"v", "t", "session_id", "round_id", "outer"}
+    assert c.credential not in out[0]
     report = open_envelope(out[0], s)
     assert report.round_id == 5 and report.mechanism == "hadamard-range"
     row, bit = report.values
     assert 0 <= row < RANGE.padded_bins and bit in (-1, 1)
     assert c.ledger.spent_epsilon == 0.5 and (S1, 5) in c.ledger.answered
     # and through the analyzer's batch opener
-    opened = ANALYZER.open_batch(ShuffledBatch(S1, 5, (envelope.sealed,)), s)
+    opened = ANALYZER.open_payloads([admission.sealed], s)
     assert opened.size == 1 and not opened.rejected
     assert tuple(opened.values[0]) == report.values
 
@@ -161,7 +170,9 @@ def test_gaussian_round_spends_delta():
 
 def test_nonces_are_fresh():
     c = client(budget=10.0)
-    nonces = {codec.decode(c.answer(ANALYZER.sign_spec(spec(round_id=r)))[0], Envelope).nonce for r in range(5)}
+    for r in range(5):
+        c.answer(ANALYZER.sign_spec(spec(round_id=r)))
+    nonces = {n for sent in c.sent.values() for n in sent.nonces}
     assert len(nonces) == 5
 
 
@@ -173,7 +184,7 @@ def test_refuses_bad_signature():
         c.answer(codec.encode(forged))
     # a spec signed by another analyzer (e.g. with parameters changed) is refused too
     with pytest.raises(BadSignature):
-        c.answer(Analyzer().sign_spec(spec()))
+        c.answer(Deployment().analyzer().sign_spec(spec()))
     # a modified spec under the original signature
     other = codec.encode(spec(epsilon0=0.01))
     with pytest.raises(BadSignature):
@@ -224,9 +235,34 @@ def test_client_uses_its_local_mean():
 @pytest.mark.parametrize("samples", [[], [[1.0, 2.0]], [1.0, float("nan")]])
 def test_client_rejects_bad_samples(samples):
     with pytest.raises(InvalidParameter):
-        Client(np.array(samples), ANALYZER.keys.signing_public, PrivacyLedger(1.0))
+        Client(np.array(samples), ANALYZER.keys.signing_public, PrivacyLedger(1.0), credential=DEPLOYMENT.enroll())
 
 
-def test_client_rejects_bad_token():
+@pytest.mark.parametrize("credential", [b"short", bytes(49), "x" * 48, None])
+def test_client_rejects_bad_credential(credential):
     with pytest.raises(InvalidParameter):
-        client(token=b"short")
+        client(credential=credential)
+
+
+def test_client_settles_signed_receipts_and_outcomes():
+    c = client(budget=1.0)
+    s = spec(round_id=4)
+    envelope = c.answer(ANALYZER.sign_spec(s))[0]
+    adm = RoundAdmission(s, DEPLOYMENT.shuffler_keys, DEPLOYMENT.issuer)
+    receipts = adm.offer_many([envelope])
+    from shuffledp.protocol.messages import AdmissionReceipts
+
+    message = signed(DEPLOYMENT.shuffler_keys.signing_private, AdmissionReceipts(S1, 4, tuple(receipts.admitted), (), ()))
+    sent = c.settle_receipts(codec.encode(message))
+    assert sent.admitted == 1
+    # forged by anyone but the round's shuffler: refused, nothing recorded
+    impostor = ShufflerKeys.generate()
+    forged = signed(impostor.signing_private, RoundOutcome(S1, 4, "failed", "batch-too-small", 1, bytes(16)))
+    with pytest.raises(BadSignature):
+        c.settle_outcome(codec.encode(forged))
+    assert c.ledger.outcomes == {}
+    genuine = signed(DEPLOYMENT.shuffler_keys.signing_private, RoundOutcome(S1, 4, "failed", "batch-too-small", 1, bytes(16)))
+    c.settle_outcome(codec.encode(genuine))
+    assert c.ledger.lost_rounds() == [(S1, 4)] and c.ledger.spent_epsilon == 0.5  # told, and still charged
+    with pytest.raises(UnknownRound):  # a round this client never answered
+        c.settle_outcome(codec.encode(signed(DEPLOYMENT.shuffler_keys.signing_private, RoundOutcome(S1, 9, "released", "", 1, bytes(16)))))

@@ -20,30 +20,39 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from shuffledp.analyzer.coordinator import Coordinator
 from shuffledp.analyzer.service import Analyzer
-from shuffledp.client.client import Client
 from shuffledp.client.ledger import PrivacyLedger
+from shuffledp.deployment import Deployment
 from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel, announce_topic, batch_topic, reports_topic, spec_topic
+from shuffledp.protocol.channel import (
+    InProcessChannel,
+    acks_topic,
+    announce_topic,
+    batch_topic,
+    outcome_topic,
+    receipts_topic,
+    reports_topic,
+    spec_topic,
+)
+from shuffledp.protocol.credentials import CredentialIssuer
 from shuffledp.protocol.errors import BatchTooSmall
 from shuffledp.protocol.messages import (
-    Envelope,
-    HadamardRangeParams,
+    AdmissionReceipts,
     Report,
+    RoundOutcome,
     RoundSpec,
     ShuffledBatch,
     SignedRoundSpec,
 )
+from shuffledp.protocol.onion import ShufflerKeys, decode_verified, verify_signed
 from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.sealing import open_sealed
 from shuffledp.shuffler.permutation import secure_permutation
-from shuffledp.shuffler.service import RoundAdmission, Shuffler
+from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, Shuffler, batch_chunks
+
+from parties import ISSUER, OTHER_SESSION, PARAMS, SESSION, SHUFFLER_KEYS, credential, envelope, make_spec, nonce
 
 ALPHA_OS = 1e-6
-SESSION = bytes(range(16))
-OTHER_SESSION = bytes(16)
-PARAMS = HadamardRangeParams(-4.0, 4.0, 0.5)
 
 
 #: Every sealed payload of a round has one length (the padded report plus HPKE's 48 bytes).
@@ -55,16 +64,8 @@ def sealed_bytes(i: int) -> bytes:
     return i.to_bytes(SEALED, "big")
 
 
-def make_spec(messages_per_user=1, min_batch=3, round_id=3) -> RoundSpec:
-    return RoundSpec(SESSION, round_id, PARAMS, 0.5, bytes(32), min_batch, 1e12, messages_per_user=messages_per_user)
-
-
-def envelope(token: bytes, nonce: bytes, *, session=SESSION, round_id=3, sealed: bytes | None = None) -> bytes:
-    return codec.encode(Envelope(session, round_id, token, nonce, sealed if sealed is not None else os.urandom(SEALED)))
-
-
-def tok(i: int) -> bytes:
-    return i.to_bytes(16, "big")
+def admission(spec: RoundSpec, **options) -> RoundAdmission:
+    return RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, **options)
 
 
 # --------------------------------------------------------------------------
@@ -73,99 +74,172 @@ def tok(i: int) -> bytes:
 
 
 def test_admission_reasons_are_counted():
-    adm = RoundAdmission(make_spec(messages_per_user=2))
-    valid = [envelope(tok(1), tok(100)), envelope(tok(1), tok(101)), envelope(tok(2), tok(102))]
-    for data in valid:
-        adm.offer(data)
-    wrong_version = cbor2.loads(envelope(tok(3), tok(103)))
+    spec = make_spec(messages_per_user=2)
+    adm = admission(spec)
+    valid = [
+        envelope(spec, credential(1), sealed_bytes(1), nonce(100)),
+        envelope(spec, credential(1), sealed_bytes(2), nonce(101)),
+        envelope(spec, credential(2), sealed_bytes(3), nonce(102)),
+    ]
+    receipts = adm.offer_many(valid)
+    assert receipts.admitted == [nonce(100), nonce(101), nonce(102)] and not receipts.refused
+    wrong_version = cbor2.loads(envelope(spec, credential(3), sealed_bytes(4), nonce(103)))
     wrong_version["v"] = 3
+    forged = bytearray(credential(7))
+    forged[-1] ^= 1
     junk = {
-        "malformed": [b"", b"\xff", b"\xa1\x61v\x02", codec.encode(make_spec()), b"not cbor at all" * 3],
-        "too-large": [b"\x00" * 2049],
+        "malformed": [b"", b"\xff", b"\xa1\x61v\x02", codec.encode(spec), b"not cbor at all" * 3],
+        "too-large": [b"\x00" * 4097],
         "unsupported-version": [cbor2.dumps(wrong_version, canonical=True)],
         "unknown-round": [
-            envelope(tok(4), tok(104), session=OTHER_SESSION),
-            envelope(tok(4), tok(105), round_id=4),
+            envelope(spec, credential(4), sealed_bytes(5), nonce(104), session_id=OTHER_SESSION),
+            envelope(spec, credential(4), sealed_bytes(6), nonce(105), round_id=4),
         ],
-        "replay": [valid[0], envelope(tok(5), tok(100))],  # same bytes; same nonce, other token
-        "quota": [envelope(tok(1), tok(106))],  # third report of token 1, quota 2
+        "unsealable": [envelope(spec, credential(4), sealed_bytes(7), nonce(106), shuffler_key=ShufflerKeys.generate().hpke_public)],
+        "bad-credential": [envelope(spec, bytes(forged), sealed_bytes(8), nonce(107)), envelope(spec, CredentialIssuer.generate().issue(), sealed_bytes(9), nonce(108))],
+        "replay": [envelope(spec, credential(5), sealed_bytes(10), nonce(100))],  # admitted nonce, other report
+        "duplicate": [envelope(spec, credential(5), sealed_bytes(1), nonce(109))],  # admitted report, re-wrapped
+        "quota": [envelope(spec, credential(1), sealed_bytes(11), nonce(110))],  # third report of client 1, quota 2
+        "wrong-size": [envelope(spec, credential(6), bytes(SEALED - 1), nonce(111))],
     }
     for items in junk.values():
-        for data in items:
-            adm.offer(data)  # never raises
+        adm.offer_many(items)  # never raises
     assert adm.stats.admitted == 3
     assert adm.stats.rejected == Counter({reason: len(items) for reason, items in junk.items()})
-    assert adm.payloads == [codec.decode(d, Envelope).sealed for d in valid]
-    # a quota rejection does not burn the nonce; a later envelope from a fresh token with it is admitted
-    adm.offer(envelope(tok(6), tok(106)))
+    assert adm.payloads == [sealed_bytes(1), sealed_bytes(2), sealed_bytes(3)]
+    # an exact retransmission is acknowledged again and counted once
+    again = adm.offer_many([valid[0]])
+    assert again.admitted == [nonce(100)] and adm.stats.admitted == 3 and adm.stats.retransmitted == 1
+    # a quota refusal does not burn the nonce: a fresh client may use it
+    adm.offer(envelope(spec, credential(8), sealed_bytes(12), nonce(110)))
     assert adm.stats.admitted == 4
 
 
-def test_admit_raises_typed_errors():
-    from shuffledp.protocol.errors import MalformedMessage, QuotaExceeded, ReplayedReport, UnknownRound
+def test_receipts_name_refusals_that_opened():
+    spec = make_spec()
+    adm = admission(spec)
+    receipts = adm.offer_many(
+        [
+            envelope(spec, credential(1), sealed_bytes(1), nonce(1)),
+            envelope(spec, credential(1), sealed_bytes(2), nonce(2)),  # quota
+            b"junk",  # no nonce to name
+            envelope(spec, credential(2), sealed_bytes(1), nonce(3)),  # duplicate report
+        ]
+    )
+    assert receipts.admitted == [nonce(1)]
+    assert list(zip(receipts.refused, receipts.reasons)) == [(nonce(2), "quota"), (nonce(3), "duplicate")]
 
-    adm = RoundAdmission(make_spec())
-    adm.admit(envelope(tok(1), tok(1)))
+
+def test_a_credential_that_keeps_failing_is_rate_limited():
+    spec = make_spec()
+    adm = admission(spec)
+    adm.offer(envelope(spec, credential(1), sealed_bytes(0), nonce(0)))
+    items = [envelope(spec, credential(1), sealed_bytes(i), nonce(i)) for i in range(1, REFUSALS_PER_CREDENTIAL + 4)]
+    receipts = adm.offer_many(items)
+    assert adm.stats.rejected == Counter({"quota": REFUSALS_PER_CREDENTIAL, "rate-limited": 3})
+    assert len(receipts.refused) == REFUSALS_PER_CREDENTIAL  # rate-limited ones are dropped unanswered
+    adm.offer(envelope(spec, credential(2), sealed_bytes(99), nonce(99)))  # other clients are unaffected
+    assert adm.stats.admitted == 2
+
+
+def test_revoked_credentials_are_refused():
+    spec = make_spec()
+    adm = admission(spec, revoked=frozenset({(1).to_bytes(16, "big")}))
+    adm.offer(envelope(spec, credential(1), sealed_bytes(1), nonce(1)))
+    adm.offer(envelope(spec, credential(2), sealed_bytes(2), nonce(2)))
+    assert adm.stats.admitted == 1 and adm.stats.rejected == Counter({"bad-credential": 1})
+
+
+def test_admit_raises_typed_errors():
+    from shuffledp.protocol.credentials import BadCredential
+    from shuffledp.protocol.errors import MalformedMessage, QuotaExceeded, ReplayedReport, RoundFull, UnknownRound
+
+    spec = make_spec(max_batch=3)
+    adm = admission(spec)
+    adm.admit(envelope(spec, credential(1), sealed_bytes(1), nonce(1)))
     with pytest.raises(MalformedMessage):
         adm.admit(b"\x00")
     with pytest.raises(UnknownRound):
-        adm.admit(envelope(tok(2), tok(2), round_id=0))
+        adm.admit(envelope(spec, credential(2), sealed_bytes(2), nonce(2), round_id=0))
     with pytest.raises(ReplayedReport):
-        adm.admit(envelope(tok(2), tok(1)))
+        adm.admit(envelope(spec, credential(2), sealed_bytes(2), nonce(1)))
     with pytest.raises(QuotaExceeded):
-        adm.admit(envelope(tok(1), tok(3)))
+        adm.admit(envelope(spec, credential(1), sealed_bytes(3), nonce(3)))
+    with pytest.raises(BadCredential):
+        adm.admit(envelope(spec, bytes(48), sealed_bytes(3), nonce(3)))
+    adm.admit(envelope(spec, credential(2), sealed_bytes(2), nonce(2)))
+    adm.admit(envelope(spec, credential(3), sealed_bytes(3), nonce(3)))
+    with pytest.raises(RoundFull):
+        adm.admit(envelope(spec, credential(4), sealed_bytes(4), nonce(4)))
 
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=3000))
 def test_offer_never_raises_on_arbitrary_bytes(data):
-    adm = RoundAdmission(make_spec())
+    adm = admission(make_spec())
     adm.offer(data)
     assert adm.stats.admitted + sum(adm.stats.rejected.values()) == 1
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     choices=st.lists(
         st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from([3, 3, 3, 4]), st.booleans()), max_size=30
     ),
     quota=st.integers(1, 3),
+    burst=st.integers(1, 8),
 )
-def test_admission_matches_a_model(choices, quota):
-    """Admit iff right round, unseen nonce and the token is under quota (checked in that order)."""
-    adm = RoundAdmission(make_spec(messages_per_user=quota))
-    seen, per_token, admitted, rejected = set(), Counter(), [], Counter()
-    for i, (t, nonce, round_id, foreign) in enumerate(choices):
+def test_admission_matches_a_model(choices, quota, burst):
+    """Admit iff right round, credential not rate-limited, unseen nonce, under quota (in that order),
+    whether envelopes arrive one by one or in bursts committed together."""
+    spec = make_spec(messages_per_user=quota)
+    adm = admission(spec)
+    seen, per_client, refusals, admitted, rejected = set(), Counter(), Counter(), [], Counter()
+    items = []
+    for i, (c, n, round_id, foreign) in enumerate(choices):
         sealed = sealed_bytes(i)
-        data = envelope(tok(t), tok(nonce), round_id=round_id, session=OTHER_SESSION if foreign else SESSION, sealed=sealed)
-        adm.offer(data)
+        header = {"session_id": OTHER_SESSION} if foreign else {}
+        if round_id != 3:
+            header["round_id"] = round_id
+        items.append(envelope(spec, credential(c), sealed, nonce(n), **header))
         if foreign or round_id != 3:
             rejected["unknown-round"] += 1
-        elif nonce in seen:
+        elif refusals[c] >= REFUSALS_PER_CREDENTIAL:
+            rejected["rate-limited"] += 1
+        elif n in seen:
             rejected["replay"] += 1
-        elif per_token[t] >= quota:
+            refusals[c] += 1
+        elif per_client[c] >= quota:
             rejected["quota"] += 1
+            refusals[c] += 1
         else:
-            seen.add(nonce)
-            per_token[t] += 1
+            seen.add(n)
+            per_client[c] += 1
             admitted.append(sealed)
+    for start in range(0, len(items), burst):
+        adm.offer_many(items[start : start + burst])
     assert adm.payloads == admitted
     assert adm.stats.admitted == len(admitted)
     assert adm.stats.rejected == rejected
 
 
-def test_shuffled_batch_holds_exactly_the_admitted_payloads():
-    adm = RoundAdmission(make_spec())
+def test_shuffled_chunks_hold_exactly_the_admitted_payloads():
+    spec = make_spec()
+    adm = admission(spec)
     sealed = [sealed_bytes(i) for i in range(40)]
     for i, s in enumerate(sealed):
-        adm.offer(envelope(tok(i), tok(1000 + i), sealed=s))
-        adm.offer(envelope(tok(i), tok(2000 + i), sealed=sealed_bytes(1000 + i)))  # over quota: rejected
-    batch = adm.shuffled_batch()
-    assert isinstance(batch, ShuffledBatch)
-    assert (batch.session_id, batch.round_id, batch.size) == (SESSION, 3, 40)
-    assert Counter(batch.payloads) == Counter(sealed)
-    assert not set(batch.payloads) & {sealed_bytes(1000 + i) for i in range(40)}
-    assert codec.decode(codec.encode(batch), ShuffledBatch) == batch
+        adm.offer(envelope(spec, credential(i), s, nonce(1000 + i)))
+        adm.offer(envelope(spec, credential(i), sealed_bytes(1000 + i), nonce(2000 + i)))  # over quota: refused
+    batch_id = os.urandom(16)
+    chunks = batch_chunks(spec, SHUFFLER_KEYS, batch_id, adm.shuffled_payloads(), chunk_size=16)
+    decoded = [codec.decode(c, ShuffledBatch) for c in chunks]
+    assert [(b.chunk, b.chunks, b.total, b.size) for b in decoded] == [(0, 3, 40, 16), (1, 3, 40, 16), (2, 3, 40, 8)]
+    for b in decoded:
+        assert (b.session_id, b.round_id, b.batch_id) == (SESSION, 3, batch_id)
+        verify_signed(SHUFFLER_KEYS.signing_public, b)
+    payloads = [p for b in decoded for p in b.payloads]
+    assert Counter(payloads) == Counter(sealed)
+    assert not set(payloads) & {sealed_bytes(1000 + i) for i in range(40)}
 
 
 # --------------------------------------------------------------------------
@@ -201,14 +275,19 @@ def test_secure_permutation_is_uniform_over_s4():
 # --------------------------------------------------------------------------
 
 
-async def answer_round(channel, session_id, clients, inject):
-    """A tiny client population: wait for the open round's spec, publish junk, then the real answers."""
+async def answer_round(channel, session_id, clients, inject, batch_junk=()):
+    """A tiny client population: wait for the open round's spec, publish junk, then the real answers.
+
+    ``batch_junk`` is published on the round's batch topic first (an attacker posing as the shuffler).
+    """
     specs = await channel.subscribe(spec_topic(session_id))
     try:
         signed = await specs.get()
     finally:
         await specs.close()
     spec = codec.decode(codec.decode(signed, SignedRoundSpec).spec_bytes, RoundSpec)
+    for data in batch_junk:
+        await channel.publish(batch_topic(session_id, spec.round_id), data)
     topic = reports_topic(session_id, spec.round_id)
     answers = [c.answer(signed)[0] for c in clients]
     for data in inject(spec, answers):
@@ -216,56 +295,79 @@ async def answer_round(channel, session_id, clients, inject):
     return spec, answers
 
 
+def sealed_reports(deployment: Deployment, spec: RoundSpec, answers: list[bytes]) -> list[bytes]:
+    """The inner sealed reports of encoded envelopes (opening their outer layers as the shuffler does)."""
+    from shuffledp.protocol.onion import EnvelopeOpener
+
+    opener = EnvelopeOpener(deployment.shuffler_keys.hpke_private, spec)
+    return [opener.open(a).sealed for a in answers]
+
+
 async def test_round_forwards_exactly_the_valid_reports():
+    deployment = Deployment()
     channel = InProcessChannel()
-    analyzer = Analyzer()
-    coordinator = Coordinator(channel, analyzer, round_timeout=30.0, grace=5.0)
+    analyzer = deployment.analyzer()
+    coordinator = deployment.coordinator(channel, analyzer=analyzer, round_timeout=30.0, grace=5.0)
     sid = coordinator.session_id
-    shuffler = Shuffler(channel, sid, analyzer.keys.signing_public)
+    shuffler = deployment.shuffler(channel)
     rng = np.random.default_rng(5)
-    clients = [
-        Client(rng.normal(1.0, 0.5, size=10), analyzer.keys.signing_public, PrivacyLedger(1.0)) for _ in range(6)
-    ]
+    clients = [deployment.client(rng.normal(1.0, 0.5, size=10), PrivacyLedger(1.0)) for _ in range(6)]
+    impostor = ShufflerKeys.generate()
 
     def inject(spec, answers):
-        first = codec.decode(answers[0], Envelope)
         wrong_version = cbor2.loads(answers[1])
         wrong_version["v"] = 7
+        sealed = sealed_reports(deployment, spec, answers[:1])[0]
         yield b"\x00junk"
-        yield os.urandom(3000)
+        yield os.urandom(5000)
         yield cbor2.dumps(wrong_version, canonical=True)
-        yield envelope(tok(99), tok(99), session=bytes(16), round_id=spec.round_id)
-        yield envelope(tok(98), tok(98), session=sid, round_id=spec.round_id + 1)
+        yield envelope(spec, clients[0].credential, sealed, session_id=bytes(16))
+        yield envelope(spec, clients[0].credential, sealed, round_id=spec.round_id + 1)
         yield answers[0]
-        yield answers[0]  # replay
-        yield codec.encode(Envelope(sid, spec.round_id, first.token, os.urandom(16), os.urandom(len(first.sealed))))  # over quota
+        yield answers[0]  # an exact retransmission: acknowledged, counted once
+        yield envelope(spec, clients[1].credential, sealed)  # someone else's report, re-wrapped: duplicate
+        yield envelope(spec, clients[0].credential, os.urandom(len(sealed)))  # second report of client 0: quota
         yield from answers[1:]
 
     shuffler_task = asyncio.create_task(shuffler.serve())
     try:
         await asyncio.sleep(0)  # let the shuffler subscribe to announcements
         await channel.publish(announce_topic(sid), b"not a signed spec")
-        await channel.publish(announce_topic(sid), Analyzer().sign_spec(make_spec()))  # foreign signer
+        await channel.publish(announce_topic(sid), Analyzer().sign_spec(make_spec(deployment=deployment)))  # foreign signer
         batches = await channel.subscribe(batch_topic(sid, 0))
-        clients_task = asyncio.create_task(answer_round(channel, sid, clients, inject))
+        receipts_sub = await channel.subscribe(receipts_topic(sid, 0))
+        # an attacker on the batch topic: a well-formed batch signed by another key, and junk
+        forged_spec = make_spec(round_id=0, deployment=deployment)
+        forged = batch_chunks(forged_spec, impostor, os.urandom(16), [bytes(SEALED)] * 6, 16)[0]
+        clients_task = asyncio.create_task(answer_round(channel, sid, clients, inject, [forged, b"junk"]))
         record = await asyncio.wait_for(coordinator.run_round(PARAMS, 0.5, min_batch=len(clients)), 20)
         spec, answers = await clients_task
-        raw = await asyncio.wait_for(batches.get(), 5)
+        raws = [await asyncio.wait_for(batches.get(), 5) for _ in range(3)]
+        await asyncio.sleep(0.05)  # let the shuffler take the acknowledgement
+        receipts = [decode_verified(d, AdmissionReceipts, deployment.shuffler_keys.signing_public) for d in receipts_sub.get_nowait_all()]
     finally:
         shuffler_task.cancel()
         await asyncio.gather(shuffler_task, return_exceptions=True)
 
     assert shuffler.rejected_announcements == Counter({"malformed": 1, "bad-signature": 1})
+    assert coordinator.rejected_batches == Counter({"bad-signature": 1, "malformed": 1})
     stats_ = shuffler.rounds[spec.round_id]
-    assert stats_.outcome == "forwarded" and stats_.admitted == stats_.forwarded == len(clients)
+    assert stats_.admitted == stats_.forwarded == len(clients) and stats_.retransmitted == 1
+    assert stats_.outcome == "served" and shuffler.acknowledged == 1
+    assert shuffler.spool.round(sid, spec.round_id).state == "served"
     assert stats_.rejected == Counter(
-        {"malformed": 1, "too-large": 1, "unsupported-version": 1, "unknown-round": 2, "replay": 1, "quota": 1}
+        {"malformed": 1, "too-large": 1, "unsupported-version": 1, "unknown-round": 2, "duplicate": 1, "quota": 1}
     )
-    batch = codec.decode(raw, ShuffledBatch)
-    sealed = [codec.decode(a, Envelope).sealed for a in answers]
+    # every client's nonce was acknowledged as admitted
+    admitted = {n for r in receipts for n in r.admitted}
+    assert all(c.sent[(sid, spec.round_id)].nonces[0] in admitted for c in clients)
+    # the batch on the wire is the shuffler's (signed), and holds exactly the clients' sealed reports
+    batch = next(codec.decode(r, ShuffledBatch) for r in raws if r not in (forged, b"junk"))
+    verify_signed(deployment.shuffler_keys.signing_public, batch)
+    sealed = sealed_reports(deployment, spec, answers)
     assert Counter(batch.payloads) == Counter(sealed)
     # the analyzer opened all of them, and they are the clients' reports
-    assert record.opened.size == len(clients) and not record.opened.rejected
+    assert record.opened.size == len(clients) and not record.opened.rejected and record.batch_id == batch.batch_id
     reports = [
         codec.decode_padded(open_sealed(analyzer.keys.hpke_private, s, sid, spec.round_id), Report).values for s in sealed
     ]
@@ -273,25 +375,120 @@ async def test_round_forwards_exactly_the_valid_reports():
     assert record.spec == spec
 
 
-async def test_round_below_min_batch_is_not_forwarded():
+async def test_round_below_min_batch_fails_and_says_so():
+    deployment = Deployment()
     channel = InProcessChannel()
-    analyzer = Analyzer()
-    coordinator = Coordinator(channel, analyzer, round_timeout=0.3, grace=0.3)
+    coordinator = deployment.coordinator(channel, round_timeout=0.3, grace=5.0)
     sid = coordinator.session_id
-    shuffler = Shuffler(channel, sid, analyzer.keys.signing_public)
-    clients = [Client(np.array([0.5]), analyzer.keys.signing_public, PrivacyLedger(1.0)) for _ in range(2)]
+    shuffler = deployment.shuffler(channel)
+    clients = [deployment.client(np.array([0.5]), PrivacyLedger(1.0)) for _ in range(2)]
     shuffler_task = asyncio.create_task(shuffler.serve())
+    outcomes = await channel.subscribe(outcome_topic(sid, 0))
     try:
         await asyncio.sleep(0)
         clients_task = asyncio.create_task(answer_round(channel, sid, clients, lambda spec, answers: answers))
-        with pytest.raises(BatchTooSmall):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(BatchTooSmall, match="shuffler reports the round failed"):
             await coordinator.run_round(PARAMS, 0.5, min_batch=5)
+        waited = loop.time() - started
         await clients_task
-        # the shuffler's deadline (0.3 s) precedes the coordinator's (0.6 s): the round is already closed
         stats_ = shuffler.rounds[0]
+        outcome_bytes = await asyncio.wait_for(outcomes.get(), 1)
     finally:
         shuffler_task.cancel()
         await asyncio.gather(shuffler_task, return_exceptions=True)
+    assert waited < 3.0  # the signed outcome ended the wait, not the 5 s grace period
     assert stats_.outcome == "batch-too-small"
     assert stats_.admitted == 2 and stats_.forwarded == 0
     assert channel.messages_by_topic[batch_topic(sid, 0)] == 0
+    assert shuffler.spool.admitted(sid, 0) == []  # the reports were deleted, never to be forwarded
+    outcome = decode_verified(outcome_bytes, RoundOutcome, deployment.shuffler_keys.signing_public)
+    assert (outcome.outcome, outcome.reason, outcome.admitted) == ("failed", "batch-too-small", 2)
+    # each client learns that its charged round was lost
+    for c in clients:
+        c.settle_outcome(outcome_bytes)
+        assert c.ledger.lost_rounds() == [(sid, 0)] and c.ledger.spent_epsilon == 0.5
+
+
+async def test_large_batches_stream_in_signed_chunks_and_count_once():
+    deployment = Deployment()
+    channel = InProcessChannel()
+    coordinator = deployment.coordinator(channel, round_timeout=30.0, grace=5.0)
+    sid = coordinator.session_id
+    shuffler = deployment.shuffler(channel, chunk_size=4)
+    clients = [deployment.client(np.array([0.1 * i]), PrivacyLedger(1.0)) for i in range(10)]
+    batches = await channel.subscribe(batch_topic(sid, 0))
+    shuffler_task = asyncio.create_task(shuffler.serve())
+    try:
+        await asyncio.sleep(0)
+
+        def inject(spec, answers):
+            return answers
+
+        clients_task = asyncio.create_task(answer_round(channel, sid, clients, inject))
+        # re-deliver the first chunk before the last arrives (as after a shuffler restart)
+        original_publish = channel.publish
+        seen = []
+
+        async def publish_twice(topic, payload, *, retain=False):
+            await original_publish(topic, payload, retain=retain)
+            if topic == batch_topic(sid, 0):
+                seen.append(payload)
+                if len(seen) == 2:
+                    await original_publish(topic, seen[0])
+
+        channel.publish = publish_twice
+        record = await asyncio.wait_for(coordinator.run_round(PARAMS, 0.5, min_batch=10), 20)
+        await clients_task
+        await asyncio.sleep(0.05)
+    finally:
+        shuffler_task.cancel()
+        await asyncio.gather(shuffler_task, return_exceptions=True)
+    chunks = [codec.decode(d, ShuffledBatch) for d in batches.get_nowait_all()]
+    assert [c.chunk for c in chunks] == [0, 1, 0, 2] and {c.size for c in chunks} == {4, 2}
+    assert record.opened.size == 10 and record.chunks == 3
+    assert coordinator.rejected_batches == Counter({"redelivered-chunk": 1})
+    assert shuffler.rounds[0].chunks == 3 and shuffler.rounds[0].outcome == "served"
+    assert shuffler.spool.unacknowledged() == []
+
+
+async def test_unacknowledged_batches_are_published_again():
+    deployment = Deployment()
+    channel = InProcessChannel()
+    shuffler = deployment.shuffler(channel, republish_interval=0.05)
+    spec = make_spec(round_id=0, min_batch=1, deployment=deployment)
+    signed = deployment.analyzer().sign_spec(spec)
+    shuffler.spool.open_round(spec.session_id, 0, signed)
+    chunks = batch_chunks(spec, deployment.shuffler_keys, bytes(16), [bytes(SEALED)], 16)
+    shuffler.spool.release(spec.session_id, 0, bytes(16), chunks)
+    batches = await channel.subscribe(batch_topic(spec.session_id, 0))
+    task = asyncio.create_task(shuffler.serve())
+    try:
+        first = await asyncio.wait_for(batches.get(), 1)  # at start
+        again = await asyncio.wait_for(batches.get(), 1)  # periodically
+        # a forged acknowledgement changes nothing; the analyzer's does
+        forged = Analyzer().acknowledge(spec, bytes(16))
+        await channel.publish(acks_topic(spec.session_id), forged)
+        await channel.publish(acks_topic(spec.session_id), deployment.analyzer().acknowledge(spec, bytes(16)))
+        await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert first == again == chunks[0]
+    assert shuffler.rejected_acks == Counter({"bad-signature": 1})
+    assert shuffler.acknowledged == 1 and shuffler.spool.round(spec.session_id, 0).state == "served"
+    assert shuffler.spool.unacknowledged() == []
+
+
+def test_stats_are_json():
+    import json
+
+    deployment = Deployment()
+    shuffler = deployment.shuffler(InProcessChannel())
+    spec = make_spec(deployment=deployment)
+    adm = RoundAdmission(spec, deployment.shuffler_keys, deployment.issuer)
+    adm.offer(b"junk")
+    shuffler.rounds[spec.round_id] = adm.stats
+    stats_ = json.loads(json.dumps(shuffler.stats()))
+    assert stats_["rejected_total"] == {"malformed": 1} and stats_["rounds"][0]["rejected"] == {"malformed": 1}

@@ -15,47 +15,63 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from shuffledp.analyzer.service import Analyzer
-from shuffledp.client.client import Client
+from cryptography.hazmat.primitives import serialization
+
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel, announce_topic, batch_topic, reports_topic, spec_topic
-from shuffledp.protocol.errors import DuplicateReport, ReplayedReport
-from shuffledp.protocol.messages import Envelope, HadamardRangeParams, RoundSpec, ShuffledBatch
+from shuffledp.protocol.channel import InProcessChannel, announce_topic, batch_topic, reports_topic
+from shuffledp.protocol.errors import DuplicateReport, QuotaExceeded, ReplayedReport
+from shuffledp.protocol.messages import RoundSpec, ShuffledBatch
+from shuffledp.protocol.onion import EnvelopeOpener
 from shuffledp.shuffler.service import RoundAdmission, Shuffler
 from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool
 
-ANALYZER = Analyzer()
-SESSION = bytes(range(16))
-PARAMS = HadamardRangeParams(-4.0, 4.0, 0.5)
+import parties
+from parties import DEPLOYMENT, SESSION, SHUFFLER_KEYS, ISSUER
+
+ANALYZER = DEPLOYMENT.analyzer()
 
 
 def make_spec(round_id=0, min_batch=5, max_batch=50, deadline=None) -> RoundSpec:
     deadline = time.time() + 60 if deadline is None else deadline
-    return RoundSpec(SESSION, round_id, PARAMS, 0.5, ANALYZER.keys.hpke_public, min_batch, deadline, max_batch=max_batch)
+    return parties.make_spec(round_id=round_id, min_batch=min_batch, max_batch=max_batch, deadline=deadline)
 
 
 def envelopes(spec: RoundSpec, n: int) -> list[bytes]:
     signed = ANALYZER.sign_spec(spec)
-    return [
-        Client(np.array([0.1 * i]), ANALYZER.keys.signing_public, PrivacyLedger(9.0)).answer(signed)[0]
-        for i in range(n)
-    ]
+    return [DEPLOYMENT.client(np.array([0.1 * i]), PrivacyLedger(9.0)).answer(signed)[0] for i in range(n)]
+
+
+def sealed_of(spec: RoundSpec, data: list[bytes]) -> list[bytes]:
+    opener = EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec)
+    return [opener.open(d).sealed for d in data]
+
+
+def admission(spec: RoundSpec, spool) -> RoundAdmission:
+    return RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, spool)
+
+
+def shuffler(channel, spool=None) -> Shuffler:
+    return DEPLOYMENT.shuffler(channel, spool=spool)
 
 
 def test_round_states_only_move_forward(tmp_path):
     spool = SqliteSpool(tmp_path / "s.db")
     assert spool.open_round(SESSION, 1, b"spec").state == "open"
-    spool.release(SESSION, 1, b"b" * 16, b"batch")
+    spool.admit(SESSION, 1, AdmittedEnvelope(b"c" * 16, b"n" * 16, b"s" * 100))
+    spool.release(SESSION, 1, b"b" * 16, [b"chunk0", b"chunk1"])
     assert spool.round(SESSION, 1).state == "released"
     spool.fail(SESSION, 1, "late")  # only an open round can fail
     assert spool.open_round(SESSION, 1, b"other").state == "released"  # re-opening keeps the state
-    assert [b.batch_id for b in spool.unacknowledged()] == [b"b" * 16]
+    assert [(b.batch_id, b.chunks) for b in spool.unacknowledged()] == [(b"b" * 16, [b"chunk0", b"chunk1"])]
     assert spool.acknowledge(b"b" * 16) and not spool.acknowledge(b"b" * 16) and not spool.acknowledge(b"x")
     assert spool.round(SESSION, 1).state == "served" and spool.unacknowledged() == []
+    assert spool.admitted(SESSION, 1) == []  # a served round's ciphertexts are deleted
     spool.open_round(SESSION, 2, b"spec")
+    spool.admit(SESSION, 2, AdmittedEnvelope(b"c" * 16, b"n" * 16, b"s" * 100))
     spool.fail(SESSION, 2, "batch-too-small")
     assert [r.round_id for r in spool.rounds("failed")] == [2]
+    assert spool.admitted(SESSION, 2) == []  # a failed round's reports are deleted, never forwarded
 
 
 def test_spool_refuses_copies_itself(tmp_path):
@@ -67,20 +83,28 @@ def test_spool_refuses_copies_itself(tmp_path):
     with pytest.raises(DuplicateReport):
         spool.admit(SESSION, 1, AdmittedEnvelope(b"d" * 16, b"m" * 16, b"s" * 100))
     spool.admit(SESSION, 2, AdmittedEnvelope(b"c" * 16, b"n" * 16, b"s" * 100))  # another round: fine
+    with pytest.raises(ReplayedReport):  # a group commit is all or nothing
+        spool.admit_many(SESSION, 1, [AdmittedEnvelope(b"e" * 16, b"o" * 16, b"u" * 100), AdmittedEnvelope(b"e" * 16, b"n" * 16, b"v" * 100)])
     assert len(spool.admitted(SESSION, 1)) == 1 and len(spool.admitted(SESSION, 2)) == 1
 
 
 def test_admission_resumes_from_the_spool(tmp_path):
     spec = make_spec()
     data = envelopes(spec, 8)
-    first = RoundAdmission(spec, SqliteSpool(tmp_path / "s.db"))
+    first = admission(spec, SqliteSpool(tmp_path / "s.db"))
     for d in data[:5]:
         first.admit(d)
-    resumed = RoundAdmission(spec, SqliteSpool(tmp_path / "s.db"))  # a new process on the same file
+    resumed = admission(spec, SqliteSpool(tmp_path / "s.db"))  # a new process on the same file
     assert resumed.stats.admitted == resumed.stats.resumed == 5 and resumed.payloads == first.payloads
     for d in data:  # the clients (or an attacker) send everything again
         resumed.offer(d)
-    assert resumed.stats.admitted == 8 and resumed.stats.rejected == Counter({"replay": 5})
+    assert resumed.stats.admitted == 8 and resumed.stats.retransmitted == 5 and not resumed.stats.rejected
+    # the per-credential quota survives the restart too
+    assert len(first.per_client) == 5 and all(resumed.per_client[c] == 1 for c in first.per_client)
+    client_id = next(iter(first.per_client))
+    second_report = parties.envelope(spec, ISSUER.issue(client_id), bytes(len(first.payloads[0])))
+    with pytest.raises(QuotaExceeded):
+        resumed.admit(second_report)
 
 
 async def _serve_until(shuffler: Shuffler, condition, timeout=10.0):
@@ -105,7 +129,7 @@ async def test_restarted_shuffler_resumes_the_round_and_never_reopens_a_served_o
     await channel.publish(announce_topic(SESSION), signed, retain=True)
 
     # first life: four envelopes admitted, then the process "dies" (task cancelled, objects dropped)
-    first = Shuffler(channel, SESSION, ANALYZER.keys.signing_public, spool=SqliteSpool(path))
+    first = shuffler(channel, SqliteSpool(path))
 
     async def send(items):
         for d in items:
@@ -120,7 +144,7 @@ async def test_restarted_shuffler_resumes_the_round_and_never_reopens_a_served_o
     assert first.rounds[0].admitted == 4
 
     # second life, same spool: the round resumes with its four; replays are refused; two more fill it
-    second = Shuffler(channel, SESSION, ANALYZER.keys.signing_public, spool=SqliteSpool(path))
+    second = shuffler(channel, SqliteSpool(path))
     task = asyncio.create_task(second.serve())
     await asyncio.sleep(0.05)
     await send(data)  # everything again: four replays, two new
@@ -128,17 +152,18 @@ async def test_restarted_shuffler_resumes_the_round_and_never_reopens_a_served_o
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     stats = second.rounds[0]
-    assert stats.resumed == 4 and stats.admitted == 6 and stats.rejected == Counter({"replay": 4})
+    assert stats.resumed == 4 and stats.admitted == 6 and stats.retransmitted == 4 and not stats.rejected
     batch = codec.decode(raw, ShuffledBatch)
-    assert Counter(batch.payloads) == Counter(codec.decode(d, Envelope).sealed for d in data)
+    assert Counter(batch.payloads) == Counter(sealed_of(spec, data))
     assert SqliteSpool(path).round(SESSION, 0).state == "released"
 
     # third life: the retained announcement of the released round is replayed; it is not re-opened
-    third = Shuffler(channel, SESSION, ANALYZER.keys.signing_public, spool=SqliteSpool(path))
-    await _serve_until(third, lambda: True)
-    await asyncio.sleep(0)
+    third = shuffler(channel, SqliteSpool(path))
+    await _serve_until(third, lambda: third.republished == 1)
     assert third.rounds == {}
-    assert channel.messages_by_topic[batch_topic(SESSION, 0)] == 1
+    # ... but its unacknowledged batch is published again, byte for byte (the analyzer counts it once)
+    assert channel.messages_by_topic[batch_topic(SESSION, 0)] == 2
+    assert await asyncio.wait_for(batches.get(), 1) == raw
 
 
 async def test_policy_admits_until_max_or_deadline_not_until_min(tmp_path):
@@ -148,8 +173,8 @@ async def test_policy_admits_until_max_or_deadline_not_until_min(tmp_path):
     data = envelopes(spec, 7)
     batches = await channel.subscribe(batch_topic(SESSION, 0))
     await channel.publish(announce_topic(SESSION), ANALYZER.sign_spec(spec), retain=True)
-    shuffler = Shuffler(channel, SESSION, ANALYZER.keys.signing_public)
-    task = asyncio.create_task(shuffler.serve())
+    service = shuffler(channel)
+    task = asyncio.create_task(service.serve())
     await asyncio.sleep(0.05)
     for d in data:
         await channel.publish(reports_topic(SESSION, 0), d)
@@ -162,13 +187,17 @@ async def test_policy_admits_until_max_or_deadline_not_until_min(tmp_path):
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec
+    from shuffledp.protocol.credentials import CredentialIssuer
+    from shuffledp.protocol.messages import RoundSpec
+    from shuffledp.protocol.onion import ShufflerKeys
     from shuffledp.shuffler.service import RoundAdmission
     from shuffledp.shuffler.spool import SqliteSpool
-    spec_path, spool_path, env_path = sys.argv[1:4]
+    spec_path, spool_path, env_path, keys_path = sys.argv[1:5]
     from shuffledp.protocol import codec
     spec = codec.decode(open(spec_path, "rb").read(), RoundSpec)
-    admission = RoundAdmission(spec, SqliteSpool(spool_path))
+    keys = open(keys_path, "rb").read()
+    shuffler_keys = ShufflerKeys.from_bytes(keys[:32], keys[32:64])
+    admission = RoundAdmission(spec, shuffler_keys, CredentialIssuer(keys[64:96]), SqliteSpool(spool_path))
     data = open(env_path, "rb").read()
     size = int.from_bytes(data[:4], "big")
     items = [data[4 + i * size: 4 + (i + 1) * size] for i in range((len(data) - 4) // size)]
@@ -190,9 +219,12 @@ def test_kill_9_mid_admission_loses_nothing_admitted_and_admits_nothing_twice(tm
     assert len({len(d) for d in data}) == 1  # one envelope length per round
     (tmp_path / "spec").write_bytes(codec.encode(spec))
     (tmp_path / "env").write_bytes(len(data[0]).to_bytes(4, "big") + b"".join(data))
+    raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    keys = SHUFFLER_KEYS.hpke_private.private_bytes(*raw) + SHUFFLER_KEYS.signing_private.private_bytes(*raw) + ISSUER.key
+    (tmp_path / "keys").write_bytes(keys)
     spool_path = tmp_path / "spool.db"
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(tmp_path / "spec"), str(spool_path), str(tmp_path / "env")],
+        [sys.executable, "-c", _CHILD, str(tmp_path / "spec"), str(spool_path), str(tmp_path / "env"), str(tmp_path / "keys")],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -202,12 +234,11 @@ def test_kill_9_mid_admission_loses_nothing_admitted_and_admits_nothing_twice(tm
     finally:
         child.wait(10)
     assert child.returncode == -signal.SIGKILL
-    resumed = RoundAdmission(spec, SqliteSpool(spool_path))
+    resumed = admission(spec, SqliteSpool(spool_path))
     survived = resumed.stats.admitted
     assert 41 <= survived <= 120
     # every committed envelope is back, in a consistent database, and none is admitted twice
-    stored = [codec.decode(d, Envelope).sealed for d in data[:survived]]
-    assert resumed.payloads == stored
+    assert resumed.payloads == sealed_of(spec, data[:survived])
     for d in data:
         resumed.offer(d)
-    assert resumed.stats.admitted == 120 and sum(resumed.stats.rejected.values()) == survived
+    assert resumed.stats.admitted == 120 and resumed.stats.retransmitted == survived and not resumed.stats.rejected
