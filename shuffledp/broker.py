@@ -1,0 +1,756 @@
+"""Operator tooling for the MQTT broker the parties talk through (mosquitto).
+
+This is not device code: it needs only the standard library, ``cryptography`` and
+the mosquitto binaries (``mosquitto``, ``mosquitto_passwd``). It writes everything a
+broker for shuffledp needs into one directory and can run it:
+
+* an **ACL file** generated from :data:`shuffledp.protocol.channel.TOPIC_ACCESS`, so
+  the topic layout and who may use which topic cannot drift apart. Every user has
+  exactly one role (``analyzer``, ``shuffler`` or ``client``); a role may have many
+  users (e.g. one shared ``client`` username for a fleet, or one per device);
+* a **password file** (hashed by ``mosquitto_passwd -U``, so no password ever appears
+  on a command line) and a **credentials file** (JSON, mode 0600) holding the random
+  passwords, for the operator to hand out;
+* a **TLS** CA (self-signed) and a server certificate for the broker's names
+  (``localhost`` and ``127.0.0.1`` always, more on request); private keys are 0600;
+* a ``mosquitto.conf`` that refuses anonymous clients, enforces the ACL, speaks TLS
+  1.2 or later on its main listener (a plaintext listener is added on loopback only
+  when asked), and sizes packets and queues for batch chunks and load tests.
+
+:class:`Broker` runs mosquitto as a subprocess on a free loopback port (sync and
+async context manager), waits until it accepts connections, and can be stopped and
+restarted on the same port, which the reconnection tests need.
+
+mosquitto drops a publish the ACL forbids *silently* (MQTT 3.1.1 has no way to say
+no; the publisher still gets its PUBACK) and never delivers a message to a
+subscriber without read access. The ACL is a first fence, not the protocol's
+security: every party still verifies signatures, sizes and rounds of everything it
+receives.
+
+Command line (writes a deployment directory, optionally runs the broker)::
+
+    python -m shuffledp.broker DIR --bind 0.0.0.0 --port 8883 --name mqtt.example.org \\
+        --client device-1 --client device-2 [--run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as _dt
+import ipaddress
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from shuffledp.protocol.channel import TOPIC_ACCESS
+
+#: Largest MQTT packet the broker accepts (a batch chunk plus headers fits).
+DEFAULT_MAX_PACKET_SIZE = 64 * 1024 * 1024
+#: Messages mosquitto queues per client beyond those in flight (load tests send many).
+DEFAULT_MAX_QUEUED_MESSAGES = 100_000
+#: QoS 1 messages in flight from the broker to one client before it waits for PUBACKs.
+DEFAULT_MAX_INFLIGHT_MESSAGES = 100
+
+_USERNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_OWNER_ONLY = 0o600
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be configured, started or stopped (the message says why)."""
+
+
+def find_binary(name: str) -> str:
+    """Path of a mosquitto binary: on ``PATH``, else in /usr/sbin or /usr/bin.
+
+    Raises :class:`BrokerError` naming the Debian package when it is missing.
+    """
+    for candidate in (shutil.which(name), f"/usr/sbin/{name}", f"/usr/bin/{name}"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise BrokerError(f"{name} is not installed (Debian: apt-get install mosquitto mosquitto-clients)")
+
+
+def _write_private(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` readable and writable by its owner only (0600).
+
+    The file is created with mode 0600 (never briefly wider) and re-chmodded if it
+    already existed.
+    """
+    raw = data.encode() if isinstance(data, str) else data
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _OWNER_ONLY)
+    try:
+        os.fchmod(fd, _OWNER_ONLY)
+        os.write(fd, raw)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- users
+
+
+@dataclass(frozen=True)
+class BrokerUser:
+    """One broker account: a username, its single role and its (plaintext) password."""
+
+    username: str
+    role: str
+    password: str
+
+
+class BrokerUsers:
+    """The accounts of a broker, each with one role of :data:`TOPIC_ACCESS`.
+
+    A role may have any number of users; a username belongs to one role only.
+    Passwords are random (``secrets.token_urlsafe(24)``, 192 bits) unless given.
+    """
+
+    def __init__(self) -> None:
+        self._users: dict[str, BrokerUser] = {}
+
+    @classmethod
+    def default(cls, client_usernames: Iterable[str] = ("client",)) -> "BrokerUsers":
+        """One ``analyzer`` and one ``shuffler`` user (named after their roles) and the
+        given client usernames (default: one shared ``client`` account)."""
+        users = cls()
+        users.add("analyzer", "analyzer")
+        users.add("shuffler", "shuffler")
+        for name in client_usernames:
+            users.add(name, "client")
+        return users
+
+    def add(self, username: str, role: str, password: str | None = None) -> BrokerUser:
+        """Add an account; returns it. Raises ``ValueError`` for an unknown role, a
+        username that is taken or not ``[A-Za-z0-9][A-Za-z0-9._-]{0,63}``, or a
+        password with a newline."""
+        if role not in TOPIC_ACCESS:
+            raise ValueError(f"role: must be one of {sorted(TOPIC_ACCESS)}, got {role!r}")
+        if not _USERNAME.match(username):
+            raise ValueError(f"username: must match [A-Za-z0-9][A-Za-z0-9._-]{{0,63}}, got {username!r}")
+        if username in self._users:
+            raise ValueError(f"username: {username!r} already exists")
+        if password is None:
+            password = secrets.token_urlsafe(24)
+        if not password or "\n" in password or "\r" in password:
+            raise ValueError("password: must be non-empty and on one line")
+        user = BrokerUser(username, role, password)
+        self._users[username] = user
+        return user
+
+    def __iter__(self):
+        return iter(self._users.values())
+
+    def __len__(self) -> int:
+        return len(self._users)
+
+    def get(self, username: str) -> BrokerUser:
+        """The account ``username`` (``KeyError`` if there is none)."""
+        return self._users[username]
+
+    def for_role(self, role: str) -> list[BrokerUser]:
+        """Every account of ``role``, in the order they were added."""
+        return [u for u in self._users.values() if u.role == role]
+
+    def acl_text(self) -> str:
+        """The mosquitto ACL file: one ``user`` block per account with its role's
+        ``topic write``/``topic read`` filters from :data:`TOPIC_ACCESS`.
+
+        There are no topic lines before the first ``user`` line, so a client without
+        a username (anonymous; refused anyway by ``allow_anonymous false``) may use
+        no topic at all.
+        """
+        lines = [
+            "# Generated by shuffledp.broker from shuffledp.protocol.channel.TOPIC_ACCESS; do not edit.",
+            "# mosquitto silently drops publishes to topics a user may not write,",
+            "# and never delivers messages from topics a user may not read.",
+        ]
+        for user in self._users.values():
+            lines.append("")
+            lines.append(f"# role {user.role}")
+            lines.append(f"user {user.username}")
+            for access in ("write", "read"):
+                for topic_filter in TOPIC_ACCESS[user.role].get(access, ()):
+                    lines.append(f"topic {access} {topic_filter}")
+        return "\n".join(lines) + "\n"
+
+    def write_acl_file(self, path: Path | str) -> Path:
+        """Write :meth:`acl_text` to ``path`` (mode 0600); returns the path."""
+        path = Path(path)
+        _write_private(path, self.acl_text())
+        return path
+
+    def write_password_file(self, path: Path | str, *, mosquitto_passwd: str | None = None) -> Path:
+        """Write the hashed password file for mosquitto (mode 0600); returns the path.
+
+        The plaintext ``user:password`` lines are written 0600 and hashed in place by
+        ``mosquitto_passwd -U`` (PBKDF2-SHA512), so the passwords never appear in any
+        process's arguments. Raises :class:`BrokerError` if hashing fails.
+        """
+        if not self._users:
+            raise BrokerError("no broker users: add at least one before writing the password file")
+        path = Path(path)
+        _write_private(path, "".join(f"{u.username}:{u.password}\n" for u in self._users.values()))
+        binary = mosquitto_passwd or find_binary("mosquitto_passwd")
+        done = subprocess.run([binary, "-U", str(path)], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            path.unlink(missing_ok=True)
+            raise BrokerError(f"mosquitto_passwd -U failed: {(done.stderr or done.stdout).strip()}")
+        os.chmod(path, _OWNER_ONLY)
+        return path
+
+    def write_credentials(self, path: Path | str, **extra: object) -> Path:
+        """Write the plaintext credentials for the operator as JSON (mode 0600).
+
+        Layout: ``{"users": [{"username", "role", "password"}, ...], **extra}``
+        (``extra`` carries e.g. host, port and CA file). Returns the path.
+        """
+        path = Path(path)
+        doc = dict(extra)
+        doc["users"] = [{"username": u.username, "role": u.role, "password": u.password} for u in self._users.values()]
+        _write_private(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return path
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Paths of a generated CA certificate and the server's certificate and key."""
+
+    ca_file: Path
+    ca_key_file: Path
+    cert_file: Path
+    key_file: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "shuffledp"), x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def generate_tls(
+    directory: Path | str,
+    *,
+    server_names: Sequence[str] = (),
+    valid_days: int = 365,
+) -> TlsFiles:
+    """Create a self-signed CA and a server certificate it signs, in ``directory``.
+
+    The server certificate's subject alternative names are ``localhost``,
+    ``127.0.0.1`` and ``::1`` plus ``server_names`` (each an IP address or a DNS
+    name). Keys are ECDSA P-256, written unencrypted with mode 0600; certificates are
+    PEM (0644). The CA may only sign end-entity certificates (path length 0); the
+    server certificate is for TLS server authentication only. Files: ``ca.crt``,
+    ``ca.key``, ``server.crt``, ``server.key``.
+    """
+    directory = Path(directory)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    not_before = now - _dt.timedelta(minutes=5)
+    not_after = now + _dt.timedelta(days=valid_days)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("shuffledp broker CA")
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ca_ski, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    names: list[x509.GeneralName] = []
+    seen: set[str] = set()
+    for entry in ("localhost", "127.0.0.1", "::1", *server_names):
+        if entry in seen:
+            continue
+        seen.add(entry)
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(entry)))
+        except ValueError:
+            names.append(x509.DNSName(entry))
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    common = next((n for n in server_names), "localhost")
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+    files = TlsFiles(directory / "ca.crt", directory / "ca.key", directory / "server.crt", directory / "server.key")
+    _write_private(files.ca_key_file, key_pem(ca_key))
+    _write_private(files.key_file, key_pem(server_key))
+    files.ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    files.cert_file.write_bytes(server_cert.public_bytes(serialization.Encoding.PEM))
+    return files
+
+
+# --------------------------------------------------------------------------- config
+
+
+def mosquitto_conf(
+    *,
+    host: str,
+    port: int,
+    tls: TlsFiles,
+    password_file: Path,
+    acl_file: Path,
+    plaintext_port: int | None = None,
+    persistence_dir: Path | None = None,
+    run_as: str | None = None,
+    max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
+    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
+    max_inflight_messages: int = DEFAULT_MAX_INFLIGHT_MESSAGES,
+) -> str:
+    """The text of a mosquitto 2.x configuration for shuffledp.
+
+    Guarantees: anonymous clients are refused; every user is checked against the
+    password file and the ACL; the main listener (``host:port``) speaks only TLS 1.2
+    or later with the given server certificate (clients are not asked for one); a
+    plaintext listener exists only if ``plaintext_port`` is given, and then binds
+    127.0.0.1 only. Messages live in memory only unless ``persistence_dir`` is set.
+    """
+    lines = [
+        "# Generated by shuffledp.broker; regenerate rather than edit.",
+        "per_listener_settings false",
+        "allow_anonymous false",
+        f"password_file {password_file}",
+        f"acl_file {acl_file}",
+    ]
+    if run_as:
+        # Only used when started as root: mosquitto would otherwise switch to the
+        # 'mosquitto' user, which cannot read the 0600 files written here.
+        lines.append(f"user {run_as}")
+    if persistence_dir is None:
+        lines.append("persistence false")
+    else:
+        lines += ["persistence true", f"persistence_location {str(persistence_dir).rstrip('/')}/"]
+    lines += [
+        f"max_packet_size {max_packet_size}",
+        f"max_queued_messages {max_queued_messages}",
+        "max_queued_bytes 0",
+        f"max_inflight_messages {max_inflight_messages}",
+        "set_tcp_nodelay true",
+        "log_dest stderr",
+        "log_type error",
+        "log_type warning",
+        "log_type notice",
+        "log_timestamp_format %Y-%m-%dT%H:%M:%S",
+        "",
+        f"listener {port} {host}",
+        "protocol mqtt",
+        f"cafile {tls.ca_file}",
+        f"certfile {tls.cert_file}",
+        f"keyfile {tls.key_file}",
+        "require_certificate false",
+        "tls_version tlsv1.2",
+    ]
+    if plaintext_port is not None:
+        lines += ["", "# Plaintext, loopback only (asked for explicitly).", f"listener {plaintext_port} 127.0.0.1", "protocol mqtt"]
+    return "\n".join(lines) + "\n"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it; it may be taken later)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _accepts(host: str, port: int, context: ssl.SSLContext | None, timeout: float = 0.5) -> bool:
+    """Whether ``host:port`` accepts a TCP connection (and, with ``context``, completes
+    a TLS handshake that verifies against it)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            if context is not None:
+                with context.wrap_socket(raw, server_hostname=host):
+                    pass
+        return True
+    except OSError:  # ssl.SSLError and socket timeouts included
+        return False
+
+
+def _current_user() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+# --------------------------------------------------------------------------- broker
+
+
+class Broker:
+    """A mosquitto broker configured for shuffledp, run as a subprocess.
+
+    ``Broker(directory)`` writes users, passwords, TLS material and the config into
+    ``directory`` (a new private temporary directory, removed by :meth:`close`, if
+    none is given). :meth:`start` runs mosquitto and returns once its listeners
+    accept TCP connections; :meth:`stop` ends it (SIGTERM, then SIGKILL after
+    ``timeout``); :meth:`restart` starts it again **on the same ports** with the same
+    files. Use as ``with Broker() as b:`` or ``async with Broker() as b:`` (the async
+    form runs the blocking start and stop in a worker thread).
+
+    Passwords and certificates are made once per instance (on the first start or
+    by :meth:`write_files`) and therefore survive restarts.
+    """
+
+    def __init__(
+        self,
+        directory: Path | str | None = None,
+        *,
+        users: BrokerUsers | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        plaintext: bool = False,
+        server_names: Sequence[str] = (),
+        persistence_dir: Path | str | None = None,
+        run_as: str | None = None,
+        max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
+        max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
+        max_inflight_messages: int = DEFAULT_MAX_INFLIGHT_MESSAGES,
+        startup_timeout: float = 10.0,
+        mosquitto: str | None = None,
+    ) -> None:
+        self._owns_directory = directory is None
+        self.directory = Path(tempfile.mkdtemp(prefix="shuffledp-broker-") if directory is None else directory)
+        self.users = users if users is not None else BrokerUsers.default()
+        if not self.users:
+            raise ValueError("users: the broker needs at least one user")
+        self.host = host
+        self._fixed_port = port is not None
+        self.port = port if port is not None else free_port(self._connect_host())
+        self.plaintext_port: int | None = free_port() if plaintext else None
+        self.server_names = tuple(server_names)
+        self.persistence_dir = Path(persistence_dir) if persistence_dir is not None else None
+        self.run_as = run_as if run_as is not None else _current_user()
+        self.max_packet_size = max_packet_size
+        self.max_queued_messages = max_queued_messages
+        self.max_inflight_messages = max_inflight_messages
+        self.startup_timeout = startup_timeout
+        self._mosquitto = mosquitto
+        self._process: subprocess.Popen | None = None
+        self._tls: TlsFiles | None = None
+        self.starts = 0
+
+    # -- files
+
+    @property
+    def conf_file(self) -> Path:
+        return self.directory / "mosquitto.conf"
+
+    @property
+    def log_file(self) -> Path:
+        """mosquitto's stderr (its log), appended to across restarts."""
+        return self.directory / "mosquitto.log"
+
+    @property
+    def credentials_file(self) -> Path:
+        """The 0600 JSON file with every user's plaintext password (for the operator)."""
+        return self.directory / "credentials.json"
+
+    @property
+    def acl_file(self) -> Path:
+        return self.directory / "acl"
+
+    @property
+    def password_file(self) -> Path:
+        return self.directory / "passwd"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA certificate clients verify the broker against (``tls_ca_file``)."""
+        return self.directory / "ca.crt"
+
+    def write_files(self) -> None:
+        """Write the files mosquitto needs into :attr:`directory`.
+
+        TLS material, ACL and password file are made once per :class:`Broker` (so
+        certificates and passwords survive restarts); the config and the
+        credentials file are rewritten every time (they name the current ports).
+        """
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self._tls is None:
+            tls = generate_tls(self.directory, server_names=self.server_names)
+            self.users.write_acl_file(self.acl_file)
+            self.users.write_password_file(self.password_file)
+            self._tls = tls
+        if self.persistence_dir is not None:
+            self.persistence_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.users.write_credentials(
+            self.credentials_file, host=self._connect_host(), port=self.port, ca_file=str(self._tls.ca_file)
+        )
+        _write_private(
+            self.conf_file,
+            mosquitto_conf(
+                host=self.host,
+                port=self.port,
+                tls=self._tls,
+                password_file=self.password_file,
+                acl_file=self.acl_file,
+                plaintext_port=self.plaintext_port,
+                persistence_dir=self.persistence_dir,
+                run_as=self.run_as,
+                max_packet_size=self.max_packet_size,
+                max_queued_messages=self.max_queued_messages,
+                max_inflight_messages=self.max_inflight_messages,
+            ),
+        )
+
+    # -- accounts
+
+    def credentials(self, role: str) -> tuple[str, str]:
+        """``(username, password)`` of the first account of ``role`` (``KeyError`` if none)."""
+        users = self.users.for_role(role)
+        if not users:
+            raise KeyError(f"no broker user has role {role!r}")
+        return users[0].username, users[0].password
+
+    def channel_options(self, role_or_username: str) -> dict[str, object]:
+        """Keyword arguments for ``MqttChannel(broker.host, broker.port, **...)``: the
+        username and password of an account (by username, else the first of a role)
+        and the CA file."""
+        try:
+            user = self.users.get(role_or_username)
+        except KeyError:
+            username, password = self.credentials(role_or_username)
+        else:
+            username, password = user.username, user.password
+        return {"username": username, "password": password, "tls_ca_file": str(self.ca_file)}
+
+    # -- process
+
+    def _connect_host(self) -> str:
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+
+    @property
+    def running(self) -> bool:
+        """Whether the mosquitto process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of mosquitto's log ('' if there is none yet)."""
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def start(self) -> "Broker":
+        """Start mosquitto and wait until every listener accepts TCP connections.
+
+        If the OS-chosen port was taken in the meantime (and no port was given), a
+        new one is tried, up to three times. Raises :class:`BrokerError` with the tail
+        of mosquitto's log if it exits or does not listen within ``startup_timeout``.
+        """
+        if self.running:
+            return self
+        attempts = 1 if self._fixed_port or self.starts else 3
+        for attempt in range(attempts):
+            self.write_files()
+            try:
+                self._launch()
+                self.starts += 1
+                return self
+            except BrokerError as exc:
+                if attempt + 1 == attempts or "in use" not in str(exc).lower():
+                    raise
+                # The port went to someone else between free_port() and bind: rewrite the config.
+                self.port = free_port(self._connect_host())
+                if self.plaintext_port is not None:
+                    self.plaintext_port = free_port()
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
+        binary = self._mosquitto or find_binary("mosquitto")
+        log = open(self.log_file, "ab")
+        try:
+            self._process = subprocess.Popen(
+                [binary, "-c", str(self.conf_file)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        finally:
+            log.close()
+        # The TLS listener counts as up once a handshake verifies against *our* CA, so
+        # another program listening on the port cannot pass for the broker.
+        tls = ssl.create_default_context(cafile=str(self.ca_file))
+        endpoints: list[tuple[str, int, ssl.SSLContext | None]] = [(self._connect_host(), self.port, tls)]
+        if self.plaintext_port is not None:
+            endpoints.append(("127.0.0.1", self.plaintext_port, None))
+        deadline = time.monotonic() + self.startup_timeout
+        for host, port, context in endpoints:
+            endpoint = (host, port)
+            while True:
+                if _accepts(host, port, context):
+                    break
+                if self._process.poll() is not None:
+                    code = self._process.returncode
+                    self._process = None
+                    raise BrokerError(
+                        f"mosquitto exited with status {code} before listening on {endpoint[0]}:{endpoint[1]}; "
+                        f"log {self.log_file}:\n{self.log_tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise BrokerError(
+                        f"mosquitto did not listen on {endpoint[0]}:{endpoint[1]} within {self.startup_timeout} s; "
+                        f"log {self.log_file}:\n{self.log_tail()}"
+                    )
+                time.sleep(0.02)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop mosquitto (SIGTERM; SIGKILL if it has not exited after ``timeout`` s).
+
+        Its clients see their connections close. Idempotent."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def kill(self) -> None:
+        """End mosquitto abruptly (SIGKILL), as a crash would. Idempotent."""
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def restart(self) -> None:
+        """Stop if running, then start again on the same host and ports."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop mosquitto and, if the directory was a temporary one made here, remove it."""
+        self.stop()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> "Broker":
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Broker":
+        try:
+            return await asyncio.to_thread(self.start)
+        except BaseException:
+            await asyncio.to_thread(self.close)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"Broker({self.host}:{self.port}, {state}, directory={str(self.directory)!r})"
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write a broker deployment directory (and optionally run mosquitto in the foreground)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m shuffledp.broker",
+        description="Write a mosquitto deployment for shuffledp: ACL from TOPIC_ACCESS, hashed passwords, "
+        "TLS CA and server certificate, mosquitto.conf, and credentials.json (0600) for the operator.",
+    )
+    parser.add_argument("directory", type=Path, help="where to write the files (created 0700)")
+    parser.add_argument("--bind", default="127.0.0.1", help="listener address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8883, help="TLS listener port (default 8883)")
+    parser.add_argument("--name", action="append", default=[], help="extra DNS name or IP for the server certificate")
+    parser.add_argument("--client", action="append", default=[], help="a client username (repeat; default: one shared 'client')")
+    parser.add_argument("--plaintext", action="store_true", help="also listen in plaintext on a loopback port")
+    parser.add_argument("--persistence-dir", type=Path, default=None, help="persist retained messages and sessions there")
+    parser.add_argument("--run", action="store_true", help="run the broker until interrupted")
+    args = parser.parse_args(argv)
+    broker = Broker(
+        args.directory,
+        users=BrokerUsers.default(args.client or ("client",)),
+        host=args.bind,
+        port=args.port,
+        plaintext=args.plaintext,
+        server_names=args.name,
+        persistence_dir=args.persistence_dir,
+    )
+    broker.write_files()
+    print(f"wrote {broker.directory}: mosquitto.conf, acl, passwd, ca.crt, server.crt/key, credentials.json")
+    print(f"run: mosquitto -c {broker.conf_file}")
+    if not args.run:
+        return 0
+    broker.start()
+    print(f"mosquitto listening on {broker.host}:{broker.port} (TLS); log {broker.log_file}; Ctrl-C stops it")
+    try:
+        while broker.running:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
