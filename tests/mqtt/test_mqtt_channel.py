@@ -1,4 +1,4 @@
-"""The MQTT channel against a real mosquitto broker."""
+"""The MQTT channel against a real mosquitto broker (authenticated, TLS)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,18 @@ import pytest
 
 from shuffledp.population import Population
 from shuffledp.protocol.channel import InProcessChannel
+from shuffledp.protocol.errors import TransportError
 from shuffledp.protocol.mqtt_channel import MqttChannel
-from shuffledp.simulation import SimulationConfig, parse_broker, run_simulation
+from shuffledp.simulation import SimulationConfig, run_simulation
 
 pytestmark = pytest.mark.mqtt
+
+#: A topic the shuffler may write and the analyzer may read (a batch topic).
+BATCH = "shuffledp/00aa/0/batch"
+
+
+def channel(broker, role: str, **kwargs) -> MqttChannel:
+    return MqttChannel(broker.host, broker.port, **broker.channel_options(role), **kwargs)
 
 
 async def _exchange(publisher, subscriber, topic: str, payloads: list[bytes]) -> list[bytes]:
@@ -23,26 +31,83 @@ async def _exchange(publisher, subscriber, topic: str, payloads: list[bytes]) ->
     return got
 
 
-async def test_bytes_arrive_unchanged_and_in_order(mosquitto):
-    host, port = parse_broker(mosquitto)
+async def test_bytes_arrive_unchanged_and_in_order(broker):
     payloads = [bytes([i % 256]) * (i + 1) for i in range(200)] + [bytes(range(256)) * 4096]
-    async with MqttChannel(host, port) as a, MqttChannel(host, port) as b:
-        got = await _exchange(a, b, "shuffledp/test/order", payloads)
+    async with channel(broker, "shuffler") as a, channel(broker, "analyzer") as b:
+        got = await _exchange(a, b, BATCH, payloads)
+        assert a.messages_by_topic[BATCH] == len(payloads)
+        assert a.bytes_by_topic[BATCH] == sum(map(len, payloads))
     assert got == payloads
     # The in-process channel carries the same bytes the same way.
-    channel = InProcessChannel()
-    assert await _exchange(channel, channel, "t", payloads) == payloads
+    in_process = InProcessChannel()
+    assert await _exchange(in_process, in_process, "t", payloads) == payloads
 
 
-async def test_retained_message_reaches_a_late_subscriber(mosquitto):
-    host, port = parse_broker(mosquitto)
-    async with MqttChannel(host, port) as a:
-        await a.publish("shuffledp/test/retained", b"spec-1", retain=True)
-        await a.publish("shuffledp/test/retained", b"spec-2", retain=True)
-        await asyncio.sleep(0.2)
-    async with MqttChannel(host, port) as late:
-        sub = await late.subscribe("shuffledp/test/retained")
+async def test_a_batch_chunk_of_several_mib_passes(broker):
+    """The broker's packet limit is sized for batch chunks (64 MiB); 8 MiB must pass."""
+    chunk = bytes(range(256)) * (8 * 4096)
+    async with channel(broker, "shuffler") as a, channel(broker, "analyzer") as b:
+        sub = await b.subscribe(BATCH)
+        await a.publish(BATCH, chunk)
+        assert await asyncio.wait_for(sub.get(), timeout=20) == chunk
+
+
+async def test_retained_message_reaches_a_late_subscriber(broker):
+    topic = "shuffledp/00bb/spec"
+    async with channel(broker, "shuffler") as a:
+        await a.publish(topic, b"spec-1", retain=True)
+        await a.publish(topic, b"spec-2", retain=True)
+    async with channel(broker, "client") as late:
+        sub = await late.subscribe(topic)
         assert await asyncio.wait_for(sub.get(), timeout=10) == b"spec-2"
+
+
+async def test_concurrent_publishes_and_publish_many(broker):
+    """Many publishes at once (gather) and a windowed publish_many all arrive, in order."""
+    async with channel(broker, "shuffler") as a, channel(broker, "analyzer") as b:
+        sub = await b.subscribe(BATCH)
+        first = [i.to_bytes(4, "big") for i in range(3000)]
+        await asyncio.gather(*(a.publish(BATCH, p) for p in first))
+        second = [i.to_bytes(4, "big") for i in range(3000, 8000)]
+        assert await a.publish_many(BATCH, second, window=200) == len(second)
+        got = [await asyncio.wait_for(sub.get(), timeout=10) for _ in range(len(first) + len(second))]
+    assert got == first + second
+    assert a.messages_by_topic[BATCH] == 8000
+
+
+async def test_subscription_queue_is_bounded(broker):
+    """With queue_limit=5 and 20 unread messages, 15 are dropped and counted; the first 5 stay."""
+    async with channel(broker, "shuffler") as a, channel(broker, "analyzer", queue_limit=5) as b:
+        sub = await b.subscribe(BATCH)
+        control = await b.subscribe("shuffledp/00aa/0/outcome")
+        await a.publish_many(BATCH, [bytes([i]) for i in range(20)])
+        await a.publish("shuffledp/00aa/0/outcome", b"done")  # after the 20, on the same connection
+        assert await asyncio.wait_for(control.get(), timeout=10) == b"done"
+        assert sub.dropped == 15
+        assert b.dropped_by_topic == {BATCH: 15}
+        assert sub.get_nowait_all() == [bytes([i]) for i in range(5)]
+        # Reading frees room: the next message is queued again.
+        await a.publish(BATCH, b"later")
+        assert await asyncio.wait_for(sub.get(), timeout=10) == b"later"
+
+
+async def test_closing_the_channel_wakes_a_waiting_get(broker):
+    ch = channel(broker, "analyzer")
+    await ch.connect()
+    sub = await ch.subscribe(BATCH)
+    waiter = asyncio.create_task(sub.get())
+    await asyncio.sleep(0.05)
+    await ch.close()
+    with pytest.raises(TransportError, match="closed"):
+        await asyncio.wait_for(waiter, timeout=5)
+    with pytest.raises(TransportError, match="closed"):
+        await ch.publish(BATCH, b"x")
+
+
+async def test_unreachable_broker_is_a_typed_error():
+    with pytest.raises(TransportError, match="cannot connect.*refused"):
+        async with MqttChannel("127.0.0.1", 1):  # nothing listens on port 1
+            pass
 
 
 def test_protocol_over_mqtt_matches_in_process(mosquitto):
@@ -51,6 +116,8 @@ def test_protocol_over_mqtt_matches_in_process(mosquitto):
     Both runs use the same simulation seed, so the report values are identical and the
     analyzer's estimate must agree to the last bit (only the permutation differs, and
     the mean is permutation-invariant up to float summation order: compare to 1e-12).
+    Runs on the anonymous plaintext broker: ``run_simulation(broker=...)`` has no
+    credentials option yet.
     """
     pop = Population("gaussian", 1.7, 1.0, 20.0, 50)
     results = [
@@ -65,11 +132,3 @@ def test_protocol_over_mqtt_matches_in_process(mosquitto):
         assert r_mq["messages"] == r_in["messages"] == 600
         assert r_mq["envelope_bytes"] == r_in["envelope_bytes"]
         assert r_mq["rejected_at_analyzer"] == {}
-
-
-async def test_unreachable_broker_is_a_typed_error():
-    from shuffledp.protocol.errors import TransportError
-
-    with pytest.raises(TransportError, match="cannot connect"):
-        async with MqttChannel("127.0.0.1", 1):  # nothing listens on port 1
-            pass
