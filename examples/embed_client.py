@@ -1,34 +1,36 @@
 """A device's view of one round: verify the analyzer's spec, answer it, stay within budget.
 
-Run: ``python examples/embed_client.py``. The "analyzer" here only produces a
-signed spec and opens the answer, to show both ends of the wire.
+Run: ``python examples/embed_client.py``. The analyzer and shuffler here only do
+their part for this one envelope, to show every layer of the wire: the device
+seals its padded report to the analyzer (inner layer), then wraps it with its
+credential and a fresh nonce, sealed to the shuffler (outer layer).
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from shuffledp.analyzer.service import Analyzer
-from shuffledp.client import Client, PrivacyLedger
-from shuffledp.protocol import codec
+from shuffledp.client import PrivacyLedger
+from shuffledp.deployment import Deployment
 from shuffledp.protocol.errors import BudgetExceeded
-from shuffledp.protocol.messages import Envelope, HadamardRangeParams, RoundSpec, ShuffledBatch
+from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec
+from shuffledp.protocol.onion import EnvelopeOpener
 
-analyzer = Analyzer()
+deployment = Deployment()  # in production: keys on disk, and a credential from enrollment
+analyzer = deployment.analyzer()
 spec = RoundSpec(
-    session_id=os.urandom(16), round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8),
-    epsilon0=0.5, analyzer_key=analyzer.keys.hpke_public, min_batch=1, deadline=time.time() + 60,
+    session_id=deployment.session_id, round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
+    analyzer_key=analyzer.keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
+    shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=1, deadline=time.time() + 60,
 )
 signed_spec = analyzer.sign_spec(spec)  # what the device receives from the shuffler
 
-# On the device: its samples, the analyzer key it pinned, and its local budget.
-client = Client(np.array([1.2, 2.1, 1.9]), analyzer.keys.signing_public, PrivacyLedger(epsilon_budget=0.5))
+# On the device: its samples, the analyzer key it pinned, its local budget and its credential.
+client = deployment.client(np.array([1.2, 2.1, 1.9]), PrivacyLedger(epsilon_budget=0.5))
 envelopes = client.answer(signed_spec)
-envelope = codec.decode(envelopes[0], Envelope)
-print(f"device sent {len(envelopes)} envelope of {len(envelopes[0])} bytes; sealed payload {len(envelope.sealed)} bytes")
+print(f"device sent {len(envelopes)} envelope of {len(envelopes[0])} bytes (every envelope of this round has that length)")
 print(f"ledger: spent eps {client.ledger.spent_epsilon} of {client.ledger.epsilon_budget}")
 
 try:
@@ -36,7 +38,12 @@ try:
 except BudgetExceeded as exc:
     print(f"answering again is refused: {exc}")
 
-# At the analyzer (after the shuffler): open the report.
-opened = analyzer.open_batch(ShuffledBatch(spec.session_id, spec.round_id, (envelope.sealed,)), spec)
+# At the shuffler: the outer layer opens to the credential, a nonce and a sealed report it cannot read.
+admission = EnvelopeOpener(deployment.shuffler_keys.hpke_private, spec).open(envelopes[0])
+client_id = deployment.issuer.verify(admission.credential)
+print(f"shuffler admitted client {client_id.hex()[:8]}...: sealed report of {len(admission.sealed)} bytes")
+
+# At the analyzer (after shuffling): open the report.
+opened = analyzer.open_payloads([admission.sealed], spec)
 row, bit = opened.values[0]
 print(f"analyzer opened: Hadamard row {row}, bit {bit:+d}")

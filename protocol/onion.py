@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from shuffledp.protocol import codec
-from shuffledp.protocol.errors import BadSignature, InvalidParameter, SealingError, UnknownRound
+from shuffledp.protocol.errors import BadSignature, InvalidParameter, MalformedMessage, SealingError, UnknownRound
 from shuffledp.protocol.messages import (
     CREDENTIAL_BYTES,
     NONCE_BYTES,
@@ -127,6 +127,42 @@ def wrap(spec: RoundSpec, credential: bytes, sealed: bytes, nonce: bytes | None 
     return codec.encode(Envelope(spec.session_id, spec.round_id, outer)), nonce
 
 
+class FixedLayout:
+    """The one deterministic encoding of a message whose every field has a fixed length in a round.
+
+    Built from a template message in which the ``variable`` bytes fields hold random
+    markers: everything else (map header, keys, the round's fixed values) is the same
+    bytes in every valid message of the round. :meth:`fields` checks those bytes and
+    slices the variable fields out, with no general CBOR parse. Because the wire format
+    admits only the deterministic encoding, bytes that pass are exactly the valid
+    messages of the round with those field lengths; callers fall back to the general
+    decoder on a mismatch, for its precise typed error.
+    """
+
+    def __init__(self, template: object, variable: tuple[str, ...]) -> None:
+        markers = {name: os.urandom(len(getattr(template, name))) for name in variable}
+        encoded = codec.encode(dataclasses.replace(template, **markers))
+        spans = sorted((encoded.index(marker), name, len(marker)) for name, marker in markers.items())
+        self.size = len(encoded)
+        self._fixed: list[tuple[int, bytes]] = []
+        self._fields: list[tuple[str, int, int]] = []
+        position = 0
+        for start, name, length in spans:
+            self._fixed.append((position, encoded[position:start]))
+            self._fields.append((name, start, start + length))
+            position = start + length
+        self._fixed.append((position, encoded[position:]))
+
+    def fields(self, data: bytes) -> dict[str, bytes] | None:
+        """The variable fields of ``data``, or None if it is not this layout."""
+        if len(data) != self.size:
+            return None
+        for start, expected in self._fixed:
+            if data[start : start + len(expected)] != expected:
+                return None
+        return {name: data[start:end] for name, start, end in self._fields}
+
+
 class EnvelopeOpener:
     """Shuffler side: opens the envelopes of one round, strictly.
 
@@ -142,18 +178,41 @@ class EnvelopeOpener:
         self._spec = spec
         self._info = envelope_info(spec.session_id, spec.round_id)
         self.format = envelope_format(spec.round_id, spec.mechanism)
+        f = self.format
+        self._envelope_layout = FixedLayout(Envelope(spec.session_id, spec.round_id, bytes(f.outer_size)), ("outer",))
+        self._admission_layout = FixedLayout(
+            Admission(spec.round_id, bytes(CREDENTIAL_BYTES), bytes(NONCE_BYTES), bytes(f.sealed_size)),
+            ("credential", "nonce", "sealed"),
+        )
 
     def open(self, data: bytes) -> Admission:
+        if not isinstance(data, bytes):
+            if not isinstance(data, (bytearray, memoryview)):
+                raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+            data = bytes(data)
+        fields = self._envelope_layout.fields(data)
+        outer = fields["outer"] if fields is not None else self._outer_slow(data)
+        try:
+            plaintext = SUITE.decrypt(outer, self._private, info=self._info)
+        except (InvalidTag, ValueError) as exc:
+            raise SealingError(f"envelope does not open for this session and round ({type(exc).__name__})") from None
+        fields = self._admission_layout.fields(plaintext)
+        if fields is not None:  # the one valid encoding: the constructor's checks all hold
+            return Admission(self._spec.round_id, fields["credential"], fields["nonce"], fields["sealed"])
+        return self._admission_slow(plaintext)
+
+    def _outer_slow(self, data: bytes) -> bytes:
+        """The general decoder's reading of an envelope not in the round's layout (raises its typed error)."""
         spec = self._spec
         envelope = codec.decode(data, Envelope)
         if envelope.session_id != spec.session_id or envelope.round_id != spec.round_id:
             raise UnknownRound(f"envelope for session {envelope.session_id.hex()} round {envelope.round_id}")
         if len(envelope.outer) != self.format.outer_size:
             raise WrongSize(f"outer layer of {len(envelope.outer)} bytes; this round's are {self.format.outer_size}")
-        try:
-            plaintext = SUITE.decrypt(envelope.outer, self._private, info=self._info)
-        except (InvalidTag, ValueError) as exc:
-            raise SealingError(f"envelope does not open for this session and round ({type(exc).__name__})") from None
+        return envelope.outer
+
+    def _admission_slow(self, plaintext: bytes) -> Admission:
+        spec = self._spec
         admission = codec.decode(plaintext, Admission)
         if admission.round_id != spec.round_id:
             raise UnknownRound(f"admission for round {admission.round_id} inside an envelope of round {spec.round_id}")

@@ -46,7 +46,7 @@ from shuffledp.protocol.messages import (
 )
 from shuffledp.protocol.onion import ShufflerKeys, decode_verified, verify_signed
 from shuffledp.protocol.report_format import report_format
-from shuffledp.protocol.sealing import open_sealed
+from shuffledp.protocol.sealing import SUITE, open_sealed
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, Shuffler, batch_chunks
 
@@ -492,3 +492,31 @@ def test_stats_are_json():
     shuffler.rounds[spec.round_id] = adm.stats
     stats_ = json.loads(json.dumps(shuffler.stats()))
     assert stats_["rejected_total"] == {"malformed": 1} and stats_["rounds"][0]["rejected"] == {"malformed": 1}
+
+
+def _outcome(fn):
+    try:
+        return ("ok", fn())
+    except Exception as exc:  # noqa: BLE001 - the type is what is compared
+        return ("error", type(exc).__name__)
+
+
+@settings(max_examples=300, deadline=None)
+@given(position=st.integers(0, 400), value=st.integers(0, 255), cut=st.integers(0, 3))
+def test_fixed_layout_reader_accepts_exactly_what_the_general_decoder_accepts(position, value, cut):
+    """The shuffler's fast envelope reader agrees with the general decoder on mutated envelopes."""
+    from shuffledp.protocol.onion import EnvelopeOpener
+
+    spec = make_spec()
+    opener = EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec)
+    data = bytearray(envelope(spec, credential(1), sealed_bytes(1), nonce(1)))
+    if position < len(data):
+        data[position] = value
+    data = bytes(data[: len(data) - cut])
+    fast = _outcome(lambda: opener.open(data))
+    slow = _outcome(
+        lambda: opener._admission_slow(SUITE.decrypt(opener._outer_slow(data), SHUFFLER_KEYS.hpke_private, info=opener._info))
+    )
+    if slow[0] == "error" and slow[1] in ("InvalidTag", "ValueError"):
+        slow = ("error", "SealingError")
+    assert fast == slow
