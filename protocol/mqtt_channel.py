@@ -146,8 +146,9 @@ class MqttChannel:
     * ``keepalive``: MQTT keepalive, seconds (a silent broker is detected after 1.5x).
 
     Counters: ``bytes_by_topic`` and ``messages_by_topic`` (acknowledged publishes),
-    ``reconnects`` (successful re-connections), ``dropped_by_topic`` (messages
-    dropped because a subscription's queue was full).
+    ``reconnects`` (successful re-connections), ``republished`` (publishes sent
+    again because the connection dropped before their PUBACK), ``dropped_by_topic``
+    (messages dropped because a subscription's queue was full).
     """
 
     def __init__(
@@ -201,6 +202,7 @@ class MqttChannel:
         self.messages_by_topic: Counter = Counter()
         self.dropped_by_topic: Counter = Counter()
         self.reconnects = 0
+        self.republished = 0
         self.last_error: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -380,6 +382,9 @@ class MqttChannel:
                 self.last_error = f"re-subscribing failed: {exc or 'connection lost'}"
                 await self._discard(client)
                 continue
+            except asyncio.CancelledError:  # closed meanwhile: do not leak the connection
+                await asyncio.shield(self._discard(client))
+                raise
             return conn
 
     # ------------------------------------------------------------------ routing
@@ -486,6 +491,7 @@ class MqttChannel:
                     await self._run_on(conn, coro, deadline, what)
                     break
                 except _ConnectionLost:
+                    self.republished += 1
                     await self._wait_lost(conn, deadline)
         self.bytes_by_topic[topic] += len(payload)
         self.messages_by_topic[topic] += 1

@@ -1,0 +1,123 @@
+"""The channel survives a broker restart, and never hangs on a dead broker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from shuffledp.protocol.errors import TransportError
+from shuffledp.protocol.mqtt_channel import MqttChannel
+
+pytestmark = pytest.mark.mqtt
+
+BATCH = "shuffledp/00cc/1/batch"
+OUTCOME = "shuffledp/00cc/1/outcome"
+
+
+def channel(broker, role: str, **kwargs) -> MqttChannel:
+    return MqttChannel(broker.host, broker.port, **broker.channel_options(role), **kwargs)
+
+
+async def until(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_subscriptions_resume_after_a_broker_restart(fresh_broker):
+    async with channel(fresh_broker, "shuffler", max_backoff=0.5) as pub, channel(fresh_broker, "analyzer", max_backoff=0.5) as sub_ch:
+        sub = await sub_ch.subscribe(BATCH)
+        other = await sub_ch.subscribe(OUTCOME)
+        await pub.publish(BATCH, b"before")
+        assert await asyncio.wait_for(sub.get(), 5) == b"before"
+
+        waiting = asyncio.create_task(sub.get())  # a reader blocked across the outage
+        await asyncio.to_thread(fresh_broker.stop)
+        await until(lambda: not sub_ch.connected and not pub.connected)
+        await asyncio.to_thread(fresh_broker.start)  # same port
+        await until(lambda: sub_ch.connected and pub.connected)
+        assert sub_ch.reconnects == 1 and pub.reconnects == 1
+
+        await pub.publish(BATCH, b"after")
+        await pub.publish(OUTCOME, b"outcome")
+        assert await asyncio.wait_for(waiting, 5) == b"after"
+        assert await asyncio.wait_for(other.get(), 5) == b"outcome"
+        # Subscribing anew on the new connection works too.
+        late = await sub_ch.subscribe("shuffledp/00cc/2/batch")
+        await pub.publish("shuffledp/00cc/2/batch", b"new topic")
+        assert await asyncio.wait_for(late.get(), 5) == b"new topic"
+
+
+async def test_publish_waits_for_the_reconnection(fresh_broker):
+    async with channel(fresh_broker, "shuffler", max_backoff=0.2) as pub, channel(fresh_broker, "analyzer", max_backoff=0.2) as sub_ch:
+        sub = await sub_ch.subscribe(BATCH)
+        await asyncio.to_thread(fresh_broker.stop)
+        await until(lambda: not pub.connected)
+        publishing = asyncio.create_task(pub.publish(BATCH, b"queued while down"))
+        await asyncio.sleep(0.3)
+        assert not publishing.done()
+        await asyncio.to_thread(fresh_broker.start)
+        await asyncio.wait_for(publishing, 10)
+        # The subscriber may reconnect after the publish went through (and then it is
+        # lost: clean sessions); what it gets after both are back must arrive.
+        await until(lambda: sub_ch.connected)
+        await pub.publish(BATCH, b"after both are back")
+        got = [await asyncio.wait_for(sub.get(), 5)]
+        if got[0] != b"after both are back":
+            got.append(await asyncio.wait_for(sub.get(), 5))
+        assert got[-1] == b"after both are back"
+
+
+async def test_publish_while_down_times_out_with_a_typed_error(fresh_broker):
+    async with channel(fresh_broker, "shuffler", publish_timeout=0.5, max_backoff=0.2) as pub:
+        await asyncio.to_thread(fresh_broker.stop)
+        await until(lambda: not pub.connected)
+        started = time.monotonic()
+        with pytest.raises(TransportError, match=r"publish to .*not connected .* within 0.5 s \(last error: .*refused"):
+            await pub.publish(BATCH, b"x")
+        assert 0.4 < time.monotonic() - started < 2.0
+        with pytest.raises(TransportError, match="subscribe to"):
+            await pub.subscribe(OUTCOME)
+
+
+async def test_without_reconnect_a_dead_broker_fails_waiting_gets_and_later_calls(fresh_broker):
+    async with channel(fresh_broker, "analyzer", reconnect=False) as ch:
+        sub = await ch.subscribe(BATCH)
+        waiting = asyncio.create_task(sub.get())
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(fresh_broker.kill)  # a crash, not a clean shutdown
+        with pytest.raises(TransportError, match="lost the connection"):
+            await asyncio.wait_for(waiting, 5)
+        with pytest.raises(TransportError, match="lost the connection"):
+            await sub.get()  # and every later get
+        with pytest.raises(TransportError, match="lost the connection"):
+            await ch.publish(OUTCOME, b"x")
+        with pytest.raises(TransportError, match="lost the connection"):
+            await ch.subscribe(OUTCOME)
+        await asyncio.to_thread(fresh_broker.start)
+        await asyncio.sleep(0.3)
+        assert ch.reconnects == 0 and not ch.connected
+
+
+async def test_an_unacknowledged_publish_is_sent_again_after_reconnecting(fresh_broker):
+    """Publishes in flight when the broker goes away complete on the next connection."""
+    async with channel(fresh_broker, "shuffler", max_backoff=0.2) as pub, channel(fresh_broker, "analyzer", max_backoff=0.2) as sub_ch:
+        sub = await sub_ch.subscribe(BATCH)
+        payloads = [i.to_bytes(2, "big") for i in range(2000)]
+        sending = asyncio.create_task(pub.publish_many(BATCH, payloads))
+        await until(lambda: pub.messages_by_topic[BATCH] > 100)
+        await asyncio.to_thread(fresh_broker.restart)
+        assert await asyncio.wait_for(sending, 20) == len(payloads)
+        assert pub.messages_by_topic[BATCH] == len(payloads)
+        assert pub.reconnects == 1 and pub.republished > 0
+        # What the subscriber got: a subset (clean sessions lose what was sent while it was
+        # away), every message at least once, nothing it was not sent.
+        await until(lambda: sub_ch.connected)
+        await pub.publish(BATCH, b"end")
+        got = []
+        while (item := await asyncio.wait_for(sub.get(), 5)) != b"end":
+            got.append(item)
+        assert set(got) <= set(payloads) and len(set(got)) > 100
