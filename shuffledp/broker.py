@@ -740,6 +740,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"run: mosquitto -c {broker.conf_file}")
     if not args.run:
         return 0
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)  # stop mosquitto on SIGTERM too
     broker.start()
     print(f"mosquitto listening on {broker.host}:{broker.port} (TLS); log {broker.log_file}; Ctrl-C stops it")
     try:

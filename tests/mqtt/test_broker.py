@@ -178,3 +178,16 @@ def test_conf_function_is_pure():
     text = mosquitto_conf(host="127.0.0.1", port=1, tls=tls, password_file=Path("/x/p"), acl_file=Path("/x/a"))
     assert text == mosquitto_conf(host="127.0.0.1", port=1, tls=tls, password_file=Path("/x/p"), acl_file=Path("/x/a"))
     assert "user " not in text  # run_as only when given
+
+
+def test_command_line_writes_a_deployment(tmp_path, capsys):
+    from shuffledp.broker import main
+
+    assert main([str(tmp_path / "d"), "--bind", "0.0.0.0", "--port", "8883", "--client", "dev-1", "--client", "dev-2"]) == 0
+    assert "mosquitto -c" in capsys.readouterr().out
+    conf = (tmp_path / "d" / "mosquitto.conf").read_text()
+    assert "listener 8883 0.0.0.0" in conf and "allow_anonymous false" in conf
+    users = json.loads((tmp_path / "d" / "credentials.json").read_text())["users"]
+    assert [(u["username"], u["role"]) for u in users] == [
+        ("analyzer", "analyzer"), ("shuffler", "shuffler"), ("dev-1", "client"), ("dev-2", "client")
+    ]
