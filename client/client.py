@@ -50,6 +50,12 @@ class RoundExpired(ShuffleDPError):
     reason = "expired"
 
 
+class UntrustedRound(ShuffleDPError):
+    """A spec naming a shuffler other than the one the device pinned, or promising too small a crowd."""
+
+    reason = "untrusted-round"
+
+
 def verified_spec(signed: SignedRoundSpec | bytes, analyzer_signing_key: bytes) -> RoundSpec:
     """Decode a signed spec, check its signature, and return the RoundSpec it carries."""
     if not isinstance(signed, SignedRoundSpec):
@@ -84,6 +90,8 @@ class Client:
         ledger: PrivacyLedger,
         *,
         credential: bytes,
+        shuffler_signing_key: bytes | None = None,
+        min_batch_floor: int = 1,
         source: RandomSource | None = None,
         clock=time.time,
     ) -> None:
@@ -102,6 +110,12 @@ class Client:
             raise InvalidParameter("credential", f"must be the {CREDENTIAL_BYTES}-byte credential issued at enrollment")
         #: Shown only to the shuffler, inside the outer layer.
         self.credential = credential
+        #: The shuffler this device trusts (pinned at enrollment), or None to take the one the
+        #: analyzer's signed spec names. Pinning keeps a malicious analyzer from naming itself
+        #: (or a colluder) as the shuffler, which would void the amplification, not the local guarantee.
+        self.shuffler_signing_key = shuffler_signing_key
+        #: Refuse rounds whose min_batch is below this: the crowd the amplification relies on.
+        self.min_batch_floor = min_batch_floor
         self.source = source if source is not None else SystemSource()
         self.clock = clock
         #: (session id, round id) -> what was sent and what the shuffler said of it.
@@ -121,6 +135,10 @@ class Client:
         """
         if self.clock() > spec.deadline:
             raise RoundExpired(f"round {spec.round_id} closed at {spec.deadline}")
+        if self.shuffler_signing_key is not None and spec.shuffler_signing_key != self.shuffler_signing_key:
+            raise UntrustedRound("the spec names a shuffler other than the one this device pinned")
+        if spec.min_batch < self.min_batch_floor:
+            raise UntrustedRound(f"the round's min_batch {spec.min_batch} is below this device's floor {self.min_batch_floor}")
         self.ledger.check(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
         if values is None:
             values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]

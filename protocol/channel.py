@@ -164,12 +164,12 @@ class QueueSubscription:
             raise self._failure
         return item
 
-    def get_nowait_all(self) -> list[bytes]:
-        """Everything already delivered, without waiting (used to drain bursts cheaply).
+    def get_nowait_all(self, limit: int | None = None) -> list[bytes]:
+        """Everything already delivered (at most ``limit`` messages), without waiting.
 
-        Never raises the failure; a later :meth:`get` does."""
+        Used to drain bursts cheaply. Never raises the failure; a later :meth:`get` does."""
         items = []
-        while not self._queue.empty():
+        while not self._queue.empty() and (limit is None or len(items) < limit):
             item = self._queue.get_nowait()
             if item is _FAILED:
                 self._queue.put_nowait(_FAILED)

@@ -74,6 +74,7 @@ from shuffledp.protocol.errors import (
 )
 from shuffledp.protocol.messages import (
     BATCH_ID_BYTES,
+    MAX_RECEIPTS,
     AdmissionReceipts,
     BatchAck,
     RoundOutcome,
@@ -93,6 +94,8 @@ INTERNAL_ERROR = "internal-error"
 DEFAULT_CHUNK_SIZE = 16384
 #: Refusals one credential may cause in a round before its later envelopes are dropped unanswered.
 REFUSALS_PER_CREDENTIAL = 8
+#: Most envelopes admitted (and spooled) in one group commit, and named in one receipts message.
+BURST = 4096
 
 
 @dataclass
@@ -109,6 +112,8 @@ class RoundStats:
     resumed: int = 0
     #: Exact retransmissions of admitted envelopes, acknowledged again but not counted.
     retransmitted: int = 0
+    #: Receipts messages that could not be published.
+    receipts_unsent: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -119,6 +124,7 @@ class RoundStats:
             "chunks": self.chunks,
             "resumed": self.resumed,
             "retransmitted": self.retransmitted,
+            "receipts_unsent": self.receipts_unsent,
             "rejected": dict(sorted(self.rejected.items())),
         }
 
@@ -436,10 +442,10 @@ class Shuffler:
                     first = await asyncio.wait_for(reports.get(), timeout=remaining)
                 except asyncio.TimeoutError:
                     break
-                burst = [first, *_drain(reports, limit=4096)]
+                burst = [first, *_drain(reports, limit=BURST - 1)]
                 receipts = admission.offer_many(burst)
                 if receipts:
-                    await self._publish_receipts(spec, receipts)
+                    await self._publish_receipts(spec, receipts, admission.stats)
         finally:
             await reports.close()
         stats = admission.stats
@@ -466,11 +472,29 @@ class Shuffler:
         for chunk in chunks:
             await self.channel.publish(topic, chunk)
 
-    async def _publish_receipts(self, spec: RoundSpec, receipts: Receipts) -> None:
-        message = AdmissionReceipts(
-            spec.session_id, spec.round_id, tuple(receipts.admitted), tuple(receipts.refused), tuple(receipts.reasons)
-        )
-        await self.channel.publish(receipts_topic(spec.session_id, spec.round_id), codec.encode(signed(self.keys.signing_private, message)))
+    async def _publish_receipts(self, spec: RoundSpec, receipts: Receipts, stats: RoundStats) -> None:
+        """Publish signed receipts (one message per burst; a burst larger than a message can hold is split).
+
+        A receipt that cannot be published (the broker is away) is counted and logged,
+        never fatal: the envelopes are admitted and spooled whatever their receipts'
+        fate, and a client that hears nothing learns the round's fate from its outcome.
+        """
+        half = MAX_RECEIPTS // 2
+        try:
+            for start in range(0, max(len(receipts.admitted), len(receipts.refused)), half):
+                message = AdmissionReceipts(
+                    spec.session_id,
+                    spec.round_id,
+                    tuple(receipts.admitted[start : start + half]),
+                    tuple(receipts.refused[start : start + half]),
+                    tuple(receipts.reasons[start : start + half]),
+                )
+                await self.channel.publish(
+                    receipts_topic(spec.session_id, spec.round_id), codec.encode(signed(self.keys.signing_private, message))
+                )
+        except ShuffleDPError as exc:
+            stats.receipts_unsent += 1
+            _log.warning("shuffler: round %d: receipts not published: %s", spec.round_id, exc)
 
     async def _publish_outcome(
         self, spec: RoundSpec, outcome: str, reason: str, admitted: int, batch_id: bytes = bytes(BATCH_ID_BYTES)
@@ -545,12 +569,7 @@ class Shuffler:
 def _drain(subscription, limit: int) -> list[bytes]:
     """Up to ``limit`` messages already waiting on a subscription, without waiting."""
     take = getattr(subscription, "get_nowait_all", None)
-    if take is None:
-        return []
-    try:
-        return take(limit)
-    except TypeError:  # an implementation without a limit argument
-        return take()
+    return [] if take is None else take(limit)
 
 
 def verified_round_spec(signed_spec: bytes, analyzer_signing_key: bytes) -> RoundSpec:

@@ -266,3 +266,18 @@ def test_client_settles_signed_receipts_and_outcomes():
     assert c.ledger.lost_rounds() == [(S1, 4)] and c.ledger.spent_epsilon == 0.5  # told, and still charged
     with pytest.raises(UnknownRound):  # a round this client never answered
         c.settle_outcome(codec.encode(signed(DEPLOYMENT.shuffler_keys.signing_private, RoundOutcome(S1, 9, "released", "", 1, bytes(16)))))
+
+
+def test_a_device_can_pin_its_shuffler_and_a_crowd_floor():
+    from shuffledp.client.client import UntrustedRound
+
+    s = spec(round_id=6)
+    pinned = client(shuffler_signing_key=DEPLOYMENT.shuffler_keys.signing_public, min_batch_floor=1)
+    pinned.answer(ANALYZER.sign_spec(s))
+    other = client(shuffler_signing_key=ShufflerKeys.generate().signing_public)
+    with pytest.raises(UntrustedRound):
+        other.answer(ANALYZER.sign_spec(s))
+    small = client(min_batch_floor=1000)
+    with pytest.raises(UntrustedRound):
+        small.answer(ANALYZER.sign_spec(s))  # this spec promises a crowd of 1
+    assert other.ledger.spent_epsilon == small.ledger.spent_epsilon == 0.0

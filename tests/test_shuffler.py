@@ -520,3 +520,32 @@ def test_fixed_layout_reader_accepts_exactly_what_the_general_decoder_accepts(po
     if slow[0] == "error" and slow[1] in ("InvalidTag", "ValueError"):
         slow = ("error", "SealingError")
     assert fast == slow
+
+
+async def test_a_flood_of_refusable_envelopes_cannot_fail_the_round():
+    """Threat-model finding: a burst of more envelopes than one receipts message can name
+    (forged credentials cost the attacker nothing) once made the round fail and delete
+    its honest reports. Receipts are now split, bursts bounded, and publishing them is never fatal."""
+    from shuffledp.protocol.messages import MAX_RECEIPTS
+    from shuffledp.shuffler.service import Receipts
+
+    deployment = Deployment()
+    channel = InProcessChannel()
+    shuffler = deployment.shuffler(channel)
+    spec = make_spec(deployment=deployment)
+    receipts = Receipts(refused=[nonce(i) for i in range(MAX_RECEIPTS + 5)], reasons=["bad-credential"] * (MAX_RECEIPTS + 5))
+    sub = await channel.subscribe(receipts_topic(spec.session_id, spec.round_id))
+    stats_ = RoundAdmission(spec, deployment.shuffler_keys, deployment.issuer).stats
+    await shuffler._publish_receipts(spec, receipts, stats_)
+    messages = [decode_verified(d, AdmissionReceipts, deployment.shuffler_keys.signing_public) for d in sub.get_nowait_all()]
+    assert sum(len(m.refused) for m in messages) == MAX_RECEIPTS + 5 and stats_.receipts_unsent == 0
+
+    class Down(InProcessChannel):
+        async def publish(self, topic, payload, *, retain=False):
+            from shuffledp.protocol.errors import TransportError
+
+            raise TransportError("broker away")
+
+    down = deployment.shuffler(Down())
+    await down._publish_receipts(spec, receipts, stats_)  # never raises
+    assert stats_.receipts_unsent == 1
