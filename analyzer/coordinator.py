@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
 from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch
@@ -41,13 +43,38 @@ class ShufflerIdentity:
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One completed round: its spec, what was opened, the bytes its chunks took, and its batch id."""
+    """One completed round: its spec, what was opened, the bytes its chunks took, and its batches.
+
+    With several shuffler instances the round has one batch per instance that
+    released: ``opened`` merges them, ``batch_sizes`` gives each batch's number of
+    valid reports (the amplification of a report depends on the size of *its*
+    batch, so the accountant must use the smallest), and ``failed_instances`` counts
+    the instances whose signed outcome said they failed.
+    """
 
     spec: RoundSpec
     opened: OpenedBatch
     batch_bytes: int
     batch_id: bytes = b""
     chunks: int = 1
+    batch_ids: tuple[bytes, ...] = ()
+    batch_sizes: tuple[int, ...] = ()
+    failed_instances: int = 0
+
+    @property
+    def smallest_batch(self) -> int:
+        """The size the round's central guarantee must be accounted at."""
+        return min(self.batch_sizes) if self.batch_sizes else self.opened.size
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One completed batch of a round."""
+
+    batch_id: bytes
+    opened: OpenedBatch
+    bytes: int
+    chunks: int
 
 
 class _Assembly:
@@ -113,12 +140,16 @@ class Coordinator:
         *,
         delta0: float = 0.0,
         max_batch: int | None = None,
+        shuffler_instances: int = 1,
     ) -> RoundRecord:
-        """Announce one round and return the first batch that opens to at least ``min_batch`` valid reports.
+        """Announce one round; return its batches that open to at least ``min_batch`` valid reports each.
 
         ``max_batch`` defaults to ``min_batch``: the shuffler forwards as soon as it holds
         ``min_batch`` reports, so a longer batch is not the shuffler's, and refusing it
-        before opening bounds the work junk on the batch topic can cost.
+        before opening bounds the work junk on the batch topic can cost. With
+        ``shuffler_instances`` > 1, each instance releases its own batch (or fails); the
+        round ends when every instance has been heard from, or at the deadline plus the
+        grace period with the batches complete by then.
         """
         max_batch = min_batch if max_batch is None else max_batch
         spec = RoundSpec(
@@ -133,77 +164,89 @@ class Coordinator:
             min_batch=min_batch,
             max_batch=max_batch,
             deadline=time.time() + self.round_timeout,
+            shuffler_instances=shuffler_instances,
         )
         self._next_round += 1
         check_servable(spec)
-        batches = await self.channel.subscribe(batch_topic(self.session_id, spec.round_id))
-        outcomes = await self.channel.subscribe(outcome_topic(self.session_id, spec.round_id))
+        subscriptions = []
+        for instance in range(spec.shuffler_instances):
+            subscriptions.append(("batch", await self.channel.subscribe(batch_topic(self.session_id, spec.round_id, instance))))
+            subscriptions.append(("outcome", await self.channel.subscribe(outcome_topic(self.session_id, spec.round_id, instance))))
         try:
             await self.channel.publish(announce_topic(self.session_id), self.analyzer.sign_spec(spec), retain=True)
-            record = await self._first_valid_batch(spec, batches, outcomes)
+            batches, failed = await self._collect_batches(spec, subscriptions)
         finally:
-            await batches.close()
-            await outcomes.close()
-        await self.channel.publish(acks_topic(self.session_id), self.analyzer.acknowledge(spec, record.batch_id))
-        return record
+            for _, subscription in subscriptions:
+                await subscription.close()
+        for batch in batches:
+            await self.channel.publish(acks_topic(self.session_id), self.analyzer.acknowledge(spec, batch.batch_id))
+        return _record(spec, batches, failed)
 
-    async def _first_valid_batch(self, spec: RoundSpec, batches, outcomes) -> RoundRecord:
-        """Assemble and open the first batch of this round, signed by its shuffler, to complete.
+    async def _collect_batches(self, spec: RoundSpec, subscriptions) -> tuple[list[_Batch], int]:
+        """Assemble and open the round's batches, signed by its shuffler, until every instance is heard from.
 
-        Anyone who can publish to the batch topic can send bytes there; anything that
-        is not a chunk of this round signed by the spec's shuffler is counted in
+        Anyone who can publish to a batch topic can send bytes there; anything that is
+        not a chunk of this round signed by the spec's shuffler is counted in
         :attr:`rejected_batches` by reason and ignored, before it costs more than one
-        hash. Signed chunks are opened as they arrive; a chunk index already held is
-        a re-delivery and is skipped, so a batch counts exactly once.
+        hash. Signed chunks are opened as they arrive; a chunk index already held is a
+        re-delivery and is skipped, and a batch id counts once, so each batch counts
+        exactly once, on whichever topic its chunks arrive.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.round_timeout + self.grace
         layout = report_format(spec.round_id, spec.mechanism)
         assemblies: dict[bytes, _Assembly] = {}
+        completed: dict[bytes, _Batch] = {}
+        failed: set[int] = set()
         inbox: asyncio.Queue = asyncio.Queue()
-        pumps = [
-            asyncio.create_task(_pump(batches, "batch", inbox)),
-            asyncio.create_task(_pump(outcomes, "outcome", inbox)),
-        ]
+        pumps = [asyncio.create_task(_pump(sub, kind, inbox)) for kind, sub in subscriptions]
         try:
-            while True:
+            while len(completed) + len(failed) < spec.shuffler_instances:
                 remaining = deadline - loop.time()
                 try:
                     if remaining <= 0:
                         raise asyncio.TimeoutError
                     kind, data = await asyncio.wait_for(inbox.get(), timeout=remaining)
                 except asyncio.TimeoutError:
-                    raise BatchTooSmall(
-                        f"round {spec.round_id}: no batch of at least {spec.min_batch} reports by the deadline"
-                    ) from None
+                    break
                 if kind == "outcome":
-                    self._check_outcome(spec, data)
+                    instance = self._failed_instance(spec, data)
+                    if instance is not None:
+                        failed.add(instance)
                     continue
-                record = self._take_chunk(spec, layout.sealed_size, assemblies, data)
-                if record is not None:
-                    return record
+                batch = self._take_chunk(spec, layout.sealed_size, assemblies, completed, data)
+                if batch is not None:
+                    completed[batch.batch_id] = batch
         finally:
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
+        if not completed:
+            why = f"the shuffler reports the round failed ({len(failed)} of {spec.shuffler_instances} instance(s))" if failed else "no batch by the deadline"
+            raise BatchTooSmall(f"round {spec.round_id}: {why}; no batch of at least {spec.min_batch} reports")
+        return list(completed.values()), len(failed)
 
-    def _check_outcome(self, spec: RoundSpec, data: bytes) -> None:
-        """Raise :class:`BatchTooSmall` if the round's shuffler signed that the round failed."""
+    def _failed_instance(self, spec: RoundSpec, data: bytes) -> int | None:
+        """The instance whose signed outcome says the round failed there, else None."""
         try:
             outcome = decode_verified(data, RoundOutcome, spec.shuffler_signing_key)
         except ShuffleDPError as exc:
             self.rejected_batches[f"outcome-{exc.reason}"] += 1
-            return
-        if (outcome.session_id, outcome.round_id) == (spec.session_id, spec.round_id) and outcome.outcome == "failed":
-            raise BatchTooSmall(
-                f"round {spec.round_id}: the shuffler reports the round failed ({outcome.reason}, "
-                f"{outcome.admitted} of {spec.min_batch} reports)"
-            )
+            return None
+        if (outcome.session_id, outcome.round_id) != (spec.session_id, spec.round_id) or outcome.outcome != "failed":
+            return None
+        if outcome.instance >= spec.shuffler_instances:
+            self.rejected_batches["outcome-unknown-instance"] += 1
+            return None
+        return outcome.instance
 
-    def _take_chunk(self, spec: RoundSpec, sealed_size: int, assemblies: dict, data: bytes) -> RoundRecord | None:
+    def _take_chunk(self, spec: RoundSpec, sealed_size: int, assemblies: dict, completed: dict, data: bytes) -> _Batch | None:
         try:
             chunk = read_batch_chunk(data, spec.session_id, spec.round_id, sealed_size, spec.max_batch)
             verify_encoded(spec.shuffler_signing_key, ShuffledBatch, chunk.digest, chunk.signature)
+            if chunk.batch_id in completed:
+                self.rejected_batches["redelivered-chunk"] += 1
+                return None
             assembly = assemblies.get(chunk.batch_id)
             if assembly is None:
                 assembly = assemblies[chunk.batch_id] = _Assembly(
@@ -229,11 +272,11 @@ class Coordinator:
             return None
         opened = assembly.opening.finish()
         if opened.size < spec.min_batch:
-            # Not the round's result: the round was accounted for min_batch reports, and a
+            # Not a result: the round was accounted for min_batch reports per batch, and a
             # short batch (say, junk that fails to open) would void that claim.
             self.rejected_batches[BatchTooSmall.reason] += 1
             return None
-        return RoundRecord(spec, opened, assembly.bytes, chunk.batch_id, assembly.chunks)
+        return _Batch(chunk.batch_id, opened, assembly.bytes, assembly.chunks)
 
     async def scalar_mean(self, config: ScalarMeanConfig, min_batch: int) -> ScalarMeanOutcome:
         """Algorithm 1 over the channel: range at eps0/2, then the projected mean at eps0/2."""
@@ -250,3 +293,21 @@ async def _pump(subscription, kind: str, inbox: asyncio.Queue) -> None:
     """Forward a subscription's messages into a shared inbox, tagged with their kind."""
     while True:
         inbox.put_nowait((kind, await subscription.get()))
+
+
+def _record(spec: RoundSpec, batches: list[_Batch], failed: int) -> RoundRecord:
+    """One RoundRecord from the round's completed batches (merged values, per-batch sizes)."""
+    values = np.concatenate([b.opened.values for b in batches]) if len(batches) > 1 else batches[0].opened.values
+    rejected: Counter = Counter()
+    for b in batches:
+        rejected.update(b.opened.rejected)
+    return RoundRecord(
+        spec,
+        OpenedBatch(values, rejected),
+        sum(b.bytes for b in batches),
+        batches[0].batch_id,
+        sum(b.chunks for b in batches),
+        tuple(b.batch_id for b in batches),
+        tuple(b.opened.size for b in batches),
+        failed,
+    )

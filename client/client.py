@@ -37,7 +37,7 @@ from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mechanisms import check_report_values, randomize_reports, report_ranges
 from shuffledp.protocol import codec
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
-from shuffledp.protocol.credentials import CREDENTIAL_BYTES
+from shuffledp.protocol.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
 from shuffledp.protocol.errors import UnknownRound
 from shuffledp.protocol.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec
 from shuffledp.protocol.onion import decode_verified, wrap
@@ -151,6 +151,10 @@ class Client:
         self.sent[(spec.session_id, spec.round_id)] = SentRound(spec, [nonce])
         return [envelope]
 
+    def instance_for(self, spec: RoundSpec) -> int:
+        """The shuffler instance of the round this client's envelopes go to (its reports topic)."""
+        return assigned_instance(self.credential[:CLIENT_ID_BYTES], spec.shuffler_instances)
+
     def settle_receipts(self, data: bytes) -> SentRound:
         """Record the shuffler's signed receipts for one of this client's rounds; typed error if not genuine."""
         receipts = codec.decode(data, AdmissionReceipts)
@@ -174,6 +178,8 @@ class Client:
         outcome = codec.decode(data, RoundOutcome)
         sent = self._sent(outcome.session_id, outcome.round_id)
         decode_verified(data, RoundOutcome, sent.spec.shuffler_signing_key)
+        if outcome.instance != self.instance_for(sent.spec):
+            return sent  # another instance's batch: says nothing of this client's report
         sent.outcome = outcome.outcome if outcome.outcome == "released" else f"failed:{outcome.reason}"
         self.ledger.record_outcome(outcome.session_id, outcome.round_id, sent.outcome)
         return sent

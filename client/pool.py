@@ -70,13 +70,13 @@ class ClientPool:
         except ShuffleDPError as exc:  # a spec no client can answer: refused by all, the pool goes on
             self.refused[exc.reason] += len(self.clients)
             return
-        topic = reports_topic(spec.session_id, spec.round_id)
         for index, (client, value) in enumerate(zip(self.clients, values)):
             try:
                 envelopes = client.answer_verified(spec, sealer, value)
             except ShuffleDPError as exc:
                 self.refused[exc.reason] += 1
                 continue
+            topic = reports_topic(spec.session_id, spec.round_id, client.instance_for(spec))
             for envelope in envelopes:
                 await self.channel.publish(topic, envelope)
             if self.on_progress is not None and index % 1024 == 1023:

@@ -36,24 +36,26 @@ def spec_topic(session_id: bytes) -> str:
     return f"{TOPIC_ROOT}/{session_id.hex()}/spec"
 
 
-def reports_topic(session_id: bytes, round_id: int) -> str:
+def reports_topic(session_id: bytes, round_id: int, instance: int = 0) -> str:
+    # Per-round topics carry the shuffler instance (0 .. shuffler_instances - 1) that
+    # serves them: a client publishes to the instance its credential is assigned to.
     """Clients -> shuffler: envelopes for one round."""
-    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/reports"
+    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/{instance}/reports"
 
 
-def batch_topic(session_id: bytes, round_id: int) -> str:
+def batch_topic(session_id: bytes, round_id: int, instance: int = 0) -> str:
     """Shuffler -> analyzer: the signed chunks of one round's shuffled batch."""
-    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/batch"
+    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/{instance}/batch"
 
 
-def receipts_topic(session_id: bytes, round_id: int) -> str:
+def receipts_topic(session_id: bytes, round_id: int, instance: int = 0) -> str:
     """Shuffler -> clients: signed admission receipts (which nonces were admitted or refused)."""
-    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/receipts"
+    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/{instance}/receipts"
 
 
-def outcome_topic(session_id: bytes, round_id: int) -> str:
+def outcome_topic(session_id: bytes, round_id: int, instance: int = 0) -> str:
     """Shuffler -> clients and analyzer: the signed outcome of a round, released or failed (retained)."""
-    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/outcome"
+    return f"{TOPIC_ROOT}/{session_id.hex()}/{round_id}/{instance}/outcome"
 
 
 def acks_topic(session_id: bytes) -> str:
@@ -67,15 +69,15 @@ def acks_topic(session_id: bytes) -> str:
 TOPIC_ACCESS: dict[str, dict[str, tuple[str, ...]]] = {
     "analyzer": {
         "write": (f"{TOPIC_ROOT}/+/announce", f"{TOPIC_ROOT}/+/acks"),
-        "read": (f"{TOPIC_ROOT}/+/+/batch", f"{TOPIC_ROOT}/+/+/outcome", f"{TOPIC_ROOT}/+/spec"),
+        "read": (f"{TOPIC_ROOT}/+/+/+/batch", f"{TOPIC_ROOT}/+/+/+/outcome", f"{TOPIC_ROOT}/+/spec"),
     },
     "shuffler": {
-        "write": (f"{TOPIC_ROOT}/+/spec", f"{TOPIC_ROOT}/+/+/batch", f"{TOPIC_ROOT}/+/+/receipts", f"{TOPIC_ROOT}/+/+/outcome"),
-        "read": (f"{TOPIC_ROOT}/+/announce", f"{TOPIC_ROOT}/+/+/reports", f"{TOPIC_ROOT}/+/acks"),
+        "write": (f"{TOPIC_ROOT}/+/spec", f"{TOPIC_ROOT}/+/+/+/batch", f"{TOPIC_ROOT}/+/+/+/receipts", f"{TOPIC_ROOT}/+/+/+/outcome"),
+        "read": (f"{TOPIC_ROOT}/+/announce", f"{TOPIC_ROOT}/+/+/+/reports", f"{TOPIC_ROOT}/+/acks"),
     },
     "client": {
-        "write": (f"{TOPIC_ROOT}/+/+/reports",),
-        "read": (f"{TOPIC_ROOT}/+/spec", f"{TOPIC_ROOT}/+/+/receipts", f"{TOPIC_ROOT}/+/+/outcome"),
+        "write": (f"{TOPIC_ROOT}/+/+/+/reports",),
+        "read": (f"{TOPIC_ROOT}/+/spec", f"{TOPIC_ROOT}/+/+/+/receipts", f"{TOPIC_ROOT}/+/+/+/outcome"),
     },
 }
 

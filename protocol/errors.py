@@ -113,3 +113,9 @@ class RateLimited(ShuffleDPError):
     """A credential that keeps sending refused envelopes in one round: later ones are dropped unread."""
 
     reason = "rate-limited"
+
+
+class WrongInstance(ShuffleDPError):
+    """An envelope from a credential assigned to another shuffler instance of the round."""
+
+    reason = "wrong-instance"

@@ -62,6 +62,8 @@ MAX_EPSILON = 30.0
 MIN_EPSILON = 1e-6
 #: Most reports a round may batch (a round's max_batch, and the default).
 MAX_BATCH = 1 << 24
+#: Most shuffler instances one round may be spread over.
+MAX_SHUFFLER_INSTANCES = 64
 
 
 def short_repr(value: object, limit: int = 40) -> str:
@@ -280,6 +282,7 @@ class RoundSpec:
     delta0: float = 0.0
     messages_per_user: int = 1
     max_batch: int = MAX_BATCH
+    shuffler_instances: int = 1
 
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
@@ -294,6 +297,7 @@ class RoundSpec:
         _count(self.min_batch, "min_batch", 1, self.max_batch)
         _finite(self.deadline, "deadline")
         _count(self.messages_per_user, "messages_per_user", 1, MAX_MESSAGES_PER_USER)
+        _count(self.shuffler_instances, "shuffler_instances", 1, MAX_SHUFFLER_INSTANCES)
 
     @property
     def mechanism(self) -> str:
@@ -478,7 +482,8 @@ class RoundOutcome:
     ``released``: a batch of ``admitted`` reports left for the analyzer under
     ``batch_id``. ``failed``: nothing was forwarded (``reason``, e.g. too few reports
     by the deadline) and the admitted reports were deleted from the spool. A client
-    whose report was admitted learns from it whether its round was lost.
+    whose report was admitted learns from it whether its round was lost. ``instance``
+    names the shuffler instance speaking (a round may have several).
     """
 
     session_id: bytes
@@ -487,11 +492,13 @@ class RoundOutcome:
     reason: str
     admitted: int
     batch_id: bytes
+    instance: int = 0
     signature: bytes = bytes(SIGNATURE_BYTES)
 
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _round(self.round_id)
+        _count(self.instance, "instance", 0, MAX_SHUFFLER_INSTANCES - 1)
         _require(self.outcome in ROUND_OUTCOMES, "outcome", f"must be one of {ROUND_OUTCOMES}")
         _require(isinstance(self.reason, str) and len(self.reason) <= 32, "reason", "at most 32 characters")
         _count(self.admitted, "admitted", 0, MAX_BATCH)

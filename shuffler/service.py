@@ -61,7 +61,7 @@ from shuffledp.protocol.channel import (
     reports_topic,
     spec_topic,
 )
-from shuffledp.protocol.credentials import CredentialIssuer
+from shuffledp.protocol.credentials import CredentialIssuer, assigned_instance
 from shuffledp.protocol.errors import (
     BatchTooSmall,
     DuplicateReport,
@@ -71,6 +71,7 @@ from shuffledp.protocol.errors import (
     RoundFull,
     ShuffleDPError,
     UnknownRound,
+    WrongInstance,
 )
 from shuffledp.protocol.messages import (
     BATCH_ID_BYTES,
@@ -157,8 +158,10 @@ class RoundAdmission:
         spool: Spool | None = None,
         *,
         revoked: frozenset[bytes] = frozenset(),
+        instance: int = 0,
     ) -> None:
         self.spec = spec
+        self.instance = instance
         self.issuer = issuer
         self.revoked = revoked
         self.spool = spool
@@ -196,6 +199,8 @@ class RoundAdmission:
         client_id = None
         try:
             client_id = self.issuer.verify(admission.credential, self.revoked)
+            if self.spec.shuffler_instances > 1 and assigned_instance(client_id, self.spec.shuffler_instances) != self.instance:
+                raise WrongInstance(f"this credential is assigned to another of the round's {self.spec.shuffler_instances} instances")
             if self.refusals[client_id] >= REFUSALS_PER_CREDENTIAL:
                 raise RateLimited(f"credential refused {REFUSALS_PER_CREDENTIAL} times this round")
             known = self.nonces.get(nonce, pending.nonces.get(nonce))
@@ -347,10 +352,15 @@ class Shuffler:
         revoked: frozenset[bytes] = frozenset(),
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         republish_interval: float = 30.0,
+        instance: int = 0,
         clock=time.time,
     ) -> None:
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError("chunk_size must be a positive integer")
+        if not isinstance(instance, int) or instance < 0:
+            raise ValueError("instance must be a non-negative integer")
+        #: Which of a round's ``shuffler_instances`` this process is (its topics and its clients).
+        self.instance = instance
         self.channel = channel
         self.session_id = session_id
         self.analyzer_signing_key = analyzer_signing_key
@@ -415,6 +425,8 @@ class Shuffler:
             raise UnknownRound("spec for another session")
         if spec.shuffler_key != self.keys.hpke_public or spec.shuffler_signing_key != self.keys.signing_public:
             raise UnknownRound("spec names another shuffler")
+        if self.instance >= spec.shuffler_instances:
+            raise UnknownRound(f"spec has {spec.shuffler_instances} shuffler instance(s); this is instance {self.instance}")
         return spec
 
     async def _run_guarded(self, spec: RoundSpec, signed_spec: bytes) -> None:
@@ -429,9 +441,9 @@ class Shuffler:
     async def run_round(self, spec: RoundSpec, signed_spec: bytes) -> RoundStats:
         """Open (or resume) one round, admit until ``max_batch`` or the deadline, then release or fail."""
         self.spool.open_round(spec.session_id, spec.round_id, signed_spec)
-        admission = RoundAdmission(spec, self.keys, self.issuer, self.spool, revoked=self.revoked)
+        admission = RoundAdmission(spec, self.keys, self.issuer, self.spool, revoked=self.revoked, instance=self.instance)
         self.rounds[spec.round_id] = admission.stats
-        reports = await self.channel.subscribe(reports_topic(spec.session_id, spec.round_id))
+        reports = await self.channel.subscribe(reports_topic(spec.session_id, spec.round_id, self.instance))
         try:
             await self.channel.publish(spec_topic(spec.session_id), signed_spec, retain=True)
             while not admission.full:
@@ -468,7 +480,7 @@ class Shuffler:
 
     # ------------------------------------------------------------------ publishing
     async def _publish_chunks(self, session_id: bytes, round_id: int, chunks: list[bytes]) -> None:
-        topic = batch_topic(session_id, round_id)
+        topic = batch_topic(session_id, round_id, self.instance)
         for chunk in chunks:
             await self.channel.publish(topic, chunk)
 
@@ -490,7 +502,7 @@ class Shuffler:
                     tuple(receipts.reasons[start : start + half]),
                 )
                 await self.channel.publish(
-                    receipts_topic(spec.session_id, spec.round_id), codec.encode(signed(self.keys.signing_private, message))
+                    receipts_topic(spec.session_id, spec.round_id, self.instance), codec.encode(signed(self.keys.signing_private, message))
                 )
         except ShuffleDPError as exc:
             stats.receipts_unsent += 1
@@ -499,8 +511,11 @@ class Shuffler:
     async def _publish_outcome(
         self, spec: RoundSpec, outcome: str, reason: str, admitted: int, batch_id: bytes = bytes(BATCH_ID_BYTES)
     ) -> None:
-        message = signed(self.keys.signing_private, RoundOutcome(spec.session_id, spec.round_id, outcome, reason, admitted, batch_id))
-        await self.channel.publish(outcome_topic(spec.session_id, spec.round_id), codec.encode(message), retain=True)
+        message = signed(
+            self.keys.signing_private,
+            RoundOutcome(spec.session_id, spec.round_id, outcome, reason, admitted, batch_id, self.instance),
+        )
+        await self.channel.publish(outcome_topic(spec.session_id, spec.round_id, self.instance), codec.encode(message), retain=True)
 
     async def republish_unacknowledged(self) -> int:
         """Publish again every released batch of this session the analyzer has not acknowledged."""

@@ -549,3 +549,47 @@ async def test_a_flood_of_refusable_envelopes_cannot_fail_the_round():
     down = deployment.shuffler(Down())
     await down._publish_receipts(spec, receipts, stats_)  # never raises
     assert stats_.receipts_unsent == 1
+
+
+async def test_several_shuffler_instances_serve_one_round_each_with_its_own_batch(tmp_path):
+    """Two instances of one shuffler identity split the clients by credential; each releases
+    its own signed batch; the coordinator opens both and reports the per-batch sizes."""
+    from shuffledp.shuffler.spool import SqliteSpool
+
+    deployment = Deployment()
+    channel = InProcessChannel()
+    coordinator = deployment.coordinator(channel, round_timeout=0.8, grace=5.0)
+    sid = coordinator.session_id
+    instances = [deployment.shuffler(channel, instance=i, spool=SqliteSpool(tmp_path / f"spool{i}.db")) for i in range(2)]
+    clients = [deployment.client(np.array([0.1 * i]), PrivacyLedger(1.0)) for i in range(16)]
+    tasks = [asyncio.create_task(s.serve()) for s in instances]
+    try:
+        await asyncio.sleep(0)
+
+        async def fleet():
+            specs = await channel.subscribe(spec_topic(sid))
+            signed = await specs.get()
+            spec = codec.decode(codec.decode(signed, SignedRoundSpec).spec_bytes, RoundSpec)
+            for c in clients:
+                for e in c.answer(signed):
+                    await channel.publish(reports_topic(sid, spec.round_id, c.instance_for(spec)), e)
+            # a client knocking at the other instance's door is refused there
+            stray = deployment.client(np.array([0.0]), PrivacyLedger(1.0))
+            wrong = 1 - stray.instance_for(spec)
+            await channel.publish(reports_topic(sid, spec.round_id, wrong), stray.answer(signed)[0])
+            return spec, wrong
+
+        fleet_task = asyncio.create_task(fleet())
+        record = await asyncio.wait_for(coordinator.run_round(PARAMS, 0.5, min_batch=2, max_batch=16, shuffler_instances=2), 20)
+        spec, wrong = await fleet_task
+        await asyncio.sleep(0.05)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    share = Counter(c.instance_for(spec) for c in clients)
+    assert sorted(record.batch_sizes) == sorted(share.values()) and sum(record.batch_sizes) == 16
+    assert record.opened.size == 16 and record.smallest_batch == min(share.values()) and record.failed_instances == 0
+    assert [s.rounds[0].admitted for s in instances] == [share[0], share[1]]
+    assert instances[wrong].rounds[0].rejected == Counter({"wrong-instance": 1})
+    assert all(s.rounds[0].outcome == "served" for s in instances)  # each acknowledged its own batch
