@@ -7,15 +7,18 @@ import asyncio
 import pytest
 
 from shuffledp.population import Population
-from shuffledp.protocol.channel import InProcessChannel
+from shuffledp.protocol.channel import InProcessChannel, batch_topic, outcome_topic, spec_topic
 from shuffledp.protocol.errors import TransportError
 from shuffledp.protocol.mqtt_channel import MqttChannel
 from shuffledp.simulation import SimulationConfig, run_simulation
 
 pytestmark = pytest.mark.mqtt
 
-#: A topic the shuffler may write and the analyzer may read (a batch topic).
-BATCH = "shuffledp/00aa/0/batch"
+SESSION = bytes.fromhex("00aa")
+#: Topics the shuffler may write and the analyzer may read (built by the topic
+#: functions, so the tests follow the topic layout and its ACL).
+BATCH = batch_topic(SESSION, 0)
+OUTCOME = outcome_topic(SESSION, 0)
 
 
 def channel(broker, role: str, **kwargs) -> MqttChannel:
@@ -53,7 +56,7 @@ async def test_a_batch_chunk_of_several_mib_passes(broker):
 
 
 async def test_retained_message_reaches_a_late_subscriber(broker):
-    topic = "shuffledp/00bb/spec"
+    topic = spec_topic(bytes.fromhex("00bb"))
     async with channel(broker, "shuffler") as a:
         await a.publish(topic, b"spec-1", retain=True)
         await a.publish(topic, b"spec-2", retain=True)
@@ -79,9 +82,9 @@ async def test_subscription_queue_is_bounded(broker):
     """With queue_limit=5 and 20 unread messages, 15 are dropped and counted; the first 5 stay."""
     async with channel(broker, "shuffler") as a, channel(broker, "analyzer", queue_limit=5) as b:
         sub = await b.subscribe(BATCH)
-        control = await b.subscribe("shuffledp/00aa/0/outcome")
+        control = await b.subscribe(OUTCOME)
         await a.publish_many(BATCH, [bytes([i]) for i in range(20)])
-        await a.publish("shuffledp/00aa/0/outcome", b"done")  # after the 20, on the same connection
+        await a.publish(OUTCOME, b"done")  # after the 20, on the same connection
         assert await asyncio.wait_for(control.get(), timeout=10) == b"done"
         assert sub.dropped == 15
         assert b.dropped_by_topic == {BATCH: 15}

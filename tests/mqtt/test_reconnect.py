@@ -7,13 +7,15 @@ import time
 
 import pytest
 
+from shuffledp.protocol.channel import batch_topic, outcome_topic
 from shuffledp.protocol.errors import TransportError
 from shuffledp.protocol.mqtt_channel import MqttChannel
 
 pytestmark = pytest.mark.mqtt
 
-BATCH = "shuffledp/00cc/1/batch"
-OUTCOME = "shuffledp/00cc/1/outcome"
+SESSION = bytes.fromhex("00cc")
+BATCH = batch_topic(SESSION, 1)
+OUTCOME = outcome_topic(SESSION, 1)
 
 
 def channel(broker, role: str, **kwargs) -> MqttChannel:
@@ -46,8 +48,8 @@ async def test_subscriptions_resume_after_a_broker_restart(fresh_broker):
         assert await asyncio.wait_for(waiting, 5) == b"after"
         assert await asyncio.wait_for(other.get(), 5) == b"outcome"
         # Subscribing anew on the new connection works too.
-        late = await sub_ch.subscribe("shuffledp/00cc/2/batch")
-        await pub.publish("shuffledp/00cc/2/batch", b"new topic")
+        late = await sub_ch.subscribe(batch_topic(SESSION, 2))
+        await pub.publish(batch_topic(SESSION, 2), b"new topic")
         assert await asyncio.wait_for(late.get(), 5) == b"new topic"
 
 
