@@ -57,15 +57,16 @@ PARALLEL_THRESHOLD = 2048
 
 def _open_rows(
     private: X25519PrivateKey, session_id: bytes, round_id: int, mechanism: str, payloads: Sequence[bytes]
-) -> tuple[list[tuple[int, ...]], Counter]:
-    """Open sealed payloads of one round (sizes and duplicates already checked): their values, and refusals by reason."""
+) -> tuple[list[tuple[bytes, tuple[int, ...]]], Counter]:
+    """Open sealed payloads of one round (sizes already checked): ``(encapsulated key, values)`` of
+    each that opened, in order, and the refusals by reason."""
     read_values = report_format(round_id, mechanism).values
     open_one = ReportOpener(private, session_id, round_id).open
-    rows: list[tuple[int, ...]] = []
+    rows: list[tuple[bytes, tuple[int, ...]]] = []
     rejected: Counter = Counter()
     for sealed in payloads:
         try:
-            rows.append(read_values(open_one(sealed)))
+            rows.append((sealed[:ENCAPSULATED_KEY_BYTES], read_values(open_one(sealed))))
         except ShuffleDPError as exc:
             rejected[exc.reason] += 1
         except Exception:  # a bug, not an input class: count it loudly, keep going
@@ -90,11 +91,12 @@ def _worker_open(session_id: bytes, round_id: int, mechanism: str, payloads: lis
 class BatchOpening:
     """Opens one round's batch incrementally: :meth:`add` each chunk's payloads, then :meth:`finish`.
 
-    Each payload must be the round's fixed sealed size, carry an HPKE encapsulated key
-    not seen before in this batch (an honest client draws a fresh one per seal, so a
-    repeat is a copy: the shuffler de-duplicates too, but the analyzer does not trust
-    it to, and a batch may come from several shufflers), open under the round's HPKE
-    context, follow the round's report layout, and hold only values an honest
+    Each payload must be the round's fixed sealed size, open under the round's HPKE
+    context, carry an HPKE encapsulated key not seen before among this batch's opened
+    payloads (an honest client draws a fresh one per seal, so a repeat is a copy: the
+    shuffler de-duplicates too, but the analyzer does not trust it to, and a batch may
+    come from several shufflers; only payloads that open count, so junk with a copied
+    key cannot knock out the real report), follow the round's report layout, and hold only values an honest
     randomizer can produce (:func:`~shuffledp.client.mechanisms.report_ranges`,
     checked in :meth:`finish`). Anything else is counted by reason and dropped, so one
     report can move an estimate by at most its bounded share.
@@ -120,20 +122,22 @@ class BatchOpening:
         self.received += len(payloads)
         if self.received > spec.max_batch:
             raise MalformedMessage(f"batch holds more than the round's max_batch of {spec.max_batch}")
-        fresh: list[bytes] = []
+        sized: list[bytes] = []
         for sealed in payloads:
             if not isinstance(sealed, bytes) or len(sealed) != self.sealed_size:
                 self.rejected[WrongSize.reason] += 1
                 continue
-            encapsulated = sealed[:ENCAPSULATED_KEY_BYTES]
-            if encapsulated in self._seen_keys:
-                self.rejected[DuplicateReport.reason] += 1
-                continue
-            self._seen_keys.add(encapsulated)
-            fresh.append(sealed)
-        for rows, rejected in self.analyzer.open_rows(spec, fresh):
-            self.rows.extend(rows)
+            sized.append(sealed)
+        # Duplicates are judged among payloads that *opened*: junk carrying a copy of a real
+        # report's encapsulated key fails to open and so cannot knock the real one out.
+        for rows, rejected in self.analyzer.open_rows(spec, sized):
             self.rejected.update(rejected)
+            for encapsulated, values in rows:
+                if encapsulated in self._seen_keys:
+                    self.rejected[DuplicateReport.reason] += 1
+                    continue
+                self._seen_keys.add(encapsulated)
+                self.rows.append(values)
         if self.on_progress is not None:
             self.on_progress(len(payloads))
 

@@ -6,10 +6,20 @@ spec topic and, for each new round, lets every client verify, budget-check,
 randomize, seal and publish its envelopes. The report values of all clients are
 drawn in one vectorized call of the same randomizer a device uses, then each
 client seals its own (so the bytes on the wire are exactly a device's).
+
+With ``confirm=True`` the pool behaves as careful devices do: it listens to the
+shuffler's signed receipts and re-publishes, every ``retry_interval`` seconds until
+the round's deadline, each envelope not yet named in a receipt, byte for byte. A
+retransmission of an admitted envelope is acknowledged again and counted once by the
+shuffler, and the client's ledger was charged once, when the envelope was made; so
+envelopes lost on the way (a broker or shuffler restart) are delivered without any
+report counting or being charged twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
 from typing import Callable, Sequence
 
@@ -17,8 +27,10 @@ import numpy as np
 
 from shuffledp.client.client import Client, verified_spec
 from shuffledp.client.mechanisms import randomize_reports
-from shuffledp.protocol.channel import Channel, reports_topic, spec_topic
+from shuffledp.protocol.channel import Channel, receipts_topic, reports_topic, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.protocol.messages import AdmissionReceipts, RoundSpec
+from shuffledp.protocol.onion import decode_verified
 from shuffledp.protocol.randomness import RandomSource
 from shuffledp.protocol.sealing import Sealer
 
@@ -34,8 +46,17 @@ class ClientPool:
         source: RandomSource,
         *,
         on_progress: Callable[[int], None] | None = None,
+        confirm: bool = False,
+        retry_interval: float = 1.0,
     ) -> None:
         self.channel = channel
+        self.confirm = confirm
+        self.retry_interval = retry_interval
+        #: Envelopes published again because no receipt had named them yet.
+        self.retransmitted = 0
+        #: Envelopes the shuffler's receipts named: admitted, or refused by reason.
+        self.admitted = 0
+        self.refused_by_shuffler: Counter = Counter()
         self.session_id = session_id
         self.clients = list(clients)
         self.source = source
@@ -70,6 +91,13 @@ class ClientPool:
         except ShuffleDPError as exc:  # a spec no client can answer: refused by all, the pool goes on
             self.refused[exc.reason] += len(self.clients)
             return
+        receipts = None
+        if self.confirm:
+            receipts = [
+                await self.channel.subscribe(receipts_topic(spec.session_id, spec.round_id, instance))
+                for instance in range(spec.shuffler_instances)
+            ]
+        pending: dict[bytes, tuple[str, bytes]] = {}
         for index, (client, value) in enumerate(zip(self.clients, values)):
             try:
                 envelopes = client.answer_verified(spec, sealer, value)
@@ -77,9 +105,52 @@ class ClientPool:
                 self.refused[exc.reason] += 1
                 continue
             topic = reports_topic(spec.session_id, spec.round_id, client.instance_for(spec))
-            for envelope in envelopes:
+            for envelope, nonce in zip(envelopes, client.sent[(spec.session_id, spec.round_id)].nonces):
+                pending[nonce] = (topic, envelope)
                 await self.channel.publish(topic, envelope)
             if self.on_progress is not None and index % 1024 == 1023:
                 self.on_progress(1024)
+        if receipts is not None:
+            try:
+                await self._confirm(spec, pending, receipts)
+            finally:
+                for sub in receipts:
+                    await sub.close()
         if self.on_progress is not None:
             self.on_progress(len(self.clients) % 1024)
+
+    async def _confirm(self, spec: RoundSpec, pending: dict[bytes, tuple[str, bytes]], receipts) -> None:
+        """Re-publish envelopes no receipt has named, until all are named or the round closes.
+
+        Retransmission waits for ``retry_interval`` seconds *without any receipt*: while
+        the shuffler is working through a backlog, receipts keep coming and nothing is
+        sent twice; only a stall (envelopes lost to a restart) triggers a retry.
+        """
+        while pending and time.time() < spec.deadline:
+            wake = time.monotonic() + self.retry_interval
+            while pending and time.monotonic() < wake:
+                got = False
+                for sub in receipts:
+                    for data in sub.get_nowait_all():
+                        got = True
+                        self._take_receipts(spec, data, pending)
+                if got:
+                    wake = time.monotonic() + self.retry_interval
+                else:
+                    await asyncio.sleep(0.01)
+            for topic, envelope in list(pending.values()):
+                await self.channel.publish(topic, envelope)
+                self.retransmitted += 1
+
+    def _take_receipts(self, spec: RoundSpec, data: bytes, pending: dict) -> None:
+        try:
+            message = decode_verified(data, AdmissionReceipts, spec.shuffler_signing_key)
+        except ShuffleDPError as exc:  # forged or junk receipts: ignored, counted
+            self.refused_by_shuffler[f"bad-receipt-{exc.reason}"] += 1
+            return
+        for nonce in message.admitted:
+            if pending.pop(nonce, None) is not None:
+                self.admitted += 1
+        for nonce, reason in zip(message.refused, message.reasons):
+            if pending.pop(nonce, None) is not None:
+                self.refused_by_shuffler[reason] += 1

@@ -189,6 +189,19 @@ class StrictReader:
         return value
 
 
+def byte_length(data: object) -> int:
+    """The number of bytes in a bytes-like ``data`` (a memoryview's ``nbytes``, not its first
+    dimension), without copying; :class:`MalformedMessage` for anything else or a released buffer."""
+    if isinstance(data, (bytes, bytearray)):
+        return len(data)
+    if isinstance(data, memoryview):
+        try:
+            return data.nbytes
+        except ValueError as exc:  # a released memoryview
+            raise MalformedMessage(f"unreadable buffer ({exc})") from None
+    raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+
+
 def as_bytes(data: object) -> bytes:
     """``data`` as ``bytes`` if it is bytes-like, else :class:`MalformedMessage` (never an untyped error)."""
     if isinstance(data, bytes):

@@ -26,7 +26,7 @@ from typing import Any, TypeVar, get_args, get_origin
 import cbor2
 
 from shuffledp.protocol import messages as m
-from shuffledp.protocol.cbor_strict import StrictReader, as_bytes
+from shuffledp.protocol.cbor_strict import StrictReader, as_bytes, byte_length
 from shuffledp.protocol.errors import (
     InvalidParameter,
     MalformedMessage,
@@ -151,11 +151,10 @@ def decode(data: bytes, expected: type[T] | None = None, *, max_items: int | Non
     Raises :class:`MessageTooLarge`, :class:`UnsupportedVersion` or
     :class:`MalformedMessage`; never anything else for any input bytes.
     """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+    size = byte_length(data)
     limit = MESSAGE_TYPES[_TYPE_OF[expected]][1] if expected in _TYPE_OF else MAX_MESSAGE_BYTES
-    if len(data) > limit:
-        raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
+    if size > limit:
+        raise MessageTooLarge(f"{size} bytes, over the limit of {limit}")
     raw = as_bytes(data)
     reader = StrictReader(raw, max_items=max_items)
     body = reader.read()
@@ -172,11 +171,10 @@ def decode_padded(data: bytes, expected: type[T]) -> T:
     """
     if expected not in _TYPE_OF:
         raise InvalidParameter("expected", f"must be a wire message class, got {expected!r}")
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
+    size = byte_length(data)
     limit = MESSAGE_TYPES[_TYPE_OF[expected]][1]
-    if len(data) > limit:
-        raise MessageTooLarge(f"{len(data)} bytes, over the limit of {limit}")
+    if size > limit:
+        raise MessageTooLarge(f"{size} bytes, over the limit of {limit}")
     raw = as_bytes(data)
     reader = StrictReader(raw)
     body = reader.read()

@@ -40,7 +40,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from shuffledp.protocol import codec
-from shuffledp.protocol.errors import BadSignature, InvalidParameter, MalformedMessage, SealingError, UnknownRound
+from shuffledp.protocol.cbor_strict import as_bytes, byte_length
+from shuffledp.protocol.errors import BadSignature, InvalidParameter, MessageTooLarge, SealingError, UnknownRound
 from shuffledp.protocol.messages import (
     CREDENTIAL_BYTES,
     NONCE_BYTES,
@@ -187,9 +188,9 @@ class EnvelopeOpener:
 
     def open(self, data: bytes) -> Admission:
         if not isinstance(data, bytes):
-            if not isinstance(data, (bytearray, memoryview)):
-                raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
-            data = bytes(data)
+            if byte_length(data) > codec.MESSAGE_TYPES["envelope"][1]:  # typed refusal of non-bytes, before copying
+                raise MessageTooLarge("envelope over its size limit")
+            data = as_bytes(data)
         fields = self._envelope_layout.fields(data)
         outer = fields["outer"] if fields is not None else self._outer_slow(data)
         try:

@@ -566,11 +566,6 @@ def test_analyzer_drops_duplicate_encapsulated_keys_even_if_the_shuffler_did_not
     assert via_batch.size == 5 and via_batch.rejected == opened.rejected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="source bug: analyzer/service.py BatchOpening.add records a payload's encapsulated key in "
-    "_seen_keys before the payload is opened, so junk carrying a copied key knocks out the real report after it",
-)
 def test_junk_with_a_copied_encapsulated_key_does_not_knock_out_the_real_report():
     """Issue 7's original order: the junk copy comes first (the shuffler's permutation puts it first half the time)."""
     s = spec()
@@ -1042,12 +1037,6 @@ def test_every_entry_point_types_its_refusal_of_non_bytes(bad):
     assert loads(memoryview(b"\x61a")) == "a" and loads(bytearray(b"\xa0")) == {}  # bytes-like input is read
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="source bug: protocol/codec.py decode()/decode_padded() take len(data) before as_bytes (lines 157, 178) "
-    "and protocol/onion.py EnvelopeOpener.open calls bytes(data) unguarded (line 192): a released memoryview "
-    "raises an untyped ValueError (counted as internal-error by the services)",
-)
 def test_an_unreadable_buffer_is_refused_with_a_typed_error():
     """``cbor_strict.as_bytes`` types an unreadable buffer ('unreadable buffer'); every entry point should too."""
     s = spec()
