@@ -52,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -422,6 +423,13 @@ def _accepts(host: str, port: int, context: ssl.SSLContext | None, timeout: floa
         return False
 
 
+def _reap(process: subprocess.Popen) -> None:
+    """Kill ``process`` if it still runs (safety net for a Broker never stopped)."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
 def _current_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
@@ -480,6 +488,7 @@ class Broker:
         self._mosquitto = mosquitto
         self._process: subprocess.Popen | None = None
         self._tls: TlsFiles | None = None
+        self._reaper: weakref.finalize | None = None
         self.starts = 0
 
     # -- files
@@ -623,6 +632,9 @@ class Broker:
             )
         finally:
             log.close()
+        # Never leave an orphan broker behind: killed when this object is collected
+        # or the interpreter exits, unless stopped before.
+        self._reaper = weakref.finalize(self, _reap, self._process)
         # The TLS listener counts as up once a handshake verifies against *our* CA, so
         # another program listening on the port cannot pass for the broker.
         tls = ssl.create_default_context(cafile=str(self.ca_file))
@@ -638,6 +650,7 @@ class Broker:
                 if self._process.poll() is not None:
                     code = self._process.returncode
                     self._process = None
+                    self._detach_reaper()
                     raise BrokerError(
                         f"mosquitto exited with status {code} before listening on {endpoint[0]}:{endpoint[1]}; "
                         f"log {self.log_file}:\n{self.log_tail()}"
@@ -655,6 +668,7 @@ class Broker:
 
         Its clients see their connections close. Idempotent."""
         process, self._process = self._process, None
+        self._detach_reaper()
         if process is None or process.poll() is not None:
             return
         process.send_signal(signal.SIGTERM)
@@ -667,9 +681,15 @@ class Broker:
     def kill(self) -> None:
         """End mosquitto abruptly (SIGKILL), as a crash would. Idempotent."""
         process, self._process = self._process, None
+        self._detach_reaper()
         if process is not None and process.poll() is None:
             process.kill()
             process.wait()
+
+    def _detach_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.detach()
+            self._reaper = None
 
     def restart(self) -> None:
         """Stop if running, then start again on the same host and ports."""

@@ -105,13 +105,15 @@ async def test_without_reconnect_a_dead_broker_fails_waiting_gets_and_later_call
 
 
 async def test_an_unacknowledged_publish_is_sent_again_after_reconnecting(fresh_broker):
-    """Publishes in flight when the broker goes away complete on the next connection."""
+    """Publishes in flight when the broker dies (SIGKILL: no PUBACK is flushed) complete
+    on the next connection."""
     async with channel(fresh_broker, "shuffler", max_backoff=0.2) as pub, channel(fresh_broker, "analyzer", max_backoff=0.2) as sub_ch:
         sub = await sub_ch.subscribe(BATCH)
-        payloads = [i.to_bytes(2, "big") for i in range(2000)]
+        payloads = [i.to_bytes(2, "big") for i in range(4000)]
         sending = asyncio.create_task(pub.publish_many(BATCH, payloads))
         await until(lambda: pub.messages_by_topic[BATCH] > 100)
-        await asyncio.to_thread(fresh_broker.restart)
+        await asyncio.to_thread(fresh_broker.kill)
+        await asyncio.to_thread(fresh_broker.start)
         assert await asyncio.wait_for(sending, 20) == len(payloads)
         assert pub.messages_by_topic[BATCH] == len(payloads)
         assert pub.reconnects == 1 and pub.republished > 0
