@@ -168,18 +168,27 @@ class Coordinator:
         )
         self._next_round += 1
         check_servable(spec)
+        return await self.receive_round(spec, announce=True)
+
+    async def receive_round(self, spec: RoundSpec, *, announce: bool = False) -> RoundRecord:
+        """Subscribe to a round's batch and outcome topics, (optionally) announce it, and
+        collect, open and acknowledge its batches (see :meth:`_collect_batches`).
+
+        ``announce=False`` serves a spec already announced (or opened at the shuffler
+        directly, as the load benchmark does)."""
         subscriptions = []
         for instance in range(spec.shuffler_instances):
-            subscriptions.append(("batch", await self.channel.subscribe(batch_topic(self.session_id, spec.round_id, instance))))
-            subscriptions.append(("outcome", await self.channel.subscribe(outcome_topic(self.session_id, spec.round_id, instance))))
+            subscriptions.append(("batch", await self.channel.subscribe(batch_topic(spec.session_id, spec.round_id, instance))))
+            subscriptions.append(("outcome", await self.channel.subscribe(outcome_topic(spec.session_id, spec.round_id, instance))))
         try:
-            await self.channel.publish(announce_topic(self.session_id), self.analyzer.sign_spec(spec), retain=True)
+            if announce:
+                await self.channel.publish(announce_topic(spec.session_id), self.analyzer.sign_spec(spec), retain=True)
             batches, failed = await self._collect_batches(spec, subscriptions)
         finally:
             for _, subscription in subscriptions:
                 await subscription.close()
         for batch in batches:
-            await self.channel.publish(acks_topic(self.session_id), self.analyzer.acknowledge(spec, batch.batch_id))
+            await self.channel.publish(acks_topic(spec.session_id), self.analyzer.acknowledge(spec, batch.batch_id))
         return _record(spec, batches, failed)
 
     async def _collect_batches(self, spec: RoundSpec, subscriptions) -> tuple[list[_Batch], int]:
