@@ -15,11 +15,11 @@ its own report in parallel. Then the same N envelopes go through each transport:
 * **in-process**: the same shuffler and coordinator code over the in-process
   channel, fed the same envelopes from this process.
 
-Baselines in the same run: the raw HPKE open rate (the shuffler's and the analyzer's
-floor: each report is opened twice, outer and inner layer), and the raw seal+open
-rate of both cores (two seals and two opens per report, two processes). Targets:
-at least 5,000 reports/s over MQTT, and the in-process message path within 2x of
-the raw seal+open rate of both cores.
+Baseline in the same run: the raw HPKE seal+open rate of all cores (two seals and two
+opens per report, one process per core): the crypto floor of a report's whole path.
+The in-process message path (the devices' sealing on all cores, then admission, then
+opening on all cores) is compared with it. Targets: at least 5,000 reports/s over
+MQTT end to end, and the in-process message path within 2x of the raw rate.
 
 Run: ``python benchmarks/bench_mqtt_load.py [N]`` (default 100,000); writes
 benchmarks/results/mqtt_load.json. ``SHUFFLEDP_BENCH_PUBLISHERS`` sets the number of
@@ -112,7 +112,8 @@ def _publish(host: str, port: int, options: dict, topic: str, payloads: list[byt
 async def _serve_round(deployment: Deployment, spec: RoundSpec, shuffler_channel, analyzer_channel, feed, spool) -> tuple[RoundRecord, float, int]:
     """Open the round at the shuffler, start ``feed()``, return the record, the seconds and the shuffler's admitted count."""
     shuffler = deployment.shuffler(shuffler_channel, spool=spool)
-    coordinator = deployment.coordinator(analyzer_channel, round_timeout=600.0, grace=60.0, analyzer=deployment.analyzer(workers=1))
+    analyzer = deployment.analyzer(workers=None)  # opens large chunks on every core
+    coordinator = deployment.coordinator(analyzer_channel, round_timeout=600.0, grace=60.0, analyzer=analyzer)
     specs = await analyzer_channel.subscribe(spec_topic(spec.session_id))
     receiving = asyncio.create_task(coordinator.receive_round(spec))
     serving = asyncio.create_task(shuffler.run_round(spec, deployment.analyzer().sign_spec(spec)))
@@ -122,6 +123,7 @@ async def _serve_round(deployment: Deployment, spec: RoundSpec, shuffler_channel
     record = await asyncio.wait_for(receiving, 900)
     elapsed = time.time() - started
     stats = await serving
+    analyzer.close()
     return record, elapsed, stats.admitted
 
 
@@ -205,15 +207,17 @@ def main() -> int:
         "in_process_reports_per_s_end_to_end": n / t_local,
         "in_process_opened": local_record.opened.size,
         "mqtt_to_in_process_ratio": t_local / t_mqtt,
-        "in_process_to_raw_ratio": t_raw / t_local,
+        "in_process_reports_per_s_with_sealing": n / (t_seal + t_local),
+        "in_process_to_raw_ratio": t_raw / (t_seal + t_local),
         "targets": {"mqtt_reports_per_s": 5000, "in_process_to_raw_ratio_at_least": 0.5},
     }
     path = write_result("mqtt_load", result)
     print(f"load: {n:,} reports, envelopes of {result['envelope_bytes']} B, {PUBLISHERS} publishing processes, {result['cpus']} CPUs")
     print(f"  devices' sealing (all cores, done first)   {result['devices_seal_per_s_all_cores']:>9,.0f} /s")
     print(f"  raw HPKE 2x seal + 2x open (all cores)     {result['raw_hpke_seal_open_per_s_all_cores']:>9,.0f} /s (baseline)")
-    print(f"  in-process, admitted to opened             {result['in_process_reports_per_s_end_to_end']:>9,.0f} /s "
-          f"= {result['in_process_to_raw_ratio']:.2f} x raw (target >= 0.5)")
+    print(f"  in-process, admitted to opened             {result['in_process_reports_per_s_end_to_end']:>9,.0f} /s")
+    print(f"  in-process message path incl. sealing      {result['in_process_reports_per_s_with_sealing']:>9,.0f} /s "
+          f"= {result['in_process_to_raw_ratio']:.2f} x raw (target >= 0.5, i.e. within 2x)")
     print(f"  MQTT (TLS, ACL, spool on disk), end to end {result['mqtt_reports_per_s_end_to_end']:>9,.0f} /s "
           f"= {result['mqtt_to_in_process_ratio']:.2f} x in-process (target >= 5,000 /s); lost {result['mqtt_lost']}")
     print(f"wrote {path}")
