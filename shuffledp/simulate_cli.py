@@ -46,8 +46,10 @@ def add_parser(subparsers) -> None:
     )
     p.set_defaults(path="messages")
     p.add_argument(
-        "--broker", metavar="HOST[:PORT]", default=None,
-        help="carry the messages over this MQTT broker (each party its own connection) instead of in-process",
+        "--broker", metavar="HOST[:PORT]|DIR", default=None,
+        help="carry the messages over this MQTT broker (each party its own connection) instead of in-process: "
+        "HOST[:PORT] for an anonymous plaintext broker, or the directory of a broker made by "
+        "'python -m shuffledp.broker DIR --run' (TLS, one password per role, ACLs)",
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")

@@ -186,10 +186,37 @@ async def party_channels(broker: str | None):
         return
     from shuffledp.protocol.mqtt_channel import MqttChannel
 
-    host, port = parse_broker(broker)
+    host, port, options = broker_connection(broker)
     async with contextlib.AsyncExitStack() as stack:
-        channels = [await stack.enter_async_context(MqttChannel(host, port)) for _ in range(3)]
+        channels = [
+            await stack.enter_async_context(MqttChannel(host, port, **options.get(role, {})))
+            for role in ("analyzer", "shuffler", "client")
+        ]
         yield tuple(channels)
+
+
+def broker_connection(broker: str) -> tuple[str, int, dict[str, dict[str, Any]]]:
+    """Where and how each role connects: ``HOST[:PORT]`` (anonymous, plaintext), or the directory
+    of a broker made by :mod:`shuffledp.broker` (its ``credentials.json``: host, port, CA file and
+    one account per role; TLS and passwords)."""
+    import json
+    import os
+
+    if os.path.isdir(broker):
+        path = os.path.join(broker, "credentials.json")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            options: dict[str, dict[str, Any]] = {}
+            for user in doc["users"]:
+                options.setdefault(
+                    user["role"], {"username": user["username"], "password": user["password"], "tls_ca_file": doc["ca_file"]}
+                )
+            return doc["host"], int(doc["port"]), options
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidParameter("broker", f"{path} is not a broker credentials file ({exc})") from None
+    host, port = parse_broker(broker)
+    return host, port, {}
 
 
 async def _message_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress | None):

@@ -113,19 +113,19 @@ async def test_unreachable_broker_is_a_typed_error():
             pass
 
 
-def test_protocol_over_mqtt_matches_in_process(mosquitto):
-    """The full two-round protocol over a real broker gives exactly the in-process result.
+def test_protocol_over_mqtt_matches_in_process(broker):
+    """The full two-round protocol over the authenticated TLS broker (each party with its
+    own role's account, as ``shuffledp simulate --broker DIR`` runs it) gives exactly the
+    in-process result.
 
     Both runs use the same simulation seed, so the report values are identical and the
     analyzer's estimate must agree to the last bit (only the permutation differs, and
     the mean is permutation-invariant up to float summation order: compare to 1e-12).
-    Runs on the anonymous plaintext broker: ``run_simulation(broker=...)`` has no
-    credentials option yet.
     """
     pop = Population("gaussian", 1.7, 1.0, 20.0, 50)
     results = [
-        run_simulation(SimulationConfig(pop, 600, 1.0, path="messages", broker=broker, seed=3))
-        for broker in (None, mosquitto)
+        run_simulation(SimulationConfig(pop, 600, 1.0, path="messages", broker=b, seed=3))
+        for b in (None, str(broker.directory))
     ]
     in_process, mqtt = results
     assert mqtt.extra["transport"].startswith("mqtt")
