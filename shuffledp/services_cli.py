@@ -1,0 +1,985 @@
+"""The parties as deployable services: ``shuffledp keys | shuffler | analyzer | clients | up``.
+
+Each party runs as its own process with its own key files (:mod:`shuffledp.keys`)
+and its own broker account, and talks to the others only through the MQTT broker
+(TLS verified against ``--ca-file``, password from ``--password-file``, never on
+the command line):
+
+* ``shuffledp keys init DIR`` writes a deployment's keys, session id and client
+  credentials; ``shuffledp keys enroll DIR --count K`` issues more credentials.
+* ``shuffledp shuffler serve`` runs :class:`~shuffledp.shuffler.service.Shuffler`
+  on a file-backed :class:`~shuffledp.shuffler.spool.SqliteSpool`: killed (even with
+  ``kill -9``) and restarted on the same spool, it resumes open rounds with every
+  admitted envelope, re-publishes unacknowledged batches, and never re-opens a
+  released round. It logs one line per round outcome and a periodic stats line,
+  writes :meth:`Shuffler.stats` as JSON (atomically: temporary file, then rename) to
+  ``--stats-file``, and serves Prometheus metrics (:mod:`shuffledp.shuffler.metrics`).
+  SIGTERM or SIGINT stops it cleanly: final stats written, spool closed, exit 0.
+* ``shuffledp analyzer run`` runs :meth:`Coordinator.scalar_mean` over the broker
+  and prints the estimate with per-round statistics; any failure (e.g. a batch
+  below ``min_batch``) is one line on stderr and exit status 1.
+* ``shuffledp clients run`` runs a simulated fleet (:class:`~shuffledp.fleet.Fleet`)
+  whose devices use the credentials enrolled in ``DIR/credentials.json`` (never
+  ``issuer.key``: devices cannot mint credentials), pin the analyzer's signing key
+  and the shuffler's signing key from ``public.json``, and retransmit envelopes the
+  shuffler has not acknowledged.
+* ``shuffledp up`` runs the whole deployment on one machine: keys, a real
+  mosquitto (:class:`~shuffledp.broker.Broker`: TLS, passwords, ACL by role), then
+  the shuffler, the fleet and the analyzer as separate OS processes
+  (``python -m shuffledp.cli ...``); it relays their output, prints the estimate,
+  stops everything, and exits 0 only if every party succeeded.
+
+Exit statuses: 0 success, 1 the service failed (transport, protocol, a round
+failed), 2 bad usage or configuration (arguments, key files, password file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+#: Exit statuses (see the module docstring).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: How long the analyzer listens for a retained spec showing its session already ran.
+SESSION_CHECK_SECONDS = 0.5
+#: Users ``shuffledp up`` simulates by default: about 20 s on 2 cores (a device seals ~1 ms per round).
+UP_DEFAULT_USERS = 8000
+
+
+class UsageError(Exception):
+    """Bad arguments or configuration: printed as one line, exit status 2."""
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def parse_address(address: str, default_port: int) -> tuple[str, int]:
+    """``HOST``, ``HOST:PORT`` or ``[V6]:PORT`` as ``(host, port)``; :class:`UsageError` otherwise."""
+    host, port = address, str(default_port)
+    if address.startswith("["):
+        close = address.find("]")
+        if close < 0 or (close + 1 < len(address) and address[close + 1] != ":"):
+            raise UsageError(f"--broker: bad address {address!r}")
+        host, rest = address[1:close], address[close + 2 :]
+        port = rest or port
+    elif address.count(":") == 1:
+        host, port = address.split(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--broker: must be HOST[:PORT], got {address!r}")
+    return host, int(port)
+
+
+def read_password(path: Path | None) -> str | None:
+    """The password in ``path`` (its first line, without the line ending), or None without a file."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--password-file: cannot read {path} ({exc})") from None
+    password = text.splitlines()[0] if text else ""
+    if not password:
+        raise UsageError(f"--password-file: {path} is empty")
+    return password
+
+
+def _add_broker_options(p: argparse.ArgumentParser, role: str) -> None:
+    group = p.add_argument_group("broker", f"how this {role} reaches the MQTT broker")
+    group.add_argument("--broker", required=True, metavar="HOST[:PORT]",
+                       help="the broker's address (port default: 8883 with --ca-file, else 1883)")
+    group.add_argument("--username", default=None, help=f"broker account (a {role}-role user of the broker's ACL)")
+    group.add_argument("--password-file", type=Path, default=None, metavar="FILE",
+                       help="file holding the account's password on its first line (keep it 0600)")
+    group.add_argument("--ca-file", type=Path, default=None, metavar="PEM",
+                       help="CA certificate to verify the broker's TLS certificate and name against (TLS 1.2+); "
+                       "without it the connection is plaintext")
+
+
+def _channel(args: argparse.Namespace, role: str):
+    """An unconnected MqttChannel for ``args``' broker options."""
+    from shuffledp.protocol.mqtt_channel import MqttChannel
+
+    host, port = parse_address(args.broker, 8883 if args.ca_file else 1883)
+    if args.ca_file is not None and not Path(args.ca_file).is_file():
+        raise UsageError(f"--ca-file: {args.ca_file} is not a file")
+    return MqttChannel(
+        host,
+        port,
+        identifier=f"shuffledp-{role}-{os.getpid()}-{os.urandom(3).hex()}",
+        username=args.username,
+        password=read_password(args.password_file),
+        tls_ca_file=args.ca_file,
+    )
+
+
+def _transport(channel) -> dict[str, Any]:
+    return {
+        "address": channel.address,
+        "connected": channel.connected,
+        "reconnects": channel.reconnects,
+        "republished": channel.republished,
+        "dropped": int(sum(channel.dropped_by_topic.values())),
+    }
+
+
+class _UnsubackRace(logging.Filter):
+    """Drops aiomqtt's report of an UNSUBACK whose unsubscribe was cancelled by the channel's close."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "in on_unsubscribe callback" not in record.getMessage()
+
+
+def _setup_logging(name: str, verbose: bool) -> logging.Logger:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    # MqttChannel.close() cancels unsubscribes still in flight; when their UNSUBACK then
+    # arrives, aiomqtt logs a KeyError traceback for the unknown message id. Benign.
+    logging.getLogger("mqtt").addFilter(_UnsubackRace())
+    if not verbose:
+        # The services' own INFO lines duplicate the one line per round logged here.
+        for noisy in ("shuffledp.shuffler.service", "shuffledp.mqtt", "shuffledp.fleet"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    return logging.getLogger(name)
+
+
+def _fail(command: str, exc: BaseException, status: int) -> int:
+    reason = getattr(exc, "reason", None)
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"shuffledp {command}: {reason + ': ' if reason else ''}{text}", file=sys.stderr)
+    return status
+
+
+def _closed_socket_callbacks(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's exception handler: a socket callback that finds its socket already closed
+    (EBADF in ``add_reader``/``add_writer``, which aiomqtt schedules when the broker vanishes
+    abruptly) is logged at debug level; everything else goes to asyncio's default handler."""
+    exc = context.get("exception")
+    handle = repr(context.get("handle", ""))
+    if isinstance(exc, OSError) and exc.errno == errno.EBADF and ("add_writer" in handle or "add_reader" in handle):
+        logging.getLogger("shuffledp.mqtt").debug("socket callback after the connection closed: %s", exc)
+        return
+    loop.default_exception_handler(context)
+
+
+def _run(command: str, coroutine_factory: Callable[[], Any]) -> int:
+    """Run a service's coroutine; configuration errors exit 2, service failures 1, one line on stderr."""
+    from shuffledp.keys import KeyFileError
+    from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
+
+    async def main() -> Any:
+        asyncio.get_running_loop().set_exception_handler(_closed_socket_callbacks)
+        return await coroutine_factory()
+
+    try:
+        return int(asyncio.run(main()))
+    except (UsageError, KeyFileError, InvalidParameter) as exc:
+        return _fail(command, exc, EXIT_USAGE)
+    except ShuffleDPError as exc:
+        return _fail(command, exc, EXIT_FAILED)
+    except KeyboardInterrupt:
+        print(f"shuffledp {command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _write_json_atomic(path: Path, document: dict[str, Any]) -> None:
+    """Write ``document`` to ``path`` so a reader sees the old or the new file, never a partial one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(document, out, indent=2, sort_keys=True, default=float)
+        out.write("\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def _on_signals(callback: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, callback)
+
+
+def _scalar_mean_options(p: argparse.ArgumentParser, *, analyzer: bool) -> None:
+    """Data-model and protocol options shared with ``shuffledp simulate`` (same names and defaults)."""
+    p.add_argument("--users", "-n", type=int, required=True,
+                   help="number of users n" + (" (min_batch defaults to it)" if analyzer else " in the fleet"))
+    p.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
+    p.add_argument("--sigma", type=float, default=1.0,
+                   help="data spread: its sub-Gaussian proxy, for the default radius" if analyzer else "data spread parameter")
+    p.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B: samples lie in [-B, B]")
+    if analyzer:
+        p.add_argument("--epsilon", "-e", type=float, default=1.0, help="local user-level budget eps0 (both rounds)")
+        p.add_argument("--noise", choices=("laplace", "gaussian"), default="laplace", help="mean-round noise")
+        p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
+        p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from --sigma, -n, -m, --gamma)")
+        p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
+        p.add_argument("--grid-levels", type=int, default=4096, help="levels of the mean round's grid")
+    else:
+        from shuffledp.population import DISTRIBUTIONS
+
+        p.add_argument("--distribution", choices=DISTRIBUTIONS, default="gaussian", help="data distribution")
+        p.add_argument("--mu", type=float, default=1.7, help="distribution mean parameter")
+        p.add_argument("--seed", type=int, default=0, help="seed of the simulated data and of the simulated randomizers")
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def add_parser(subparsers) -> None:
+    """Register ``keys``, ``shuffler``, ``analyzer``, ``clients`` and ``up``."""
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+
+    keys = subparsers.add_parser(
+        "keys", help="create a deployment's key files (analyzer, shuffler, issuer, credentials)",
+        description="Create and extend a deployment's key directory (layout: shuffledp/keys.py docstring).",
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    init = keys_sub.add_parser(
+        "init", formatter_class=fmt, help="generate all keys, a session id and client credentials",
+        description="Generate analyzer keys (X25519 + Ed25519), shuffler keys, the credential issuer key, a "
+        "session id and N client credentials into DIR: analyzer.key, shuffler.key, issuer.key (raw bytes) and "
+        "credentials.json, all 0600, and public.json with what devices pin (analyzer signing key, shuffler "
+        "keys, session id). Refuses to overwrite existing keys unless --force (which replaces them all).",
+    )
+    init.add_argument("directory", type=Path, metavar="DIR", help="key directory (created 0700)")
+    init.add_argument("--clients", type=int, default=100, help="client credentials to issue")
+    init.add_argument("--force", action="store_true", help="replace existing keys, public.json and credentials.json")
+    init.set_defaults(func=_keys_init)
+    enroll = keys_sub.add_parser(
+        "enroll", formatter_class=fmt, help="issue more client credentials with issuer.key",
+        description="The enrollment service's job: issue COUNT more credentials with DIR/issuer.key and append "
+        "them to DIR/credentials.json (replaced atomically). Reads issuer.key, public.json and credentials.json.",
+    )
+    enroll.add_argument("directory", type=Path, metavar="DIR")
+    enroll.add_argument("--count", type=int, required=True, help="credentials to issue")
+    enroll.set_defaults(func=_keys_enroll)
+
+    shuffler = subparsers.add_parser("shuffler", help="run the shuffler service",
+                                     description="The shuffler as a long-running service.")
+    shuffler_sub = shuffler.add_subparsers(dest="shuffler_command", metavar="ACTION", required=True)
+    serve = shuffler_sub.add_parser(
+        "serve", formatter_class=fmt, help="admit, spool, permute and forward the session's rounds",
+        description="Serve the session in --keys over an MQTT broker: verify announced specs, admit envelopes "
+        "with valid credentials into a durable SQLite spool (kill -9 and restart on the same --spool resumes "
+        "open rounds and re-publishes unacknowledged batches), release permuted, signed batches. Logs one line "
+        "per round outcome and a stats line every --log-interval; writes Shuffler.stats() as JSON to "
+        "--stats-file every --stats-interval (atomically); serves Prometheus metrics on "
+        "http://--metrics-host:--metrics-port/metrics. SIGTERM/SIGINT stop it cleanly (final stats written). "
+        "Reads shuffler.key, issuer.key and public.json only.",
+    )
+    serve.add_argument("--keys", type=Path, required=True, metavar="DIR", help="key directory (shuffledp keys init)")
+    _add_broker_options(serve, "shuffler")
+    serve.add_argument("--spool", type=Path, required=True, metavar="FILE", help="SQLite spool file (created if missing)")
+    serve.add_argument("--durable", action="store_true", help="fsync every commit (survive power loss, not only kill -9)")
+    serve.add_argument("--stats-file", type=Path, default=None, metavar="FILE", help="write the JSON stats here")
+    serve.add_argument("--stats-interval", type=float, default=10.0, metavar="S", help="seconds between stats-file writes")
+    serve.add_argument("--log-interval", type=float, default=60.0, metavar="S", help="seconds between stats log lines")
+    serve.add_argument("--metrics-port", type=int, default=None, metavar="P",
+                       help="serve Prometheus metrics on this port (0: a free port, logged)")
+    serve.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint binds to")
+    serve.add_argument("--chunk-size", type=int, default=16384, help="reports per signed batch chunk")
+    serve.add_argument("--republish-interval", type=float, default=30.0, metavar="S",
+                       help="seconds between re-publications of unacknowledged batches")
+    serve.add_argument("--instance", type=int, default=0, help="which of a round's shuffler instances this process is")
+    serve.add_argument("--verbose", "-v", action="store_true", help="debug logging (MQTT included)")
+    serve.set_defaults(func=_shuffler_serve)
+
+    analyzer = subparsers.add_parser("analyzer", help="run the analyzer (coordinator) against the shuffler",
+                                     description="The analyzer as a command.")
+    analyzer_sub = analyzer.add_subparsers(dest="analyzer_command", metavar="ACTION", required=True)
+    run = analyzer_sub.add_parser(
+        "run", formatter_class=fmt, help="run one protocol session and print its estimate",
+        description="Run the session in --keys: announce each round to the shuffler over the broker, open the "
+        "signed batch it forwards, acknowledge it, and print the estimate with per-round statistics (reports "
+        "opened, rejected reports and rejected batch messages by reason). A session runs once: if the broker "
+        "shows one of its rounds already, the run is refused. Any failure (e.g. a batch below min_batch) is "
+        "one line on stderr and exit status 1. Reads analyzer.key and public.json only.",
+    )
+    run.add_argument("--keys", type=Path, required=True, metavar="DIR", help="key directory (shuffledp keys init)")
+    _add_broker_options(run, "analyzer")
+    run.add_argument("--protocol", choices=("scalar-mean",), default="scalar-mean",
+                     help="the protocol: scalar range -> mean (Girgis et al. 2022, Algorithm 1)")
+    _scalar_mean_options(run, analyzer=True)
+    run.add_argument("--min-batch", type=int, default=None, help="smallest batch a round accepts (default: --users)")
+    run.add_argument("--max-batch", type=int, default=None,
+                     help="largest batch (default: min_batch, so the shuffler releases as soon as it holds it)")
+    run.add_argument("--shuffler-instances", type=int, default=1,
+                     help="shuffler instances per round (each must reach min_batch on its own)")
+    run.add_argument("--round-timeout", type=float, default=60.0, metavar="S", help="each round's deadline, from its announcement")
+    run.add_argument("--grace", type=float, default=5.0, metavar="S", help="extra wait for the batch after the deadline")
+    run.add_argument("--workers", type=int, default=1, help="processes opening large batches")
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--output", type=Path, default=None, metavar="FILE", help="also write the JSON result here")
+    run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    run.set_defaults(func=_analyzer_run)
+
+    clients = subparsers.add_parser("clients", help="run a simulated fleet of enrolled clients",
+                                    description="Simulated devices as one process.")
+    clients_sub = clients.add_subparsers(dest="clients_command", metavar="ACTION", required=True)
+    fleet = clients_sub.add_parser(
+        "run", formatter_class=fmt, help="answer the session's rounds with N simulated devices",
+        description="Simulate N devices answering the session in --keys over the broker. Each device uses one "
+        "credential enrolled in DIR/credentials.json (the first N; never issuer.key: devices cannot mint "
+        "credentials), pins the analyzer's and the shuffler's signing keys from public.json, keeps its own "
+        "privacy ledger (--budget), and sends its envelope again if the shuffler's signed receipt does not "
+        "come (the shuffler counts a copy once). Data: N users with m samples each, as in `shuffledp "
+        "simulate` with the same --seed. Exits 0 once --rounds rounds were answered and released, 1 if one "
+        "failed or --timeout passed.",
+    )
+    fleet.add_argument("--keys", type=Path, required=True, metavar="DIR", help="key directory (shuffledp keys init)")
+    _add_broker_options(fleet, "client")
+    _scalar_mean_options(fleet, analyzer=False)
+    fleet.add_argument("--budget", type=float, default=1.0, help="each device's local epsilon budget (its ledger)")
+    fleet.add_argument("--delta-budget", type=float, default=0.0, help="each device's local delta budget")
+    fleet.add_argument("--min-batch-floor", type=int, default=1, help="devices refuse rounds whose min_batch is below this")
+    fleet.add_argument("--rounds", type=int, default=2, help="rounds to answer (scalar-mean has 2)")
+    fleet.add_argument("--rate", type=float, default=0.0, help="envelopes per second per round (0: as fast as possible)")
+    fleet.add_argument("--retry-interval", type=float, default=2.0, metavar="S",
+                       help="seconds before an envelope without a receipt is sent again (doubling per copy)")
+    fleet.add_argument("--timeout", type=float, default=0.0, metavar="S", help="give up after S seconds (0: never)")
+    fleet.add_argument("--output", type=Path, default=None, metavar="FILE", help="write a JSON summary here")
+    fleet.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    fleet.set_defaults(func=_clients_run)
+
+    up = subparsers.add_parser(
+        "up", formatter_class=fmt, help="run a whole deployment on this machine (broker, shuffler, clients, analyzer)",
+        description="Write keys, start a real mosquitto (TLS, passwords, ACL by role) with shuffledp.broker, "
+        "then run the shuffler, a fleet of N simulated clients and the analyzer as separate processes "
+        "(python -m shuffledp.cli ...), relay their output, print the estimate, stop everything. Exit status 0 "
+        "only if every party succeeded. Needs the mosquitto binaries.",
+    )
+    up.add_argument("--users", "-n", type=int, default=UP_DEFAULT_USERS, help="simulated users")
+    up.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
+    up.add_argument("--mu", type=float, default=1.7, help="data mean parameter (gaussian data)")
+    up.add_argument("--sigma", type=float, default=1.0, help="data spread parameter")
+    up.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B")
+    up.add_argument("--epsilon", "-e", type=float, default=1.0, help="local budget eps0 of the session")
+    up.add_argument("--seed", type=int, default=0, help="seed of the simulated data and randomizers")
+    up.add_argument("--dir", type=Path, default=None, metavar="DIR",
+                    help="deployment directory, kept afterwards (must be empty or new); default: a temporary one")
+    up.add_argument("--keep", action="store_true", help="keep the temporary deployment directory")
+    up.add_argument("--round-timeout", type=float, default=60.0, metavar="S", help="each round's deadline")
+    up.add_argument("--timeout", type=float, default=300.0, metavar="S", help="stop everything after S seconds")
+    up.set_defaults(func=_up)
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _keys_init(args: argparse.Namespace) -> int:
+    from shuffledp.keys import KeyFileError, init_keys
+
+    try:
+        public = init_keys(args.directory, clients=args.clients, force=args.force)
+    except KeyFileError as exc:
+        return _fail("keys init", exc, EXIT_USAGE)
+    print(
+        f"wrote {args.directory}: analyzer.key, shuffler.key, issuer.key, credentials.json ({args.clients} client "
+        f"credential(s)) (0600), public.json; session {public.session_id.hex()}"
+    )
+    return EXIT_OK
+
+
+def _keys_enroll(args: argparse.Namespace) -> int:
+    from shuffledp.keys import KeyFileError, enroll
+
+    try:
+        total = enroll(args.directory, args.count)
+    except KeyFileError as exc:
+        return _fail("keys enroll", exc, EXIT_USAGE)
+    print(f"issued {args.count} credential(s); {args.directory}/credentials.json now holds {total}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- shuffler
+
+
+def _round_line(r: dict[str, Any]) -> str:
+    rejected = ", ".join(f"{k} {v}" for k, v in r["rejected"].items()) or "none"
+    extra = []
+    if r.get("resumed"):
+        extra.append(f"{r['resumed']} resumed from the spool")
+    if r.get("retransmitted"):
+        extra.append(f"{r['retransmitted']} retransmission(s) counted once")
+    admitted = f"{r['admitted']} admitted" + (f" ({', '.join(extra)})" if extra else "")
+    outcome = r["outcome"]
+    if outcome == "forwarded":
+        return f"round {r['round_id']} released: {admitted}, {r['forwarded']} forwarded in {r['chunks']} chunk(s); rejected: {rejected}"
+    if outcome == "served":
+        return f"round {r['round_id']} served: the analyzer acknowledged its batch"
+    if outcome == "open":
+        return f"round {r['round_id']} open" + (f": {r['resumed']} envelope(s) resumed from the spool" if r.get("resumed") else "")
+    return f"round {r['round_id']} failed ({outcome}): {admitted}; rejected: {rejected}"
+
+
+def _stats_line(stats: dict[str, Any]) -> str:
+    outcomes = [r["outcome"] for r in stats["rounds"]]
+    released = sum(o in ("forwarded", "served") for o in outcomes)
+    failed = sum(o not in ("open", "forwarded", "served") for o in outcomes)
+    rejected = ", ".join(f"{k} {v}" for k, v in stats["rejected_total"].items()) or "none"
+    transport = stats.get("transport", {})
+    return (
+        f"stats: {len(outcomes)} round(s) ({outcomes.count('open')} open, {released} released, "
+        f"{outcomes.count('served')} served, {failed} failed), {stats['admitted_total']} admitted, rejected {rejected}, "
+        f"{stats['acknowledged_batches']} ack(s), {stats['republished_batches']} batch(es) republished; "
+        f"mqtt {'connected' if transport.get('connected') else 'DISCONNECTED'}, {transport.get('reconnects', 0)} reconnect(s)"
+    )
+
+
+async def _shuffler_serve_async(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from shuffledp.fleet import cancel_and_wait
+    from shuffledp.keys import load_shuffler
+    from shuffledp.protocol.errors import TransportError
+    from shuffledp.shuffler.metrics import MetricsServer, render_metrics
+    from shuffledp.shuffler.service import Shuffler
+    from shuffledp.shuffler.spool import SqliteSpool
+
+    log = _setup_logging("shuffler", args.verbose)
+    if args.stats_interval <= 0 or args.log_interval <= 0:
+        raise UsageError("--stats-interval and --log-interval must be > 0")
+    side = load_shuffler(args.keys)
+    channel = _channel(args, "shuffler")
+    try:
+        spool = SqliteSpool(args.spool, durable_against_power_loss=args.durable)
+    except sqlite3.Error as exc:
+        raise UsageError(f"--spool: cannot open {args.spool} ({exc})") from None
+    metrics = None
+    try:
+        resumable = [r.round_id for r in spool.rounds("open") if r.session_id == side.session_id]
+        unacked = [b.round_id for b in spool.unacknowledged() if b.session_id == side.session_id]
+        try:
+            shuffler = Shuffler(
+                channel, side.session_id, side.analyzer_signing_key, side.shuffler_keys, side.issuer,
+                spool=spool, chunk_size=args.chunk_size, republish_interval=args.republish_interval,
+                instance=args.instance,
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+        def snapshot() -> dict[str, Any]:
+            stats = shuffler.stats()
+            stats.update(transport=_transport(channel), instance=args.instance, spool=str(args.spool),
+                         pid=os.getpid(), written_at=time.time())
+            return stats
+
+        if args.metrics_port is not None:
+            metrics = MetricsServer(lambda: render_metrics(shuffler.stats(), _transport(channel)),
+                                    host=args.metrics_host, port=args.metrics_port)
+            try:
+                await metrics.start()
+            except OSError as exc:
+                metrics = None
+                raise UsageError(f"--metrics-port: cannot listen on {args.metrics_host}:{args.metrics_port} ({exc})") from None
+        await channel.connect()
+        log.info(
+            "serving session %s (instance %d) on %s%s; spool %s: %d open round(s) to resume, %d unacknowledged batch(es)%s",
+            side.session_id.hex(), args.instance, channel.address, " (TLS)" if args.ca_file else "", args.spool,
+            len(resumable), len(unacked), f"; metrics on {metrics.url}" if metrics else "",
+        )
+        stop = asyncio.Event()
+        _on_signals(stop.set)
+        serve = asyncio.create_task(shuffler.serve(), name="shuffler-serve")
+        watch = asyncio.create_task(_watch_shuffler(snapshot, args, log), name="shuffler-watch")
+        stopping = asyncio.create_task(stop.wait())
+        status = EXIT_OK
+        try:
+            await asyncio.wait({serve, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if serve.done():
+                error = serve.exception() if not serve.cancelled() else None
+                log.error("shuffler stopped: %s", error or "serve() returned")
+                status = EXIT_FAILED
+            else:
+                log.info("signal received: stopping")
+        finally:
+            await cancel_and_wait([serve, watch, stopping])  # re-cancels: one cancel can be lost on 3.11
+            final = snapshot()
+            if args.stats_file is not None:
+                _write_json_atomic(args.stats_file, final)
+            log.info(_stats_line(final))
+        log.info("stopped%s", f"; final stats in {args.stats_file}" if args.stats_file else "")
+        return status
+    finally:
+        if metrics is not None:
+            await metrics.close()
+        try:
+            await channel.close()
+        except TransportError:
+            pass
+        spool.close()
+
+
+async def _watch_shuffler(snapshot: Callable[[], dict[str, Any]], args: argparse.Namespace, log: logging.Logger) -> None:
+    """Log each round's changes of outcome, a stats line every --log-interval, the stats file every --stats-interval."""
+    loop = asyncio.get_running_loop()
+    seen: dict[int, str] = {}
+    republished = earlier_acks = 0
+    next_write = loop.time()
+    next_log = loop.time() + args.log_interval
+    while True:
+        stats = snapshot()
+        for r in stats["rounds"]:
+            before = seen.get(r["round_id"])
+            if before == r["outcome"]:
+                continue
+            if r["outcome"] == "served" and before not in ("forwarded",):
+                log.info(_round_line({**r, "outcome": "forwarded"}))
+            log.info(_round_line(r))
+            seen[r["round_id"]] = r["outcome"]
+        if stats["republished_batches"] > republished:
+            log.info("re-published %d unacknowledged batch(es)", stats["republished_batches"] - republished)
+            republished = stats["republished_batches"]
+        # Acks of batches released before this process started (rounds it never ran itself).
+        earlier = stats["acknowledged_batches"] - sum(r["outcome"] == "served" for r in stats["rounds"])
+        if earlier > earlier_acks:
+            log.info("the analyzer acknowledged %d batch(es) released before this process started", earlier - earlier_acks)
+            earlier_acks = earlier
+        now = loop.time()
+        if args.stats_file is not None and now >= next_write:
+            try:
+                _write_json_atomic(args.stats_file, stats)
+            except OSError as exc:
+                log.warning("cannot write %s: %s", args.stats_file, exc)
+            next_write = now + args.stats_interval
+        if now >= next_log:
+            log.info(_stats_line(stats))
+            next_log = now + args.log_interval
+        await asyncio.sleep(min(0.2, args.stats_interval))
+
+
+def _shuffler_serve(args: argparse.Namespace) -> int:
+    return _run("shuffler serve", lambda: _shuffler_serve_async(args))
+
+
+# --------------------------------------------------------------------------- analyzer
+
+
+def _coordinator_class():
+    from shuffledp.analyzer.coordinator import Coordinator
+
+    class RoundStatsCoordinator(Coordinator):
+        """A Coordinator that records the batch messages rejected during each round, and applies
+        the command's ``max_batch`` and ``shuffler_instances`` to every round ``scalar_mean`` runs."""
+
+        def __init__(self, *args: Any, max_batch: int | None, shuffler_instances: int, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.max_batch = max_batch
+            self.shuffler_instances = shuffler_instances
+            #: Batch messages rejected during each round run so far, in order, by reason.
+            self.round_rejections: list[dict[str, int]] = []
+
+        async def run_round(self, params, epsilon0, min_batch, *, delta0: float = 0.0, max_batch=None, shuffler_instances=None):
+            from collections import Counter
+
+            before = Counter(self.rejected_batches)
+            try:
+                return await super().run_round(
+                    params, epsilon0, min_batch, delta0=delta0,
+                    max_batch=max_batch if max_batch is not None else self.max_batch,
+                    shuffler_instances=shuffler_instances if shuffler_instances is not None else self.shuffler_instances,
+                )
+            finally:
+                self.round_rejections.append(dict(sorted((Counter(self.rejected_batches) - before).items())))
+
+    return RoundStatsCoordinator
+
+
+async def _session_round_seen(channel, session_id: bytes, analyzer_signing_key: bytes) -> int | None:
+    """The round id of a spec of this session the broker still retains (signed by us), if any."""
+    from shuffledp.client.client import verified_spec
+    from shuffledp.protocol.channel import spec_topic
+    from shuffledp.protocol.errors import ShuffleDPError
+
+    subscription = await channel.subscribe(spec_topic(session_id))
+    try:
+        data = await asyncio.wait_for(subscription.get(), SESSION_CHECK_SECONDS)
+    except asyncio.TimeoutError:
+        return None
+    finally:
+        await subscription.close()
+    try:
+        spec = verified_spec(data, analyzer_signing_key)
+    except ShuffleDPError:
+        return None  # not ours: says nothing about the session
+    return spec.round_id if spec.session_id == session_id else None
+
+
+def _kib(count: int) -> str:
+    return f"{count / 1024:.1f} KiB" if count < 1 << 20 else f"{count / (1 << 20):.1f} MiB"
+
+
+def format_analyzer_result(result: dict[str, Any]) -> str:
+    """The human-readable form of ``analyzer run``'s result."""
+    p = result["parameters"]
+    lines = [
+        f"shuffledp analyzer run: {result['protocol']}, session {result['session_id']}, "
+        f"min_batch {result['min_batch']}, eps0 {p['epsilon0']:g} ({p['noise']} noise), tau {p['tau']:.4g}",
+    ]
+    for r in result["rounds"]:
+        rejected = ", ".join(f"{k} {v}" for k, v in r["rejected_reports"].items()) or "none"
+        messages = ", ".join(f"{k} {v}" for k, v in r["rejected_batch_messages"].items()) or "none"
+        lines.append(
+            f"  round {r['round_id']}  {r['mechanism']:<15} eps0 {r['epsilon0']:.4g}   {r['reports']:,} reports opened "
+            f"in {r['chunks']} chunk(s), {_kib(r['batch_bytes'])}; rejected reports: {rejected}; "
+            f"rejected batch messages: {messages}"
+        )
+    lo, hi = result["range"]
+    lines.append(f"  range found   [{lo:.4f}, {hi:.4f}]")
+    lines.append(f"  estimate      {result['estimate']:.6f}   (standard error {result['standard_error']:.6f}, n = {result['reports']:,})")
+    lines.append(f"  {result['seconds']:.2f} s")
+    return "\n".join(lines)
+
+
+async def _analyzer_run_async(args: argparse.Namespace) -> int:
+    from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, concentration_radius
+    from shuffledp.analyzer.service import Analyzer
+    from shuffledp.keys import load_analyzer
+    from shuffledp.protocol.errors import ShuffleDPError
+
+    log = _setup_logging("analyzer", args.verbose)
+    if args.users < 2:
+        raise UsageError("--users: need at least 2")
+    if args.shuffler_instances < 1:
+        raise UsageError("--shuffler-instances: must be >= 1")
+    if args.shuffler_instances > 1 and args.min_batch is None:
+        raise UsageError("--min-batch is required with several shuffler instances (each batch must reach it)")
+    min_batch = args.min_batch if args.min_batch is not None else args.users
+    max_batch = args.max_batch
+    if max_batch is None and args.shuffler_instances > 1:
+        max_batch = args.users  # no instance can know its share: each releases at the deadline
+    tau = args.tau if args.tau is not None else min(args.bound, concentration_radius(args.sigma, args.users, args.samples, args.gamma))
+    config = ScalarMeanConfig(bound=args.bound, tau=tau, epsilon0=args.epsilon, delta0=args.delta0,
+                              noise=args.noise, grid_levels=args.grid_levels)
+    side = load_analyzer(args.keys)
+    channel = _channel(args, "analyzer")
+    started = time.time()
+    await channel.connect()
+    analyzer = Analyzer(side.analyzer_keys, workers=args.workers)
+    try:
+        seen = await _session_round_seen(channel, side.session_id, side.analyzer_keys.signing_public)
+        if seen is not None:
+            raise UsageError(
+                f"session {side.session_id.hex()} already ran (the broker holds its round {seen}); a session runs "
+                f"once: create a new one with `shuffledp keys init {args.keys} --force` and restart the shuffler and clients"
+            )
+        coordinator = _coordinator_class()(
+            channel, analyzer, side.shuffler_identity, session_id=side.session_id,
+            round_timeout=args.round_timeout, grace=args.grace,
+            max_batch=max_batch, shuffler_instances=args.shuffler_instances,
+        )
+        log.info("session %s: scalar-mean with min_batch %d over %s", side.session_id.hex(), min_batch, channel.address)
+        outcome = await coordinator.scalar_mean(config, min_batch)
+    finally:
+        analyzer.close()
+        try:
+            await channel.close()
+        except ShuffleDPError:
+            pass
+    rounds = []
+    for record, rejections in zip(outcome.rounds, coordinator.round_rejections):
+        spec = record.spec
+        rounds.append({
+            "round_id": spec.round_id,
+            "mechanism": spec.mechanism,
+            "epsilon0": spec.epsilon0,
+            "delta0": spec.delta0,
+            "min_batch": spec.min_batch,
+            "max_batch": spec.max_batch,
+            "shuffler_instances": spec.shuffler_instances,
+            "reports": record.opened.size,
+            "batch_sizes": list(record.batch_sizes),
+            "smallest_batch": record.smallest_batch,
+            "failed_instances": record.failed_instances,
+            "chunks": record.chunks,
+            "batch_bytes": record.batch_bytes,
+            "rejected_reports": dict(sorted(record.opened.rejected.items())),
+            "rejected_batch_messages": rejections,
+        })
+    result = {
+        "protocol": args.protocol,
+        "session_id": side.session_id.hex(),
+        "min_batch": min_batch,
+        "parameters": {"bound": config.bound, "tau": config.tau, "epsilon0": config.epsilon0, "delta0": config.delta0,
+                       "noise": config.noise, "grid_levels": config.grid_levels},
+        "estimate": outcome.mean.estimate,
+        "standard_error": outcome.mean.standard_error,
+        "reports": outcome.mean.n,
+        "range": [outcome.found_range.lower, outcome.found_range.upper],
+        "rounds": rounds,
+        "seconds": time.time() - started,
+    }
+    if args.output is not None:
+        _write_json_atomic(args.output, result)
+    print(json.dumps(result, indent=2, default=float) if args.json else format_analyzer_result(result), flush=True)
+    return EXIT_OK
+
+
+def _analyzer_run(args: argparse.Namespace) -> int:
+    return _run("analyzer run", lambda: _analyzer_run_async(args))
+
+
+# --------------------------------------------------------------------------- clients
+
+
+def fleet_data(population, users: int, seed: int):
+    """Local means of ``users`` simulated users and the exact mean of all their samples (as ``simulate`` draws them)."""
+    import numpy as np
+
+    from shuffledp.population import block_samples, user_blocks
+
+    means = np.empty(users)
+    total = 0.0
+    for block in user_blocks(population, users, seed):
+        samples = block_samples(population, block)
+        start, count, _ = block
+        means[start : start + count] = samples.mean(axis=1)
+        total += float(samples.sum())
+    return means, total / (users * population.m)
+
+
+async def _clients_run_async(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from shuffledp.client.client import Client
+    from shuffledp.client.ledger import PrivacyLedger
+    from shuffledp.fleet import Fleet, cancel_and_wait
+    from shuffledp.keys import load_clients
+    from shuffledp.population import Population
+    from shuffledp.protocol.errors import ShuffleDPError
+    from shuffledp.protocol.randomness import SeededSource
+
+    log = _setup_logging("clients", args.verbose)
+    if args.users < 1 or args.rounds < 1 or args.rate < 0 or args.retry_interval <= 0 or args.timeout < 0:
+        raise UsageError("need --users >= 1, --rounds >= 1, --rate >= 0, --retry-interval > 0, --timeout >= 0")
+    side = load_clients(args.keys, args.users)
+    population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
+    means, true_mean = fleet_data(population, args.users, args.seed)
+    clients = [
+        Client(
+            np.array([y]), side.public.analyzer_signing_public,
+            PrivacyLedger(args.budget, args.delta_budget), credential=credential,
+            shuffler_signing_key=side.public.shuffler.signing_public, min_batch_floor=args.min_batch_floor,
+        )
+        for y, credential in zip(means, side.credentials)
+    ]
+    source = SeededSource(np.random.SeedSequence([args.seed, 0xC11E]))
+    channel = _channel(args, "client")
+    await channel.connect()
+    fleet = Fleet(channel, side.session_id, clients, source, rate=args.rate, retry_interval=args.retry_interval,
+                  on_event=log.info)
+    log.info("%d device(s) of session %s on %s, waiting for rounds (true mean of their data %.6f)",
+             args.users, side.session_id.hex(), channel.address, true_mean)
+    serve = asyncio.create_task(fleet.serve(args.rounds), name="fleet-serve")
+    stop = asyncio.Event()
+    _on_signals(stop.set)
+    stopping = asyncio.create_task(stop.wait())
+    finished = False
+    try:
+        await asyncio.wait({serve, stopping}, timeout=args.timeout or None, return_when=asyncio.FIRST_COMPLETED)
+        if serve.done():
+            serve.result()  # a bug in the fleet surfaces here, with its traceback
+            finished = True
+        elif stopping.done():
+            log.info("signal received: stopping")
+        else:
+            log.error("timed out after %g s with %d of %d round(s) answered", args.timeout, len(fleet.rounds), args.rounds)
+    finally:
+        await cancel_and_wait([serve, stopping])
+        try:
+            await channel.close()
+        except ShuffleDPError:
+            pass
+    rounds = [fleet.rounds[r] for r in sorted(fleet.rounds)]
+    ok = finished and len(rounds) == args.rounds and all(r.released for r in rounds)
+    summary = {
+        "session_id": side.session_id.hex(),
+        "users": args.users,
+        "true_mean": true_mean,
+        "population_mean": population.mean,
+        "rounds": [r.as_dict() for r in rounds],
+        "bad_messages": dict(fleet.bad_messages),
+        "devices_with_lost_rounds": sum(1 for c in clients if c.ledger.lost_rounds()),
+        "randomness": "seeded numpy PCG64 (simulation; devices use the OS CSPRNG)",
+        "ok": ok,
+    }
+    if args.output is not None:
+        _write_json_atomic(args.output, summary)
+    print(f"fleet: {args.users} device(s), true mean of their data {true_mean:.6f}; "
+          f"{sum(r.released for r in rounds)} of {args.rounds} round(s) released", flush=True)
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def _clients_run(args: argparse.Namespace) -> int:
+    return _run("clients run", lambda: _clients_run_async(args))
+
+
+# --------------------------------------------------------------------------- up
+
+
+def _say(text: str) -> None:
+    print(f"[up] {text}", flush=True)
+
+
+async def _relay(name: str, stream: asyncio.StreamReader) -> None:
+    while True:
+        line = await stream.readline()
+        if not line:
+            return
+        print(f"[{name}] {line.decode('utf-8', 'replace').rstrip()}", flush=True)
+
+
+async def _wait(process: asyncio.subprocess.Process, timeout: float) -> int | None:
+    try:
+        return await asyncio.wait_for(process.wait(), timeout)
+    except asyncio.TimeoutError:
+        return None
+
+
+async def _stop(process: asyncio.subprocess.Process, timeout: float = 10.0) -> int:
+    """SIGTERM the process (if it runs), SIGKILL it after ``timeout``; its exit status."""
+    if process.returncode is None:
+        process.terminate()
+        if await _wait(process, timeout) is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode
+
+
+async def _up_async(args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    from shuffledp.analyzer.scalar_mean import concentration_radius
+    from shuffledp.broker import Broker, BrokerError, BrokerUsers
+    from shuffledp.keys import init_keys
+    from shuffledp.population import Population
+
+    if args.users < 2:
+        raise UsageError("--users: need at least 2")
+    population = Population("gaussian", args.mu, args.sigma, args.bound, args.samples)  # checks the data model
+    tau = min(args.bound, concentration_radius(population.proxy_sigma, args.users, args.samples, 0.01))
+    started = time.monotonic()
+    temporary = args.dir is None
+    if temporary:
+        base = Path(tempfile.mkdtemp(prefix="shuffledp-up-"))
+    else:
+        base = Path(args.dir)
+        if base.exists() and (not base.is_dir() or any(base.iterdir())):
+            raise UsageError(f"--dir: {base} exists and is not an empty directory")
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    broker: Broker | None = None
+    processes: dict[str, asyncio.subprocess.Process] = {}
+    relays: list[asyncio.Task] = []
+    codes: dict[str, int | None] = {}
+    interrupted = False
+    try:
+        _say(f"deployment directory {base}")
+        public = init_keys(base / "keys", clients=args.users)
+        _say(f"keys: session {public.session_id.hex()}, {args.users} client credentials (keys/, private files 0600)")
+        broker = Broker(base / "broker", users=BrokerUsers.default())
+        try:
+            await asyncio.to_thread(broker.start)
+        except BrokerError as exc:
+            raise UsageError(f"cannot start mosquitto: {exc}") from None
+        _say(f"broker: mosquitto pid {broker.pid} on {broker.host}:{broker.port} (TLS 1.2+, passwords, ACL by role)")
+        secrets = base / "secrets"
+        secrets.mkdir(mode=0o700)
+        common = ["--keys", str(base / "keys"), "--broker", f"{broker.host}:{broker.port}", "--ca-file", str(broker.ca_file)]
+        accounts = {}
+        for role in ("analyzer", "shuffler", "client"):
+            options = broker.channel_options(role)
+            path = secrets / f"{role}.password"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(f"{options['password']}\n")
+            accounts[role] = ["--username", str(options["username"]), "--password-file", str(path)]
+        python = [sys.executable, "-m", "shuffledp.cli"]
+        commands = {
+            "shuffler": [*python, "shuffler", "serve", *common, *accounts["shuffler"], "--spool", str(base / "spool.db"),
+                         "--stats-file", str(base / "shuffler-stats.json"), "--stats-interval", "1", "--metrics-port", "0"],
+            "clients": [*python, "clients", "run", *common, *accounts["client"], "--users", str(args.users),
+                        "--samples", str(args.samples), "--mu", str(args.mu), "--sigma", str(args.sigma),
+                        "--bound", str(args.bound), "--seed", str(args.seed), "--budget", str(args.epsilon),
+                        "--output", str(base / "clients.json")],
+            "analyzer": [*python, "analyzer", "run", *common, *accounts["analyzer"], "--users", str(args.users),
+                         "--samples", str(args.samples), "--bound", str(args.bound), "--tau", repr(tau),
+                         "--epsilon", str(args.epsilon), "--round-timeout", str(args.round_timeout),
+                         "--output", str(base / "result.json")],
+        }
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        for name, command in commands.items():
+            # Each party in its own session: a Ctrl-C at the terminal reaches `up` only, which
+            # then stops the parties in order (the analyzer and clients first, the shuffler last).
+            process = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True,
+            )
+            processes[name] = process
+            relays.append(asyncio.create_task(_relay(name, process.stdout)))
+            _say(f"{name}: pid {process.pid}")
+        remaining = args.timeout - (time.monotonic() - started)
+        codes["analyzer"] = await _wait(processes["analyzer"], max(1.0, remaining))
+        if codes["analyzer"] is None:
+            _say(f"timed out after {args.timeout:g} s")
+        # The fleet ends once the last round's outcome reaches it; it has nothing to wait for if the analyzer failed.
+        codes["clients"] = await _wait(processes["clients"], 15.0 if codes["analyzer"] == 0 else 0.5)
+        if codes["clients"] is None:
+            codes["clients"] = await _stop(processes["clients"])
+            codes["clients"] = codes["clients"] if codes["analyzer"] != 0 else EXIT_FAILED
+        _say("stopping the shuffler (SIGTERM)")
+        codes["shuffler"] = await _stop(processes["shuffler"])
+    except asyncio.CancelledError:
+        _say("interrupted: stopping everything")
+        interrupted = True
+    finally:
+        for name in ("analyzer", "clients", "shuffler"):
+            if name in processes:
+                status = await _stop(processes[name])
+                codes[name] = codes.get(name) if codes.get(name) is not None else status
+        await asyncio.gather(*relays, return_exceptions=True)
+        if broker is not None:
+            await asyncio.to_thread(broker.stop)
+            _say("broker stopped")
+    try:
+        result = json.loads((base / "result.json").read_text()) if codes.get("analyzer") == 0 else None
+        fleet = json.loads((base / "clients.json").read_text()) if (base / "clients.json").exists() else None
+    except (OSError, ValueError):
+        result = fleet = None
+    if result is not None:
+        truth = f"; true mean of the simulated data {fleet['true_mean']:.6f}, error {result['estimate'] - fleet['true_mean']:+.6f}" if fleet else ""
+        _say(f"estimate {result['estimate']:.6f} (standard error {result['standard_error']:.6f}, n = {result['reports']:,}){truth}")
+    ok = not interrupted and all(codes.get(name) == 0 for name in ("analyzer", "clients", "shuffler"))
+    _say(
+        f"{'done' if ok else 'interrupted' if interrupted else 'FAILED'} in {time.monotonic() - started:.1f} s: "
+        + ", ".join(f"{name} exit {codes.get(name)}" for name in ("analyzer", "clients", "shuffler"))
+    )
+    if temporary and not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    else:
+        _say(f"kept {base} (keys, broker, spool.db, shuffler-stats.json, result.json, clients.json)")
+    return 130 if interrupted else EXIT_OK if ok else EXIT_FAILED
+
+
+def _up(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        _on_signals(task.cancel)
+        return await _up_async(args)
+
+    return _run("up", main)
