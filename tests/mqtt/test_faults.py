@@ -3,8 +3,9 @@ and the broker restarted mid-round, under load.
 
 The shuffler runs as its own OS process (the library's Shuffler over MqttChannel, on a
 file-backed SQLite spool); the analyzer's coordinator and a fleet of enrolled clients
-run here, each on its own authenticated TLS connection. The fleet confirms admission
-by the shuffler's signed receipts and retransmits on a stall, as devices do. What must
+(:class:`shuffledp.fleet.Fleet`) run here, each on its own authenticated TLS
+connection. The fleet keeps each envelope until a signed receipt names it and sends
+lost ones again, byte for byte, as devices do. What must
 hold afterwards: every admitted report is delivered, in exactly one batch, none twice;
 every client is charged exactly once; the round ends served.
 """
@@ -24,8 +25,8 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.client.pool import ClientPool
 from shuffledp.deployment import Deployment
+from shuffledp.fleet import Fleet
 from shuffledp.protocol.channel import receipts_topic
 from shuffledp.protocol.messages import HadamardRangeParams
 from shuffledp.protocol.mqtt_channel import MqttChannel
@@ -102,22 +103,6 @@ class ShufflerProcess:
             self.process.wait(10)
 
 
-class SlowDevices:
-    """A channel that pauses every ``every`` publishes: a fleet answering over a few seconds."""
-
-    def __init__(self, channel, every: int = 40, pause: float = 0.05) -> None:
-        self.channel, self.every, self.pause, self.count = channel, every, pause, 0
-
-    async def publish(self, topic, payload, *, retain=False):
-        self.count += 1
-        if self.count % self.every == 0:
-            await asyncio.sleep(self.pause)
-        await self.channel.publish(topic, payload, retain=retain)
-
-    async def subscribe(self, topic):
-        return await self.channel.subscribe(topic)
-
-
 async def _round_under_faults(broker, tmp_path, fault) -> tuple:
     """One round of ``n`` clients while ``fault(shuffler_process, receipts_seen)`` runs."""
     n = 600
@@ -131,10 +116,10 @@ async def _round_under_faults(broker, tmp_path, fault) -> tuple:
             host, port, **broker.channel_options("client")
         ) as fleet_channel:
             coordinator = deployment.coordinator(analyzer_channel, round_timeout=90.0, grace=10.0)
-            pool = ClientPool(SlowDevices(fleet_channel), deployment.session_id, clients, SeededSource(2),
-                              confirm=True, retry_interval=0.5)
+            # devices trickling in over about three seconds, retrying what no receipt names
+            fleet = Fleet(fleet_channel, deployment.session_id, clients, SeededSource(2), rate=200.0, retry_interval=0.5)
             watch = await fleet_channel.subscribe(receipts_topic(deployment.session_id, 0))
-            pool_task = asyncio.create_task(pool.serve(rounds=1))
+            pool_task = asyncio.create_task(fleet.serve(rounds=1))
             fault_task = asyncio.create_task(fault(shuffler, watch))
             record = await asyncio.wait_for(coordinator.run_round(PARAMS, EPSILON0, min_batch=n), 120)
             await asyncio.wait_for(pool_task, 60)
@@ -142,18 +127,19 @@ async def _round_under_faults(broker, tmp_path, fault) -> tuple:
             await asyncio.sleep(1.0)  # let the shuffler take the acknowledgement
     finally:
         shuffler.stop()
-    return n, deployment, clients, pool, record, shuffler, coordinator
+    return n, deployment, clients, fleet, record, shuffler, coordinator
 
 
-def _check_exactly_once(n, deployment, clients, pool, record, shuffler_process, coordinator):
+def _check_exactly_once(n, deployment, clients, fleet, record, shuffler_process, coordinator):
     # every report delivered, in one batch, none twice, all valid
     assert record.opened.size == n and sum(record.opened.rejected.values()) == 0
     assert len(record.batch_ids) == 1
     # every client charged exactly once for the one round
     assert all(c.ledger.spent_epsilon == EPSILON0 and len(c.ledger.answered) == 1 for c in clients)
     # each envelope was confirmed by a receipt, or its round closed (signed outcome) after a
-    # receipt was lost to the outage; nothing was refused
-    assert pool.admitted + pool.unconfirmed == n and not pool.refused_by_shuffler
+    # receipt was lost to the outage; nothing was refused; the round was released
+    state = fleet.rounds[0]
+    assert state.admitted + state.unacknowledged == n and not state.refused and state.released
     # the spool says served, and holds no ciphertext any more
     spool = SqliteSpool(shuffler_process.spool_path)
     assert spool.round(deployment.session_id, 0).state == "served"
@@ -177,9 +163,9 @@ async def test_shuffler_killed_three_times_mid_round_loses_and_duplicates_nothin
 
     result = await _round_under_faults(fresh_broker, tmp_path, kill_three_times)
     _check_exactly_once(*result)
-    pool, shuffler = result[3], result[5]
+    fleet, shuffler = result[3], result[5]
     assert shuffler.kills == 3
-    assert pool.retransmitted > 0  # envelopes lost while it was down were sent again
+    assert fleet.rounds[0].retransmitted > 0  # envelopes lost while it was down were sent again
 
 
 async def test_broker_restarted_mid_round_loses_and_duplicates_nothing(fresh_broker, tmp_path):
@@ -191,6 +177,6 @@ async def test_broker_restarted_mid_round_loses_and_duplicates_nothing(fresh_bro
 
     result = await _round_under_faults(fresh_broker, tmp_path, restart_broker)
     _check_exactly_once(*result)
-    pool = result[3]
-    assert pool.channel.channel.reconnects >= 1  # the fleet's connection really went down and came back
+    fleet = result[3]
+    assert fleet.channel.reconnects >= 1  # the fleet's connection really went down and came back
     assert fresh_broker.starts == 2
