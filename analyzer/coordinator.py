@@ -212,11 +212,12 @@ class Coordinator:
         try:
             while len(completed) + len(failed) < spec.shuffler_instances:
                 remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
                 try:
-                    if remaining <= 0:
-                        raise asyncio.TimeoutError
-                    kind, data = await asyncio.wait_for(inbox.get(), timeout=remaining)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(remaining):  # not wait_for: see Shuffler.run_round
+                        kind, data = await inbox.get()
+                except TimeoutError:
                     break
                 if kind == "outcome":
                     instance = self._failed_instance(spec, data)

@@ -301,7 +301,7 @@ def add_parser(subparsers) -> None:
                                      description="The analyzer as a command.")
     analyzer_sub = analyzer.add_subparsers(dest="analyzer_command", metavar="ACTION", required=True)
     run = analyzer_sub.add_parser(
-        "run", formatter_class=fmt, help="run one protocol session and print its estimate",
+        "run", aliases=["serve"], formatter_class=fmt, help="run one protocol session and print its estimate",
         description="Run the session in --keys: announce each round to the shuffler over the broker, open the "
         "signed batch it forwards, acknowledge it, and print the estimate with per-round statistics (reports "
         "opened, rejected reports and rejected batch messages by reason). A session runs once: if the broker "
@@ -326,7 +326,7 @@ def add_parser(subparsers) -> None:
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.set_defaults(func=_analyzer_run)
 
-    clients = subparsers.add_parser("clients", help="run a simulated fleet of enrolled clients",
+    clients = subparsers.add_parser("clients", aliases=["client"], help="run a simulated fleet of enrolled clients",
                                     description="Simulated devices as one process.")
     clients_sub = clients.add_subparsers(dest="clients_command", metavar="ACTION", required=True)
     fleet = clients_sub.add_parser(

@@ -451,8 +451,11 @@ class Shuffler:
                 if remaining <= 0:
                     break
                 try:
-                    first = await asyncio.wait_for(reports.get(), timeout=remaining)
-                except asyncio.TimeoutError:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                    # that arrives together with a message, and the service would not stop
+                    async with asyncio.timeout(remaining):
+                        first = await reports.get()
+                except TimeoutError:
                     break
                 burst = [first, *_drain(reports, limit=BURST - 1)]
                 receipts = admission.offer_many(burst)
