@@ -227,6 +227,7 @@ def _scalar_mean_options(p: argparse.ArgumentParser, *, analyzer: bool) -> None:
         p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from --sigma, -n, -m, --gamma)")
         p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
         p.add_argument("--grid-levels", type=int, default=4096, help="levels of the mean round's grid")
+        p.add_argument("--delta", type=float, default=1e-6, help="target central delta for the privacy report")
     else:
         from shuffledp.population import DISTRIBUTIONS
 
@@ -640,6 +641,15 @@ def format_analyzer_result(result: dict[str, Any]) -> str:
     lo, hi = result["range"]
     lines.append(f"  range found   [{lo:.4f}, {hi:.4f}]")
     lines.append(f"  estimate      {result['estimate']:.6f}   (standard error {result['standard_error']:.6f}, n = {result['reports']:,})")
+    central = result.get("central")
+    if central is not None:
+        if central.get("epsilon") is None:
+            lines.append(f"  central privacy   {central['method']}")
+        else:
+            lines.append(
+                f"  central privacy   eps = {central['epsilon']:.4g}, delta = {central['delta']:.3g} after shuffling "
+                f"(accounted at the smallest batch, n = {central['accounted_at_n']:,}; local eps0 = {result['parameters']['epsilon0']:g})"
+            )
     lines.append(f"  {result['seconds']:.2f} s")
     return "\n".join(lines)
 
@@ -648,6 +658,7 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
     from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, concentration_radius
     from shuffledp.analyzer.service import Analyzer
     from shuffledp.keys import load_analyzer
+    from shuffledp.simulation import central_guarantee_at
     from shuffledp.protocol.errors import ShuffleDPError
 
     log = _setup_logging("analyzer", args.verbose)
@@ -722,6 +733,8 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
         "rounds": rounds,
         "seconds": time.time() - started,
     }
+    smallest = min(r["smallest_batch"] for r in rounds)
+    result["central"] = {"accounted_at_n": smallest, **central_guarantee_at(config, smallest, args.delta)}
     if args.output is not None:
         _write_json_atomic(args.output, result)
     print(json.dumps(result, indent=2, default=float) if args.json else format_analyzer_result(result), flush=True)

@@ -280,7 +280,21 @@ def central_guarantee(config: SimulationConfig) -> dict[str, Any]:
             "delta": None,
             "method": "none: Gaussian reports are (eps0, delta0)-LDP; no amplification is claimed",
         }
-    return dict(_central_for(protocol.round_epsilon, protocol.range_params().padded_bins, config.n, config.delta))
+    return central_guarantee_at(protocol, config.n, config.delta)
+
+
+def central_guarantee_at(protocol, n: int, delta: float) -> dict[str, Any]:
+    """Central (eps, delta) of the scalar protocol's two shuffled rounds with ``n`` reports per batch.
+
+    Deployed runs pass the smallest batch any round had (``RoundRecord.smallest_batch``):
+    a report hides only among its own batch. See :func:`central_guarantee`."""
+    if protocol.noise == "gaussian":
+        return {
+            "epsilon": None,
+            "delta": None,
+            "method": "none: Gaussian reports are (eps0, delta0)-LDP; no amplification is claimed",
+        }
+    return dict(_central_for(protocol.round_epsilon, protocol.range_params().padded_bins, n, delta))
 
 
 @functools.lru_cache(maxsize=32)
