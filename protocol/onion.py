@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import hashlib
 import os
-from dataclasses import dataclass
 from typing import TypeVar
 
 from cryptography.exceptions import InvalidSignature, InvalidTag
@@ -52,7 +51,7 @@ from shuffledp.protocol.messages import (
     RoundSpec,
 )
 from shuffledp.protocol.report_format import HPKE_OVERHEAD, WrongSize, report_format
-from shuffledp.protocol.sealing import SUITE, public_bytes
+from shuffledp.protocol.sealing import SUITE, PartyKeys
 
 ENVELOPE_INFO_LABEL = b"shuffledp/v2/envelope"
 SIGNED_LABEL = b"shuffledp/v2/signed/"
@@ -66,33 +65,9 @@ def envelope_info(session_id: bytes, round_id: int) -> bytes:
     return ENVELOPE_INFO_LABEL + session_id + round_id.to_bytes(8, "big")
 
 
-@dataclass(frozen=True)
-class ShufflerKeys:
-    """The shuffler's long-term secrets: X25519 for the outer layer, Ed25519 for signatures."""
-
-    hpke_private: X25519PrivateKey
-    signing_private: Ed25519PrivateKey
-
-    @classmethod
-    def generate(cls) -> "ShufflerKeys":
-        return cls(X25519PrivateKey.generate(), Ed25519PrivateKey.generate())
-
-    @classmethod
-    def from_bytes(cls, hpke_private: bytes, signing_seed: bytes) -> "ShufflerKeys":
-        try:
-            return cls(X25519PrivateKey.from_private_bytes(hpke_private), Ed25519PrivateKey.from_private_bytes(signing_seed))
-        except ValueError as exc:
-            raise InvalidParameter("shuffler keys", str(exc)) from None
-
-    @property
-    def hpke_public(self) -> bytes:
-        """Raw X25519 public key clients seal the outer layer to (named in every RoundSpec)."""
-        return public_bytes(self.hpke_private.public_key())
-
-    @property
-    def signing_public(self) -> bytes:
-        """Raw Ed25519 public key batches, receipts and outcomes are checked with (named in every RoundSpec)."""
-        return public_bytes(self.signing_private.public_key())
+class ShufflerKeys(PartyKeys):
+    """The shuffler's keys: clients seal envelopes' outer layer to its X25519 key; it signs
+    batches, receipts and outcomes with its Ed25519 key (both named in every RoundSpec)."""
 
 
 class EnvelopeFormat:

@@ -39,25 +39,37 @@ def public_bytes(key: X25519PublicKey | Ed25519PublicKey) -> bytes:
 
 
 @dataclass(frozen=True)
-class AnalyzerKeys:
-    """The analyzer's long-term secrets: an X25519 key for HPKE and an Ed25519 signing key."""
+class PartyKeys:
+    """A party's long-term secrets: an X25519 key others seal to (HPKE) and an Ed25519 signing key."""
 
     hpke_private: X25519PrivateKey
     signing_private: Ed25519PrivateKey
 
     @classmethod
-    def generate(cls) -> "AnalyzerKeys":
+    def generate(cls):
         return cls(X25519PrivateKey.generate(), Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_bytes(cls, hpke_private: bytes, signing_seed: bytes):
+        """Keys from their raw 32-byte private encodings, or :class:`InvalidParameter`."""
+        try:
+            return cls(X25519PrivateKey.from_private_bytes(hpke_private), Ed25519PrivateKey.from_private_bytes(signing_seed))
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameter(f"{cls.__name__} key bytes", str(exc)) from None
 
     @property
     def hpke_public(self) -> bytes:
-        """Raw 32-byte X25519 public key that clients seal to (carried in every RoundSpec)."""
+        """Raw 32-byte X25519 public key (named in every RoundSpec)."""
         return public_bytes(self.hpke_private.public_key())
 
     @property
     def signing_public(self) -> bytes:
-        """Raw 32-byte Ed25519 public key that clients pin to verify RoundSpecs."""
+        """Raw 32-byte Ed25519 public key (pinned by whoever checks this party's signatures)."""
         return public_bytes(self.signing_private.public_key())
+
+
+class AnalyzerKeys(PartyKeys):
+    """The analyzer's keys: clients seal reports to its X25519 key and pin its Ed25519 key to verify round specs."""
 
 
 class Sealer:
