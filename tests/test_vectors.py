@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from shuffledp.protocol import codec
+from shuffledp.protocol.credentials import CredentialIssuer
 from shuffledp.protocol.errors import BadSignature, MalformedMessage
-from shuffledp.protocol.messages import Report
-from shuffledp.protocol.report_format import report_format
-from shuffledp.protocol.sealing import open_sealed, report_info, verify
+from shuffledp.protocol.messages import Admission, Envelope, HadamardRangeParams, Report, RoundSpec, ShuffledBatch
+from shuffledp.protocol.onion import (
+    SIGNED_LABEL,
+    EnvelopeOpener,
+    envelope_format,
+    envelope_info,
+    verify_encoded,
+    verify_signed,
+)
+from shuffledp.protocol.report_format import read_batch_chunk, report_format
+from shuffledp.protocol.sealing import SUITE, open_sealed, report_info, verify
 
 VECTORS = Path(__file__).parent / "vectors"
 CODEC = json.loads((VECTORS / "codec.json").read_text())
+SIGNING = json.loads((VECTORS / "signing.json").read_text())
+SIGNED_MESSAGES = SIGNING["signed_messages"]
 
 
 def _from_json(value):
@@ -26,6 +39,10 @@ def _from_json(value):
     if isinstance(value, list):
         return [_from_json(v) for v in value]
     return value
+
+
+def test_every_wire_type_has_a_codec_vector():
+    assert {v["type"] for v in CODEC} == set(codec.MESSAGE_TYPES)
 
 
 @pytest.mark.parametrize("vector", CODEC, ids=[v["name"] for v in CODEC])
@@ -59,6 +76,55 @@ def test_sealing_vector_opens_to_its_plaintext():
     assert codec.decode_padded(opened, Report) == codec.decode(report, Report)
 
 
+def test_onion_vector_opens_layer_by_layer():
+    """envelope --(shuffler key)--> admission --(credential checked)--> sealed --(analyzer key)--> report."""
+    v = json.loads((VECTORS / "onion.json").read_text())
+    sealing = json.loads((VECTORS / "sealing.json").read_text())
+    session, round_id = bytes.fromhex(v["session_id_hex"]), v["round_id"]
+    assert envelope_info(session, round_id).hex() == v["info_hex"]
+    assert v["info_hex"].startswith(b"shuffledp/v2/envelope".hex())
+    data = bytes.fromhex(v["envelope_hex"])
+    envelope = codec.decode(data, Envelope)
+    assert (envelope.session_id, envelope.round_id) == (session, round_id)
+    private = X25519PrivateKey.from_private_bytes(bytes.fromhex(v["recipient_private_key_hex"]))
+    admission_bytes = SUITE.decrypt(envelope.outer, private, info=bytes.fromhex(v["info_hex"]))
+    assert admission_bytes.hex() == v["admission_hex"]
+    admission = codec.decode(admission_bytes, Admission)
+    assert (admission.round_id, admission.nonce.hex(), admission.sealed.hex()) == (round_id, v["nonce_hex"], v["sealed_hex"])
+    # the credential is the issuer's for that client id
+    assert admission.credential.hex() == v["credential_hex"]
+    issuer = CredentialIssuer(bytes.fromhex(v["issuer_key_hex"]))
+    assert issuer.verify(admission.credential).hex() == v["client_id_hex"]
+    # the sealed report inside is the inner layer of sealing.json
+    assert v["sealed_hex"] == sealing["sealed_hex"]
+    # every length is the round's fixed one
+    fmt = envelope_format(round_id, v["mechanism"])
+    assert v["sizes"] == {
+        "sealed": fmt.sealed_size, "admission": fmt.admission_size, "outer": fmt.outer_size, "envelope": fmt.size,
+    }
+    assert (len(admission.sealed), len(admission_bytes), len(envelope.outer), len(data)) == tuple(v["sizes"].values())
+    # and the shuffler's own opener reads it the same way
+    spec = RoundSpec(
+        session_id=session, round_id=round_id, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
+        analyzer_key=bytes.fromhex(sealing["recipient_public_key_hex"]),
+        shuffler_key=bytes.fromhex(v["recipient_public_key_hex"]), shuffler_signing_key=bytes(32),
+        min_batch=1, deadline=0.0,
+    )
+    assert EnvelopeOpener(private, spec).open(data) == admission
+
+
+def test_onion_vector_does_not_open_for_another_round_or_with_a_changed_byte():
+    v = json.loads((VECTORS / "onion.json").read_text())
+    private = X25519PrivateKey.from_private_bytes(bytes.fromhex(v["recipient_private_key_hex"]))
+    envelope = codec.decode(bytes.fromhex(v["envelope_hex"]), Envelope)
+    session = bytes.fromhex(v["session_id_hex"])
+    with pytest.raises(InvalidTag):  # the outer layer is bound to session and round
+        SUITE.decrypt(envelope.outer, private, info=envelope_info(session, v["round_id"] + 1))
+    tampered = envelope.outer[:-1] + bytes([envelope.outer[-1] ^ 1])
+    with pytest.raises(InvalidTag):
+        SUITE.decrypt(tampered, private, info=bytes.fromhex(v["info_hex"]))
+
+
 REFUSED = json.loads((VECTORS / "refused.json").read_text())
 
 
@@ -68,9 +134,67 @@ def test_refused_vectors_are_refused(vector):
         codec.decode(bytes.fromhex(vector["hex"]))
 
 
+@pytest.mark.parametrize(
+    "tag", ["admission", "envelope", "shuffled-batch", "batch-ack", "admission-receipts", "round-outcome"]
+)
+def test_refused_vectors_cover_the_onion_and_signed_message_types(tag):
+    """At least one refusal of a message of each new type (its type tag is in the bytes)."""
+    mine = [bytes.fromhex(v["hex"]) for v in REFUSED if v["name"].startswith(tag + "-")]
+    assert mine and all(tag.encode() in data for data in mine)
+
+
 def test_signing_vector_verifies_and_a_changed_message_does_not():
-    v = json.loads((VECTORS / "signing.json").read_text())
+    v = SIGNING
     public, message, signature = (bytes.fromhex(v[k]) for k in ("public_key_hex", "message_hex", "signature_hex"))
     assert verify(public, message, signature) is None  # raises BadSignature on failure
     with pytest.raises(BadSignature):
         verify(public, message[:-1] + bytes([message[-1] ^ 1]), signature)
+
+
+def test_every_signed_message_type_has_a_signing_vector():
+    assert {v["type"] for v in SIGNED_MESSAGES} == {"shuffled-batch", "batch-ack", "admission-receipts", "round-outcome"}
+    assert SIGNING["signed_label"] == SIGNED_LABEL.decode() == "shuffledp/v2/signed/"
+
+
+@pytest.mark.parametrize("vector", SIGNED_MESSAGES, ids=[v["name"] for v in SIGNED_MESSAGES])
+def test_signed_message_vector_follows_the_signing_rule(vector):
+    """signature = Ed25519(key, "shuffledp/v2/signed/" || type tag || SHA-256(encoding with the signature zeroed))."""
+    public = bytes.fromhex(vector["public_key_hex"])
+    data = bytes.fromhex(vector["message_hex"])
+    message = codec.decode(data)
+    assert codec._TYPE_OF[type(message)] == vector["type"]
+    assert message.signature.hex() == vector["signature_hex"]
+    # the zeroed encoding is the encoding with the 64 signature bytes zeroed where they lie
+    zeroed = bytes.fromhex(vector["zeroed_hex"])
+    at = data.index(bytes.fromhex(vector["signature_hex"]))
+    assert zeroed == data[:at] + bytes(64) + data[at + 64 :]
+    assert hashlib.sha256(zeroed).hexdigest() == vector["digest_hex"]
+    signed_string = SIGNED_LABEL + vector["type"].encode() + bytes.fromhex(vector["digest_hex"])
+    assert signed_string.hex() == vector["signed_string_hex"]
+    assert verify(public, signed_string, message.signature) is None  # plain Ed25519 over the signed string
+    verify_signed(public, message)  # and the library's check agrees
+    verify_encoded(public, type(message), bytes.fromhex(vector["digest_hex"]), message.signature)
+    # a signature is bound to its type: the same digest under another type's label does not verify
+    for other in {cls for cls, _ in codec.MESSAGE_TYPES.values()} - {type(message)}:
+        with pytest.raises(BadSignature):
+            verify_encoded(public, other, bytes.fromhex(vector["digest_hex"]), message.signature)
+    # and to every byte of the message
+    flipped = bytearray(zeroed)
+    flipped[len(flipped) // 3] ^= 1
+    with pytest.raises(BadSignature):
+        verify_encoded(public, type(message), hashlib.sha256(bytes(flipped)).digest(), message.signature)
+
+
+@pytest.mark.parametrize(
+    "vector", [v for v in SIGNED_MESSAGES if v["type"] == "shuffled-batch"], ids=lambda v: v["name"]
+)
+def test_batch_chunk_vector_is_read_in_place_by_the_fast_reader(vector):
+    """The analyzer hashes a chunk where it lies, signature zeroed in place: the same digest."""
+    data = bytes.fromhex(vector["message_hex"])
+    batch = codec.decode(data, ShuffledBatch)
+    sealed_size = len(batch.payloads[0])
+    chunk = read_batch_chunk(data, batch.session_id, batch.round_id, sealed_size, batch.total)
+    assert chunk.digest.hex() == vector["digest_hex"]
+    assert (chunk.batch_id, chunk.chunk, chunk.chunks, chunk.total) == (batch.batch_id, batch.chunk, batch.chunks, batch.total)
+    assert tuple(chunk.payloads) == batch.payloads and chunk.signature == batch.signature
+    verify_encoded(bytes.fromhex(vector["public_key_hex"]), ShuffledBatch, chunk.digest, chunk.signature)
