@@ -1,7 +1,12 @@
 """Hypothesis strategies for the fuzz suite: valid wire messages, and structure-aware mutations.
 
 Valid messages are built from the message dataclasses and encoded by the codec, so
-they are exactly what honest parties send. Mutations work at two levels:
+they are exactly what honest parties send: every wire type (round specs, reports,
+envelopes with their outer layer, admissions, batch chunks, acknowledgements,
+receipts and outcomes). Signed messages carry a random signature, or a real one
+when a generator is given a signer (``ANALYZER_KEYS``, ``SHUFFLER_KEYS`` and the
+credential ``ISSUER`` below are fixed test keys shared by the fuzz tests).
+Mutations work at two levels:
 
 * **tree level**: the message's first CBOR item is read back with
   ``cbor_strict`` (bytes after it, e.g. a report's zero padding, are kept), turned
@@ -26,15 +31,20 @@ strategies wrap them for ``@given``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 import struct
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import strategies as st
 
 import cbor_raw as raw
 from cbor_raw import Array, Bytes, Float, FloatBits, Head, IndefString, Int, Map, Raw, Simple, Tag, Text
+
 from shuffledp.protocol import cbor_strict, codec
+from shuffledp.protocol.credentials import CredentialIssuer
 from shuffledp.protocol.errors import InvalidParameter, MalformedMessage
 from shuffledp.protocol.messages import (
     MAX_BATCH,
@@ -42,21 +52,44 @@ from shuffledp.protocol.messages import (
     MAX_EPSILON,
     MAX_GRID_LEVELS,
     MAX_MESSAGES_PER_USER,
+    MAX_OUTER_BYTES,
+    MAX_SHUFFLER_INSTANCES,
     MIN_EPSILON,
+    ROUND_OUTCOMES,
+    Admission,
+    AdmissionReceipts,
+    BatchAck,
     Envelope,
     HadamardRangeParams,
     ProjectedMeanParams,
     Report,
+    RoundOutcome,
     RoundSpec,
     ShuffledBatch,
     SignedRoundSpec,
 )
+from shuffledp.protocol.onion import ShufflerKeys, envelope_format, signed
 from shuffledp.protocol.report_format import VALUE_LIMIT, report_format
+from shuffledp.protocol.sealing import AnalyzerKeys
 
 MECHANISMS = ("hadamard-range", "projected-mean")
 WIDTH = {"hadamard-range": 2, "projected-mean": 1}
-MESSAGE_TAGS = ("round-spec", "signed-round-spec", "report", "envelope", "shuffled-batch")
+MESSAGE_TAGS = tuple(codec.MESSAGE_TYPES)
 SESSIONS = (bytes(range(16)), bytes(16))
+
+#: Fixed test keys of the parties (the suite is reproducible; HPKE still draws a fresh
+#: ephemeral key per seal). Never use them for anything real.
+ANALYZER_KEYS = AnalyzerKeys(
+    X25519PrivateKey.from_private_bytes(bytes(range(1, 33))),
+    Ed25519PrivateKey.from_private_bytes(bytes(range(33, 65))),
+)
+SHUFFLER_KEYS = ShufflerKeys.from_bytes(bytes(range(65, 97)), bytes(range(97, 129)))
+OTHER_SHUFFLER_KEYS = ShufflerKeys.from_bytes(bytes(range(66, 98)), bytes(range(98, 130)))
+ISSUER = CredentialIssuer(bytes(range(129, 161)))
+OTHER_ISSUER = CredentialIssuer(bytes(range(130, 162)))
+#: Reasons a shuffler gives for a refused envelope, and other short texts a receipt or outcome may carry.
+REASONS = ("malformed", "wrong-size", "unsealable", "unknown-round", "bad-credential", "replay", "duplicate",
+           "quota", "round-full", "batch-too-small", "x" * 32, "\U0001f600" * 32)
 
 
 class Rng:
@@ -139,11 +172,14 @@ seeds = st.integers(0, 2**64 - 1)
 BIG_DIGITS = 10**4999 + 123456789  # 5,000 decimal digits
 KEY_POOL = (
     "v", "t", "round_id", "session_id", "mechanism", "values", "params", "payloads", "sealed", "nonce",
-    "token", "epsilon0", "delta0", "deadline", "min_batch", "max_batch", "messages_per_user", "low", "high",
+    "token", "credential", "outer", "batch_id", "chunk", "chunks", "total", "admitted", "refused", "reasons",
+    "outcome", "reason", "shuffler_key", "shuffler_signing_key", "epsilon0", "delta0", "deadline", "min_batch", "max_batch", "messages_per_user", "low", "high",
     "tau", "lower", "upper", "noise", "grid_levels", "analyzer_key", "spec_bytes", "signature", "", "\x00",
     "zz", "vv", "t\x00",
 )
-TEXT_POOL = MESSAGE_TAGS + MECHANISMS + ("laplace", "gaussian", "", "é", "\U0001f600", "x" * 100, "report\x00")
+TEXT_POOL = MESSAGE_TAGS + MECHANISMS + ROUND_OUTCOMES + REASONS + (
+    "laplace", "gaussian", "", "é", "\U0001f600", "x" * 100, "x" * 33, "report\x00", "served", "open",
+)
 LOW_ORDER_X25519 = (
     bytes(32),
     bytes([1]) + bytes(31),
@@ -294,11 +330,31 @@ def g_mean_params(r: Rng) -> ProjectedMeanParams:
         return ProjectedMeanParams(0.0, 2.0, noise, 4096)
 
 
-def g_round_spec(r: Rng, session=None, analyzer_key=None, deadline=None, min_max_batch: int = 1) -> RoundSpec:
-    """A valid RoundSpec (a fixed fallback when a drawn combination is out of domain)."""
+def g_shuffler_keys(r: Rng) -> tuple[bytes, bytes]:
+    """The (sealing, signing) public keys a spec names: mostly the test shuffler's, else random or low-order."""
+    k = r.below(8)
+    if k < 5:
+        return SHUFFLER_KEYS.hpke_public, SHUFFLER_KEYS.signing_public
+    if k == 5:
+        return OTHER_SHUFFLER_KEYS.hpke_public, OTHER_SHUFFLER_KEYS.signing_public
+    if k == 6:
+        return r.pick(LOW_ORDER_X25519), r.bytes(32)
+    return r.bytes(32), r.pick((bytes(32), r.bytes(32)))
+
+
+def g_round_spec(
+    r: Rng, session=None, analyzer_key=None, deadline=None, min_max_batch: int = 1, shuffler=None
+) -> RoundSpec:
+    """A valid RoundSpec (a fixed fallback when a drawn combination is out of domain).
+
+    ``shuffler`` pins the (sealing, signing) keys it names; by default they are drawn
+    by :func:`g_shuffler_keys`.
+    """
     session = g_session(r) if session is None else session
     round_id = g_round_id(r)
     key = r.bytes(32) if analyzer_key is None else analyzer_key
+    shuffler_key, shuffler_signing_key = g_shuffler_keys(r) if shuffler is None else shuffler
+    keys = dict(analyzer_key=key, shuffler_key=shuffler_key, shuffler_signing_key=shuffler_signing_key)
     if deadline is None:
         deadline = 1e12 if r.bool() else r.float()
     params = g_hadamard_params(r) if r.bool() else g_mean_params(r)
@@ -309,33 +365,130 @@ def g_round_spec(r: Rng, session=None, analyzer_key=None, deadline=None, min_max
     max_batch = MAX_BATCH if r.bool() else r.log_int(min_max_batch, MAX_BATCH)
     min_batch = 1 if r.bool() else r.log_int(1, max_batch)
     per_user = r.int(1, MAX_MESSAGES_PER_USER)
+    instances = 1 if r.below(4) else r.pick((2, MAX_SHUFFLER_INSTANCES)) if r.bool() else r.int(1, MAX_SHUFFLER_INSTANCES)
+    common = dict(session_id=session, round_id=round_id, deadline=deadline, messages_per_user=per_user,
+                  shuffler_instances=instances, **keys)
     try:
-        return RoundSpec(session, round_id, params, epsilon0, key, min_batch, deadline, delta0, per_user, max_batch)
+        return RoundSpec(
+            params=params, epsilon0=epsilon0, delta0=delta0, min_batch=min_batch, max_batch=max_batch, **common
+        )
     except InvalidParameter:
         pass
     try:  # a budget every parameter set of the generators accepts
-        return RoundSpec(session, round_id, params, 25.0, key, 1, deadline, delta0, per_user, max(min_max_batch, 1))
+        return RoundSpec(
+            params=params, epsilon0=25.0, delta0=delta0, min_batch=1, max_batch=max(min_max_batch, 1), **common
+        )
     except InvalidParameter:
-        return RoundSpec(session, round_id, HadamardRangeParams(-4.0, 4.0, 0.5), 0.5, key, 1, deadline)
+        return RoundSpec(
+            session_id=session, round_id=round_id, params=HadamardRangeParams(-4.0, 4.0, 0.5), epsilon0=0.5,
+            min_batch=1, max_batch=max(min_max_batch, 1), deadline=deadline, **keys,
+        )
+
+
+def g_sealed_size(r: Rng, round_id: int) -> int:
+    """The round's fixed sealed size (of a drawn mechanism), or one in four times any allowed size."""
+    return r.int(1, 1024) if r.one_in(4) else report_format(round_id, g_mechanism(r)).sealed_size
+
+
+def g_credential(r: Rng) -> bytes:
+    """A 48-byte credential: issued by the test issuer, by another issuer, or random bytes."""
+    k = r.below(4)
+    if k < 2:
+        return ISSUER.issue(r.bytes(16))
+    if k == 2:
+        return OTHER_ISSUER.issue(r.bytes(16))
+    return r.bytes(48)
 
 
 def g_envelope(r: Rng, session=None, round_id=None) -> Envelope:
+    """An envelope with a random outer layer, mostly of the round's fixed outer size."""
     round_id = g_round_id(r) if round_id is None else round_id
-    size = r.int(1, 1024) if r.one_in(4) else report_format(round_id, g_mechanism(r)).sealed_size
+    size = r.int(1, MAX_OUTER_BYTES) if r.one_in(4) else envelope_format(round_id, g_mechanism(r)).outer_size
     session = g_session(r) if session is None else session
-    return Envelope(session, round_id, r.bytes(16), r.bytes(16), r.bytes(size))
+    return Envelope(session, round_id, r.bytes(size))
 
 
-def g_batch(r: Rng, session=None, round_id=None, sealed_size=None, max_count: int = 6) -> ShuffledBatch:
+def g_admission(r: Rng, round_id=None, sealed_size=None) -> Admission:
+    """An outer-layer plaintext: credential, nonce and a sealed report of (mostly) the round's size."""
+    round_id = g_round_id(r) if round_id is None else round_id
+    sealed_size = g_sealed_size(r, round_id) if sealed_size is None else sealed_size
+    return Admission(round_id, g_credential(r), r.bytes(16), r.bytes(sealed_size))
+
+
+def maybe_signed(r: Rng, message, signer):
+    """``message`` signed by ``signer`` (an Ed25519 private key), or with a random signature if None."""
+    if signer is None:
+        return message if r.one_in(8) else dataclasses.replace(message, signature=r.bytes(64))
+    return signed(signer, message)
+
+
+def g_chunk_shape(r: Rng, count: int) -> tuple[int, int, int]:
+    """``(chunk, chunks, total)`` consistent with a chunk of ``count`` payloads (``count <= total``)."""
+    k = r.below(3)
+    total = count if k == 0 else count + (r.int(1, 8) if k == 1 else r.log_int(1, MAX_BATCH - count))
+    chunks = 1 if k == 0 else r.int(1, min(total, 8)) if r.bool() else r.log_int(1, total)
+    return r.int(0, chunks - 1) if r.bool() else chunks - 1, chunks, total
+
+
+def g_batch(
+    r: Rng, session=None, round_id=None, sealed_size=None, max_count: int = 6, signer=None, batch_id=None
+) -> ShuffledBatch:
+    """One chunk of a shuffled batch: 1..max_count payloads (one in five has one of another size)."""
     session = g_session(r) if session is None else session
     round_id = g_round_id(r) if round_id is None else round_id
     if sealed_size is None:
         sealed_size = report_format(round_id, g_mechanism(r)).sealed_size
-    count = r.int(0, max_count)
+    count = r.int(1, max_count)
     sizes = [sealed_size] * count
-    if count and r.one_in(5):  # one payload of another size
+    if r.one_in(5):  # one payload of another size
         sizes[r.below(count)] = r.int(1, 1024)
-    return ShuffledBatch(session, round_id, tuple(r.bytes(n) for n in sizes))
+    chunk, chunks, total = g_chunk_shape(r, count)
+    batch_id = r.bytes(16) if batch_id is None else batch_id
+    batch = ShuffledBatch(session, round_id, batch_id, chunk, chunks, total, tuple(r.bytes(n) for n in sizes))
+    return maybe_signed(r, batch, signer)
+
+
+def g_batch_ack(r: Rng, session=None, round_id=None, signer=None) -> BatchAck:
+    session = g_session(r) if session is None else session
+    round_id = g_round_id(r) if round_id is None else round_id
+    return maybe_signed(r, BatchAck(session, round_id, r.bytes(16), bytes(64)), signer)
+
+
+def g_reason(r: Rng) -> str:
+    """A refusal reason: 1..32 characters."""
+    return r.pick(REASONS) if r.bool() else (r.text(32) or "x")
+
+
+def g_receipts(r: Rng, session=None, round_id=None, signer=None, nonces=()) -> AdmissionReceipts:
+    """Receipts naming random nonces, and ``nonces`` (each admitted, refused or left out)."""
+    session = g_session(r) if session is None else session
+    round_id = g_round_id(r) if round_id is None else round_id
+    admitted = [r.bytes(16) for _ in range(r.int(0, 3))]
+    refused = [r.bytes(16) for _ in range(r.int(0, 3))]
+    for nonce in nonces:
+        k = r.below(3)
+        (admitted if k == 0 else refused if k == 1 else []).insert(r.int(0, 3), nonce)
+    if r.one_in(16):  # many receipts at once
+        admitted += [r.bytes(16) for _ in range(r.int(0, 40))]
+    reasons = tuple(g_reason(r) for _ in refused)
+    message = AdmissionReceipts(session, round_id, tuple(admitted), tuple(refused), reasons)
+    return maybe_signed(r, message, signer)
+
+
+def g_outcome(r: Rng, session=None, round_id=None, signer=None, instances: int | None = None) -> RoundOutcome:
+    """A round outcome of one of ``instances`` shuffler instances (default: any allowed instance)."""
+    session = g_session(r) if session is None else session
+    round_id = g_round_id(r) if round_id is None else round_id
+    if instances is None:
+        instance = 0 if r.bool() else r.pick((1, MAX_SHUFFLER_INSTANCES - 1, r.below(MAX_SHUFFLER_INSTANCES)))
+    else:
+        instance = r.below(instances)
+    outcome = r.pick(ROUND_OUTCOMES)
+    reason = "" if outcome == "released" and r.bool() else r.pick(("", *REASONS)) if r.bool() else r.text(32)
+    admitted = r.pick((0, 1, MAX_BATCH)) if r.one_in(4) else r.log_int(0, MAX_BATCH)
+    batch_id = bytes(16) if outcome == "failed" and r.bool() else r.bytes(16)
+    message = RoundOutcome(session, round_id, outcome, reason, admitted, batch_id, instance)
+    return maybe_signed(r, message, signer)
 
 
 def g_signed_spec(r: Rng, analyzer=None) -> bytes:
@@ -351,8 +504,12 @@ _VALID_KINDS = (
     g_signed_spec,
     lambda r: codec.encode(g_report(r)),
     g_padded_report,
+    lambda r: codec.encode(g_admission(r)),
     lambda r: codec.encode(g_envelope(r)),
     lambda r: codec.encode(g_batch(r)),
+    lambda r: codec.encode(g_batch_ack(r)),
+    lambda r: codec.encode(g_receipts(r)),
+    lambda r: codec.encode(g_outcome(r)),
 )
 
 
