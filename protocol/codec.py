@@ -131,11 +131,12 @@ def _build(cls: type[T], body: dict, where: str) -> T:
     if unknown:
         raise MalformedMessage(f"{where}: {len(unknown)} unknown key(s), e.g. {m.short_repr(min(map(str, unknown)))}")
     kwargs = {}
-    for name, f in fields.items():
+    for name in fields:
+        # Every key is required, defaulted ones too: the deterministic encoding always writes
+        # every field, so a message without one is not an encoding this format produces
+        # (and a signed message stripped of its signature must not decode as unsigned).
         if name not in body:
-            if f.default is dataclasses.MISSING:
-                raise MalformedMessage(f"{where}: missing key {name!r}")
-            continue
+            raise MalformedMessage(f"{where}: missing key {name!r}")
         kwargs[name] = _from_wire(hints[name], body[name], f"{where}.{name}")
     try:
         return cls(**kwargs)

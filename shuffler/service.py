@@ -230,6 +230,7 @@ class RoundAdmission:
         """
         receipts = Receipts()
         pending = _Pending()
+        retransmitted: list[bytes] = []
         for data in items:
             try:
                 nonce, admitted = self._check(data, pending)
@@ -245,12 +246,15 @@ class RoundAdmission:
                 _log.exception("shuffler admission: untyped exception on a %s input", type(data).__name__)
                 continue
             if admitted is None:
-                self.stats.retransmitted += 1
-                receipts.admitted.append(nonce)
+                retransmitted.append(nonce)
             else:
                 pending.add(admitted)
         if pending.envelopes:
             self._commit(pending.envelopes, receipts)
+        for nonce in retransmitted:  # named admitted only once its original is committed
+            if nonce in self.nonces:
+                self.stats.retransmitted += 1
+                receipts.admitted.append(nonce)
         return receipts
 
     def _commit(self, batch: list[AdmittedEnvelope], receipts: Receipts) -> None:
@@ -556,9 +560,10 @@ class Shuffler:
             self.rejected_acks[INTERNAL_ERROR] += 1
             _log.exception("shuffler acknowledgement: untyped exception")
             return False
-        if self.spool.acknowledge(ack.batch_id):
+        served = self.spool.acknowledge(ack.batch_id)
+        if served is not None:
             self.acknowledged += 1
-            stats = self.rounds.get(ack.round_id)
+            stats = self.rounds.get(served[1]) if served[0] == self.session_id else None  # the batch's round, not the ack's word
             if stats is not None:
                 stats.outcome = "served"
             return True

@@ -77,7 +77,7 @@ class Spool(Protocol):
 
     def fail(self, session_id: bytes, round_id: int, reason: str) -> None: ...
 
-    def acknowledge(self, batch_id: bytes) -> bool: ...
+    def acknowledge(self, batch_id: bytes) -> tuple[bytes, int] | None: ...
 
     def unacknowledged(self) -> list[StoredBatch]: ...
 
@@ -186,19 +186,20 @@ class SqliteSpool:
                 (session_id, round_id, session_id, round_id),
             )
 
-    def acknowledge(self, batch_id: bytes) -> bool:
-        """Mark a batch acknowledged and its round served; False for an unknown or repeated ack."""
+    def acknowledge(self, batch_id: bytes) -> tuple[bytes, int] | None:
+        """Mark a batch acknowledged and its round served; the batch's ``(session, round)``,
+        or None for an unknown or repeated acknowledgement."""
         with self._transaction():
             row = self._db.execute(
                 "SELECT session_id, round_id, acknowledged FROM batches WHERE batch_id = ?", (batch_id,)
             ).fetchone()
             if row is None or row[2]:
-                return False
+                return None
             self._db.execute("UPDATE batches SET acknowledged = 1 WHERE batch_id = ?", (batch_id,))
             self._advance(row[0], row[1], "served")
             self._db.execute("DELETE FROM chunks WHERE batch_id = ?", (batch_id,))
             self._db.execute("DELETE FROM admitted WHERE session_id = ? AND round_id = ?", (row[0], row[1]))
-            return True
+            return row[0], row[1]
 
     def unacknowledged(self) -> list[StoredBatch]:
         """Released batches the analyzer has not acknowledged, with their encoded chunks in order."""

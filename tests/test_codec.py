@@ -276,12 +276,6 @@ SIGNED_WITH_DEFAULT = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="codec defect: a signed message missing its 'signature' key decodes with the dataclass default "
-    "(64 zero bytes) instead of being refused; read_batch_chunk refuses the same bytes, and "
-    "docs/wire-format.md makes the key required",
-)
 @pytest.mark.parametrize("msg", SIGNED_WITH_DEFAULT, ids=lambda x: type(x).__name__)
 def test_signature_key_is_required(msg):
     body = _body(msg)

@@ -48,7 +48,7 @@ from shuffledp.protocol.onion import ShufflerKeys, decode_verified, verify_signe
 from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.sealing import SUITE, open_sealed
 from shuffledp.shuffler.permutation import secure_permutation
-from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, Shuffler, batch_chunks
+from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, batch_chunks
 
 from parties import ISSUER, OTHER_SESSION, PARAMS, SESSION, SHUFFLER_KEYS, credential, envelope, make_spec, nonce
 
@@ -593,3 +593,41 @@ async def test_several_shuffler_instances_serve_one_round_each_with_its_own_batc
     assert [s.rounds[0].admitted for s in instances] == [share[0], share[1]]
     assert instances[wrong].rounds[0].rejected == Counter({"wrong-instance": 1})
     assert all(s.rounds[0].outcome == "served" for s in instances)  # each acknowledged its own batch
+
+
+def test_a_copy_in_the_same_burst_is_named_admitted_only_if_its_original_was_committed():
+    """Found by the fuzz port: a copy of a still-pending envelope was receipted 'admitted' even
+    when the spool then refused the original, so the same nonce was named both ways."""
+    from shuffledp.protocol.errors import DuplicateReport
+
+    class RefusingSpool:
+        def admitted(self, session_id, round_id):
+            return []
+
+        def admit_many(self, session_id, round_id, envelopes):
+            raise DuplicateReport("another writer admitted it")
+
+        def admit(self, session_id, round_id, envelope):
+            raise DuplicateReport("another writer admitted it")
+
+    spec = make_spec()
+    adm = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, RefusingSpool())
+    env = envelope(spec, credential(1), sealed_bytes(1), nonce(1))
+    receipts = adm.offer_many([env, env])
+    assert receipts.admitted == [] and receipts.refused == [nonce(1)] and receipts.reasons == ["duplicate"]
+    assert adm.stats.admitted == 0 and adm.stats.retransmitted == 0
+    ok = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER).offer_many([env, env])  # with a spool that commits
+    assert ok.admitted == [nonce(1), nonce(1)] and not ok.refused
+
+
+def test_an_ack_marks_the_round_of_its_batch_served_whatever_round_it_names():
+    deployment = Deployment()
+    shuffler = deployment.shuffler(InProcessChannel())
+    spec = make_spec(round_id=0, deployment=deployment)
+    shuffler.spool.open_round(spec.session_id, 0, b"spec")
+    shuffler.spool.release(spec.session_id, 0, bytes(16), [b"chunk"])
+    for r in (0, 5):
+        shuffler.rounds[r] = RoundAdmission(make_spec(round_id=r, deployment=deployment), deployment.shuffler_keys, deployment.issuer).stats
+    lying = deployment.analyzer().acknowledge(make_spec(round_id=5, deployment=deployment), bytes(16))
+    assert shuffler.handle_ack(lying)
+    assert shuffler.rounds[0].outcome == "served" and shuffler.rounds[5].outcome == "open"

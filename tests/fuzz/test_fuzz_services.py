@@ -741,14 +741,16 @@ def _rogue_batch(r: S.Rng, spec: RoundSpec) -> list[bytes]:
 class AckSpool:
     """The part of the spool ``handle_ack`` uses: released batches, acknowledged at most once."""
 
-    def __init__(self, batch_ids) -> None:
+    def __init__(self, batch_ids, session_id: bytes = bytes(16), round_id: int = 0) -> None:
         self.released = {batch_id: False for batch_id in batch_ids}
+        self.round = (session_id, round_id)
 
-    def acknowledge(self, batch_id: bytes) -> bool:
+    def acknowledge(self, batch_id: bytes) -> tuple[bytes, int] | None:
+        """The batch's (session, round) on its first acknowledgement, else None (as SqliteSpool)."""
         if self.released.get(batch_id) is not False:
-            return False
+            return None
         self.released[batch_id] = True
-        return True
+        return self.round
 
 
 @functools.cache
