@@ -50,7 +50,7 @@ import random
 import socket
 import ssl
 from collections import Counter, defaultdict
-from typing import Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Awaitable, Callable, Iterable, TypeVar
 
 import aiomqtt
 from aiomqtt.exceptions import MqttConnectError
