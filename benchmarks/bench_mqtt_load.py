@@ -111,7 +111,7 @@ def _publish(host: str, port: int, options: dict, topic: str, payloads: list[byt
 
 async def _serve_round(deployment: Deployment, spec: RoundSpec, shuffler_channel, analyzer_channel, feed, spool) -> tuple[RoundRecord, float, int]:
     """Open the round at the shuffler, start ``feed()``, return the record, the seconds and the shuffler's admitted count."""
-    shuffler = deployment.shuffler(shuffler_channel, spool=spool)
+    shuffler = deployment.shuffler(shuffler_channel, spool=spool, workers=os.cpu_count() or 1)  # outer opens on every core
     analyzer = deployment.analyzer(workers=None)  # opens large chunks on every core
     coordinator = deployment.coordinator(analyzer_channel, round_timeout=600.0, grace=60.0, analyzer=analyzer)
     specs = await analyzer_channel.subscribe(spec_topic(spec.session_id))
@@ -124,6 +124,7 @@ async def _serve_round(deployment: Deployment, spec: RoundSpec, shuffler_channel
     elapsed = time.time() - started
     stats = await serving
     analyzer.close()
+    shuffler.close()
     return record, elapsed, stats.admitted
 
 

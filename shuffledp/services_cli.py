@@ -292,6 +292,8 @@ def add_parser(subparsers) -> None:
                        help="serve Prometheus metrics on this port (0: a free port, logged)")
     serve.add_argument("--metrics-host", default="127.0.0.1", help="address the metrics endpoint binds to")
     serve.add_argument("--chunk-size", type=int, default=16384, help="reports per signed batch chunk")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="processes opening envelopes' outer layers in large bursts (decisions stay in order)")
     serve.add_argument("--republish-interval", type=float, default=30.0, metavar="S",
                        help="seconds between re-publications of unacknowledged batches")
     serve.add_argument("--instance", type=int, default=0, help="which of a round's shuffler instances this process is")
@@ -467,7 +469,7 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
             shuffler = Shuffler(
                 channel, side.session_id, side.analyzer_signing_key, side.shuffler_keys, side.issuer,
                 spool=spool, chunk_size=args.chunk_size, republish_interval=args.republish_interval,
-                instance=args.instance,
+                instance=args.instance, workers=args.workers,
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None

@@ -75,6 +75,7 @@ from shuffledp.protocol.errors import (
 )
 from shuffledp.protocol.messages import (
     BATCH_ID_BYTES,
+    Admission,
     MAX_RECEIPTS,
     AdmissionReceipts,
     BatchAck,
@@ -85,6 +86,7 @@ from shuffledp.protocol.messages import (
 )
 from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed
 from shuffledp.protocol.sealing import verify
+from shuffledp.shuffler.parallel_open import OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool, Spool
 
@@ -159,9 +161,12 @@ class RoundAdmission:
         *,
         revoked: frozenset[bytes] = frozenset(),
         instance: int = 0,
+        opener_pool: OuterLayerPool | None = None,
     ) -> None:
         self.spec = spec
         self.instance = instance
+        #: Opens large bursts' outer layers on worker processes (None: all in this process).
+        self.opener_pool = opener_pool
         self.issuer = issuer
         self.revoked = revoked
         self.spool = spool
@@ -194,7 +199,10 @@ class RoundAdmission:
         An error raised after the outer layer opened carries the envelope's nonce
         (``exc.nonce``), so the receipts can name the refusal.
         """
-        admission = self.opener.open(data)
+        return self._check_opened(self.opener.open(data), pending)
+
+    def _check_opened(self, admission: Admission, pending: "_Pending") -> tuple[bytes, AdmittedEnvelope | None]:
+        """:meth:`_check` after the outer layer opened."""
         nonce = admission.nonce
         client_id = None
         try:
@@ -231,9 +239,11 @@ class RoundAdmission:
         receipts = Receipts()
         pending = _Pending()
         retransmitted: list[bytes] = []
-        for data in items:
+        for opened in self._open_all(items):
             try:
-                nonce, admitted = self._check(data, pending)
+                if isinstance(opened, Exception):
+                    raise opened
+                nonce, admitted = self._check_opened(opened, pending)
             except ShuffleDPError as exc:
                 self.stats.rejected[exc.reason] += 1
                 nonce = getattr(exc, "nonce", None)
@@ -243,7 +253,7 @@ class RoundAdmission:
                 continue
             except Exception:  # a bug, not an input class: count it loudly, keep serving
                 self.stats.rejected[INTERNAL_ERROR] += 1
-                _log.exception("shuffler admission: untyped exception on a %s input", type(data).__name__)
+                _log.exception("shuffler admission: untyped exception")
                 continue
             if admitted is None:
                 retransmitted.append(nonce)
@@ -256,6 +266,19 @@ class RoundAdmission:
                 self.stats.retransmitted += 1
                 receipts.admitted.append(nonce)
         return receipts
+
+    def _open_all(self, items: list[bytes]) -> list[Admission | Exception]:
+        """Each item's opened :class:`Admission` or the exception its opening raised, in order."""
+        pool = self.opener_pool
+        if pool is not None and len(items) >= pool.threshold:
+            return pool.open_many(self.spec, items)
+        out: list[Admission | Exception] = []
+        for data in items:
+            try:
+                out.append(self.opener.open(data))
+            except Exception as exc:  # typed refusals, and bugs (counted as internal-error by the caller)
+                out.append(exc)
+        return out
 
     def _commit(self, batch: list[AdmittedEnvelope], receipts: Receipts) -> None:
         spec = self.spec
@@ -357,6 +380,7 @@ class Shuffler:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         republish_interval: float = 30.0,
         instance: int = 0,
+        workers: int = 1,
         clock=time.time,
     ) -> None:
         if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -365,6 +389,8 @@ class Shuffler:
             raise ValueError("instance must be a non-negative integer")
         #: Which of a round's ``shuffler_instances`` this process is (its topics and its clients).
         self.instance = instance
+        #: With ``workers`` > 1, large bursts' outer layers are opened on that many processes.
+        self.opener_pool = OuterLayerPool(keys.hpke_private, workers) if workers > 1 else None
         self.channel = channel
         self.session_id = session_id
         self.analyzer_signing_key = analyzer_signing_key
@@ -421,6 +447,12 @@ class Shuffler:
             await asyncio.gather(ack_task, republish_task, return_exceptions=True)
             await announcements.close()
             await acks.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (``serve`` does it on exit)."""
+        if self.opener_pool is not None:
+            self.opener_pool.close()
 
     def verified_spec(self, signed_spec: bytes) -> RoundSpec:
         """The spec inside a signed announcement, if the analyzer signed it for this session and this shuffler."""
@@ -445,7 +477,9 @@ class Shuffler:
     async def run_round(self, spec: RoundSpec, signed_spec: bytes) -> RoundStats:
         """Open (or resume) one round, admit until ``max_batch`` or the deadline, then release or fail."""
         self.spool.open_round(spec.session_id, spec.round_id, signed_spec)
-        admission = RoundAdmission(spec, self.keys, self.issuer, self.spool, revoked=self.revoked, instance=self.instance)
+        admission = RoundAdmission(
+            spec, self.keys, self.issuer, self.spool, revoked=self.revoked, instance=self.instance, opener_pool=self.opener_pool
+        )
         self.rounds[spec.round_id] = admission.stats
         reports = await self.channel.subscribe(reports_topic(spec.session_id, spec.round_id, self.instance))
         try:

@@ -631,3 +631,26 @@ def test_an_ack_marks_the_round_of_its_batch_served_whatever_round_it_names():
     lying = deployment.analyzer().acknowledge(make_spec(round_id=5, deployment=deployment), bytes(16))
     assert shuffler.handle_ack(lying)
     assert shuffler.rounds[0].outcome == "served" and shuffler.rounds[5].outcome == "open"
+
+
+def test_opening_on_worker_processes_decides_exactly_as_in_process():
+    """Same burst, same decisions: admitted payloads in order, refusals by reason, receipts."""
+    from shuffledp.shuffler.parallel_open import OuterLayerPool
+
+    spec = make_spec(messages_per_user=2, max_batch=300)
+    items = []
+    for i in range(300):
+        items.append(envelope(spec, credential(i % 120), sealed_bytes(i), nonce(i % 280)))  # quota, replays
+    items += [b"junk", envelope(spec, credential(1), sealed_bytes(5), nonce(9999)), items[0]]  # junk, copy, retransmit
+    items += [envelope(spec, credential(3), sealed_bytes(7), nonce(7777), round_id=4)]  # another round
+    pool = OuterLayerPool(SHUFFLER_KEYS.hpke_private, 2, threshold=16)
+    try:
+        parallel = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, opener_pool=pool)
+        r_parallel = parallel.offer_many(items)
+    finally:
+        pool.close()
+    serial = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER)
+    r_serial = serial.offer_many(items)
+    assert parallel.payloads == serial.payloads and parallel.stats.as_dict() == serial.stats.as_dict()
+    assert (r_parallel.admitted, r_parallel.refused, r_parallel.reasons) == (r_serial.admitted, r_serial.refused, r_serial.reasons)
+    assert serial.stats.rejected["malformed"] == 1 and serial.stats.rejected["unknown-round"] == 1
