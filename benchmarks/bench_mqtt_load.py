@@ -22,7 +22,7 @@ opening on all cores) is compared with it. Targets: at least 5,000 reports/s ove
 MQTT end to end, and the in-process message path within 2x of the raw rate.
 
 Run: ``python benchmarks/bench_mqtt_load.py [N]`` (default 100,000); writes
-benchmarks/results/mqtt_load.json. ``SHUFFLEDP_BENCH_PUBLISHERS`` sets the number of
+benchmarks/results/mqtt_load.json and a bar chart, mqtt_load.png. ``SHUFFLEDP_BENCH_PUBLISHERS`` sets the number of
 publishing processes (default 4).
 """
 
@@ -44,7 +44,7 @@ from shuffledp.analyzer.coordinator import RoundRecord
 from shuffledp.broker import Broker
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deployment import Deployment
-from shuffledp.progress import progress_bar
+from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.channel import InProcessChannel, reports_topic, spec_topic
 from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec
 from shuffledp.protocol.mqtt_channel import MqttChannel
@@ -172,6 +172,28 @@ async def in_process(deployment: Deployment, spec: RoundSpec, envelopes: list[by
     return await _serve_round(deployment, spec, channel, channel, feed, SqliteSpool(spool))
 
 
+def plot_rates(result: dict, path: Path) -> None:
+    """Bars of reports per second for each path, the baseline and the target, from one run."""
+    plt = pyplot()
+    rows = [
+        ("raw HPKE\n2 seals + 2 opens", result["raw_hpke_seal_open_per_s_all_cores"], "0.6"),
+        ("devices' sealing", result["devices_seal_per_s_all_cores"], "tab:blue"),
+        ("in-process\nadmitted to opened", result["in_process_reports_per_s_end_to_end"], "tab:green"),
+        ("in-process message\npath incl. sealing", result["in_process_reports_per_s_with_sealing"], "tab:olive"),
+        ("MQTT end to end\n(TLS, ACL, spool)", result["mqtt_reports_per_s_end_to_end"], "tab:red"),
+    ]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar([r[0] for r in rows], [r[1] for r in rows], color=[r[2] for r in rows])
+    ax.axhline(result["targets"]["mqtt_reports_per_s"], color="tab:red", linestyle="--", linewidth=1, label="MQTT target")
+    for i, (_, value, _) in enumerate(rows):
+        ax.text(i, value, f"{value:,.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("reports per second")
+    ax.set_title(f"{result['n']:,} reports on {result['cpus']} CPUs, same run (lost over MQTT: {result['mqtt_lost']})")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(loc="upper right", fontsize=8)
+    save_figure(fig, str(path))
+
+
 def main() -> int:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     deployment = Deployment()
@@ -213,6 +235,7 @@ def main() -> int:
         "targets": {"mqtt_reports_per_s": 5000, "in_process_to_raw_ratio_at_least": 0.5},
     }
     path = write_result("mqtt_load", result)
+    plot_rates(result, path.with_suffix(".png"))
     print(f"load: {n:,} reports, envelopes of {result['envelope_bytes']} B, {PUBLISHERS} publishing processes, {result['cpus']} CPUs")
     print(f"  devices' sealing (all cores, done first)   {result['devices_seal_per_s_all_cores']:>9,.0f} /s")
     print(f"  raw HPKE 2x seal + 2x open (all cores)     {result['raw_hpke_seal_open_per_s_all_cores']:>9,.0f} /s (baseline)")
@@ -221,7 +244,7 @@ def main() -> int:
           f"= {result['in_process_to_raw_ratio']:.2f} x raw (target >= 0.5, i.e. within 2x)")
     print(f"  MQTT (TLS, ACL, spool on disk), end to end {result['mqtt_reports_per_s_end_to_end']:>9,.0f} /s "
           f"= {result['mqtt_to_in_process_ratio']:.2f} x in-process (target >= 5,000 /s); lost {result['mqtt_lost']}")
-    print(f"wrote {path}")
+    print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0
 
 
