@@ -183,15 +183,28 @@ def opener_for(session: bytes, round_id: int, mechanism: str) -> EnvelopeOpener:
 @given(data=st.one_of(S.maybe_mutated(S.g_padded_report), S.mutated()), round_id=S.round_ids, mech=S.mechanisms,
        session=st.sampled_from(S.SESSIONS), max_batch=st.sampled_from([1, 4, MAX_BATCH]))
 def test_padded_and_fast_decoders_only_raise_typed_errors(data, round_id, mech, session, max_batch):
+    """Untyped exceptions propagate out of ``attempt`` and fail the test; what a decoder
+    accepts must also be what the format says it is."""
     count_case("padded_and_fast_decoders")
     for cls in MESSAGE_CLASSES:
-        attempt(f"codec.decode_padded[{cls.__name__}]", codec.decode_padded, data, cls)
+        ok, message = attempt(f"codec.decode_padded[{cls.__name__}]", codec.decode_padded, data, cls)
+        if ok:  # a message of the pinned type that round-trips through its own padded encoding
+            # (not byte-equal to ``data``: a float field may arrive as an integer, ``float / uint`` in the CDDL)
+            assert type(message) is cls
+            assert codec.decode_padded(codec.encode(message) + bytes(7), cls) == message
     layout = report_format(round_id, mech)
-    attempt("read_batch_chunk", read_batch_chunk, data, session, round_id, layout.sealed_size, max_batch)
-    attempt("ReportFormat.values", layout.values, data)
-    fitted = data[: layout.size] + bytes(max(0, layout.size - len(data)))
-    attempt("ReportFormat.values", layout.values, fitted)
-    attempt("EnvelopeOpener.open", opener_for(session, round_id, mech).open, data)
+    ok, chunk = attempt("read_batch_chunk", read_batch_chunk, data, session, round_id, layout.sealed_size, max_batch)
+    if ok:  # a chunk of this round, within its bounds, every payload of the round's size
+        assert 1 <= chunk.size <= chunk.total <= max_batch and chunk.chunk < chunk.chunks
+        assert all(len(p) == layout.sealed_size for p in chunk.payloads) and len(chunk.signature) == 64
+    for plaintext in (data, data[: layout.size] + bytes(max(0, layout.size - len(data)))):
+        ok, values = attempt("ReportFormat.values", layout.values, plaintext)
+        if ok:  # exactly the values the general padded decoder reads, for this round and mechanism
+            report = codec.decode_padded(plaintext, Report)
+            assert (report.round_id, report.mechanism, report.values) == (round_id, mech, values)
+    ok, admission = attempt("EnvelopeOpener.open", opener_for(session, round_id, mech).open, data)
+    if ok:  # only the test shuffler's own sealed envelopes of this round open
+        assert admission.round_id == round_id and len(admission.sealed) == layout.sealed_size
 
 
 # ---------------------------------------------------------------------------
