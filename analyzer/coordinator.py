@@ -24,13 +24,13 @@ import numpy as np
 
 from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
-from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch
+from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch, read_signed_chunk
 from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
-from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, ShuffledBatch
-from shuffledp.protocol.onion import decode_verified, verify_encoded
-from shuffledp.protocol.report_format import read_batch_chunk, report_format
+from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec
+from shuffledp.protocol.onion import decode_verified
+from shuffledp.protocol.report_format import report_format
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,6 @@ class Coordinator:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.round_timeout + self.grace
-        layout = report_format(spec.round_id, spec.mechanism)
         assemblies: dict[bytes, _Assembly] = {}
         completed: dict[bytes, _Batch] = {}
         failed: set[int] = set()
@@ -224,7 +223,7 @@ class Coordinator:
                     if instance is not None:
                         failed.add(instance)
                     continue
-                batch = self._take_chunk(spec, layout.sealed_size, assemblies, completed, data)
+                batch = self._take_chunk(spec, assemblies, completed, data)
                 if batch is not None:
                     completed[batch.batch_id] = batch
         finally:
@@ -250,10 +249,9 @@ class Coordinator:
             return None
         return outcome.instance
 
-    def _take_chunk(self, spec: RoundSpec, sealed_size: int, assemblies: dict, completed: dict, data: bytes) -> _Batch | None:
+    def _take_chunk(self, spec: RoundSpec, assemblies: dict, completed: dict, data: bytes) -> _Batch | None:
         try:
-            chunk = read_batch_chunk(data, spec.session_id, spec.round_id, sealed_size, spec.max_batch)
-            verify_encoded(spec.shuffler_signing_key, ShuffledBatch, chunk.digest, chunk.signature)
+            chunk = read_signed_chunk(data, spec)
             if chunk.batch_id in completed:
                 self.rejected_batches["redelivered-chunk"] += 1
                 return None

@@ -16,27 +16,45 @@ so it spans the whole batch).
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
 from shuffledp.client.mechanisms import report_ranges
 from shuffledp.protocol import codec
-from shuffledp.protocol.errors import DuplicateReport, MalformedMessage, ShuffleDPError, UnknownRound, ValueOutOfRange
-from shuffledp.protocol.messages import BatchAck, RoundSpec, ShuffledBatch, SignedRoundSpec
+from shuffledp.protocol.errors import (
+    INTERNAL_ERROR,
+    DuplicateReport,
+    MalformedMessage,
+    ShuffleDPError,
+    UnknownRound,
+    ValueOutOfRange,
+)
+from shuffledp.protocol.key_workers import KeyWorkers, worker_key
+from shuffledp.protocol.messages import (
+    BatchAck,
+    RoundSpec,
+    ShuffledBatch,
+    SignedRoundSpec,
+)
 from shuffledp.protocol.onion import signed, verify_encoded, verify_signed
-from shuffledp.protocol.report_format import WrongSize, read_batch_chunk, report_format
-from shuffledp.protocol.sealing import ENCAPSULATED_KEY_BYTES, AnalyzerKeys, ReportOpener, sign
+from shuffledp.protocol.report_format import (
+    BatchChunk,
+    WrongSize,
+    read_batch_chunk,
+    report_format,
+)
+from shuffledp.protocol.sealing import (
+    ENCAPSULATED_KEY_BYTES,
+    AnalyzerKeys,
+    ReportOpener,
+    sign,
+)
 
 _log = logging.getLogger(__name__)
-#: Rejection reason counted when opening meets an exception that is not a typed ShuffleDPError.
-INTERNAL_ERROR = "internal-error"
 
 
 @dataclass
@@ -75,17 +93,8 @@ def _open_rows(
     return rows, rejected
 
 
-_worker_key: X25519PrivateKey | None = None
-
-
-def _worker_init(private_bytes: bytes) -> None:
-    global _worker_key
-    _worker_key = X25519PrivateKey.from_private_bytes(private_bytes)
-
-
 def _worker_open(session_id: bytes, round_id: int, mechanism: str, payloads: list[bytes]):
-    assert _worker_key is not None
-    return _open_rows(_worker_key, session_id, round_id, mechanism, payloads)
+    return _open_rows(worker_key(), session_id, round_id, mechanism, payloads)
 
 
 class BatchOpening:
@@ -165,7 +174,7 @@ class Analyzer:
     def __init__(self, keys: AnalyzerKeys | None = None, *, workers: int | None = 1) -> None:
         self.keys = keys if keys is not None else AnalyzerKeys.generate()
         self.workers = max(1, workers if workers is not None else (os.cpu_count() or 1))
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: KeyWorkers | None = None
 
     def sign_spec(self, spec: RoundSpec) -> bytes:
         """The encoded :class:`SignedRoundSpec` for ``spec``."""
@@ -182,23 +191,12 @@ class Analyzer:
             yield _open_rows(self.keys.hpke_private, spec.session_id, spec.round_id, spec.mechanism, payloads)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("forkserver"),
-                initializer=_worker_init,
-                initargs=(self.keys.hpke_private.private_bytes_raw(),),
-            )
-        step = -(-len(payloads) // self.workers)
-        futures = [
-            self._pool.submit(_worker_open, spec.session_id, spec.round_id, spec.mechanism, payloads[i : i + step])
-            for i in range(0, len(payloads), step)
-        ]
-        for future in futures:
-            yield future.result()
+            self._pool = KeyWorkers(self.keys.hpke_private, self.workers)
+        yield from self._pool.map_slices(_worker_open, payloads, spec.session_id, spec.round_id, spec.mechanism)
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool.close()
             self._pool = None
 
     def open_batch(
@@ -220,9 +218,7 @@ class Analyzer:
         Raises :class:`MalformedMessage` or :class:`BadSignature` for bytes that are not
         a signed whole batch of this round; never anything untyped.
         """
-        layout = report_format(spec.round_id, spec.mechanism)
-        chunk = read_batch_chunk(data, spec.session_id, spec.round_id, layout.sealed_size, spec.max_batch)
-        verify_encoded(spec.shuffler_signing_key, ShuffledBatch, chunk.digest, chunk.signature)
+        chunk = read_signed_chunk(data, spec)
         if chunk.chunks != 1 or chunk.size != chunk.total:
             raise MalformedMessage("open_batch_bytes takes a whole batch in one chunk; use BatchOpening for chunks")
         return self.open_payloads(chunk.payloads, spec, on_progress)
@@ -236,6 +232,16 @@ class Analyzer:
         opening = BatchOpening(self, spec, on_progress)
         opening.add(payloads)
         return opening.finish()
+
+
+def read_signed_chunk(data: bytes, spec: RoundSpec) -> BatchChunk:
+    """One batch chunk of ``spec``'s round, read by its fixed layout (bounded by ``max_batch``),
+    if the shuffler the spec names signed it; :class:`MalformedMessage` or :class:`BadSignature`
+    otherwise, at the cost of one hash before anything is opened."""
+    layout = report_format(spec.round_id, spec.mechanism)
+    chunk = read_batch_chunk(data, spec.session_id, spec.round_id, layout.sealed_size, spec.max_batch)
+    verify_encoded(spec.shuffler_signing_key, ShuffledBatch, chunk.digest, chunk.signature)
+    return chunk
 
 
 def _empty(spec: RoundSpec, rejected: Counter) -> OpenedBatch:

@@ -40,10 +40,10 @@ from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
 from shuffledp.protocol.errors import UnknownRound
 from shuffledp.protocol.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec
-from shuffledp.protocol.onion import decode_verified, wrap
+from shuffledp.protocol.onion import decode_verified, verified_spec, wrap
 from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.randomness import RandomSource, SystemSource
-from shuffledp.protocol.sealing import Sealer, verify
+from shuffledp.protocol.sealing import Sealer
 
 
 class RoundExpired(ShuffleDPError):
@@ -54,14 +54,6 @@ class UntrustedRound(ShuffleDPError):
     """A spec naming a shuffler other than the one the device pinned, or promising too small a crowd."""
 
     reason = "untrusted-round"
-
-
-def verified_spec(signed: SignedRoundSpec | bytes, analyzer_signing_key: bytes) -> RoundSpec:
-    """Decode a signed spec, check its signature, and return the RoundSpec it carries."""
-    if not isinstance(signed, SignedRoundSpec):
-        signed = codec.decode(signed, SignedRoundSpec)  # bytes-like, or a typed MalformedMessage
-    verify(analyzer_signing_key, signed.spec_bytes, signed.signature)
-    return codec.decode(signed.spec_bytes, RoundSpec)
 
 
 @dataclass

@@ -9,6 +9,11 @@ parameter and why it is wrong.
 from __future__ import annotations
 
 
+#: Reason a service counts when it meets an exception that is not a typed ShuffleDPError:
+#: a bug to fix (logged), never an input class; the fuzz suite checks it never happens.
+INTERNAL_ERROR = "internal-error"
+
+
 class ShuffleDPError(Exception):
     """Base of every error shuffledp raises on purpose."""
 

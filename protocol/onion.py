@@ -34,13 +34,13 @@ import hashlib
 import os
 from typing import TypeVar
 
-from cryptography.exceptions import InvalidSignature, InvalidTag
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from shuffledp.protocol import codec
 from shuffledp.protocol.cbor_strict import as_bytes, byte_length
-from shuffledp.protocol.errors import BadSignature, InvalidParameter, MessageTooLarge, SealingError, UnknownRound
+from shuffledp.protocol.errors import InvalidParameter, MessageTooLarge, SealingError, UnknownRound
 from shuffledp.protocol.messages import (
     CREDENTIAL_BYTES,
     NONCE_BYTES,
@@ -49,9 +49,10 @@ from shuffledp.protocol.messages import (
     Admission,
     Envelope,
     RoundSpec,
+    SignedRoundSpec,
 )
-from shuffledp.protocol.report_format import HPKE_OVERHEAD, WrongSize, report_format
-from shuffledp.protocol.sealing import SUITE, PartyKeys
+from shuffledp.protocol.report_format import HPKE_OVERHEAD, WrongSize, encoded_digest, report_format
+from shuffledp.protocol.sealing import SUITE, PartyKeys, verify
 
 ENVELOPE_INFO_LABEL = b"shuffledp/v2/envelope"
 SIGNED_LABEL = b"shuffledp/v2/signed/"
@@ -203,26 +204,17 @@ def _label(message_type: type) -> bytes:
 
 def signed(private: Ed25519PrivateKey, message: M) -> M:
     """``message`` with its ``signature`` field set to ``private``'s signature (see the module docstring)."""
-    zeroed = dataclasses.replace(message, signature=bytes(SIGNATURE_BYTES))
-    digest = hashlib.sha256(codec.encode(zeroed)).digest()
-    return dataclasses.replace(message, signature=private.sign(_label(type(message)) + digest))
+    return dataclasses.replace(message, signature=private.sign(_label(type(message)) + _digest(message)))
 
 
 def verify_signed(public: bytes, message: object) -> None:
     """Raise :class:`BadSignature` unless ``message.signature`` is ``public``'s signature of it."""
-    zeroed = dataclasses.replace(message, signature=bytes(SIGNATURE_BYTES))
-    digest = hashlib.sha256(codec.encode(zeroed)).digest()
-    _verify(public, _label(type(message)) + digest, message.signature, type(message))
+    _verify(public, _label(type(message)) + _digest(message), message.signature, type(message))
 
 
-def encoded_digest(encoded: bytes | memoryview, signature_at: int) -> bytes:
-    """SHA-256 of an encoding with the 64 signature bytes at ``signature_at`` read as zeros, hashed in place."""
-    view = memoryview(encoded)
-    h = hashlib.sha256()
-    h.update(view[:signature_at])
-    h.update(bytes(SIGNATURE_BYTES))
-    h.update(view[signature_at + SIGNATURE_BYTES :])
-    return h.digest()
+def _digest(message: object) -> bytes:
+    """SHA-256 of a signed message's encoding with its signature field zeroed."""
+    return hashlib.sha256(codec.encode(dataclasses.replace(message, signature=bytes(SIGNATURE_BYTES)))).digest()
 
 
 def verify_encoded(public: bytes, message_type: type, digest: bytes, signature: bytes) -> None:
@@ -231,10 +223,16 @@ def verify_encoded(public: bytes, message_type: type, digest: bytes, signature: 
 
 
 def _verify(public: bytes, data: bytes, signature: bytes, message_type: type) -> None:
-    try:
-        Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
-    except (InvalidSignature, ValueError) as exc:
-        raise BadSignature(f"{codec.message_tag(message_type)} signature does not verify ({type(exc).__name__})") from None
+    verify(public, data, signature, what=codec.message_tag(message_type))
+
+
+def verified_spec(signed: SignedRoundSpec | bytes, analyzer_signing_key: bytes) -> RoundSpec:
+    """The RoundSpec inside a signed spec (encoded or decoded), if the analyzer's signature over
+    its canonical bytes verifies; a typed error otherwise. Clients and shufflers both use it."""
+    if not isinstance(signed, SignedRoundSpec):
+        signed = codec.decode(signed, SignedRoundSpec)  # bytes-like, or a typed MalformedMessage
+    verify(analyzer_signing_key, signed.spec_bytes, signed.signature)
+    return codec.decode(signed.spec_bytes, RoundSpec)
 
 
 def decode_verified(data: bytes, expected: type[M], public: bytes) -> M:
@@ -253,6 +251,7 @@ __all__ = [
     "envelope_format",
     "envelope_info",
     "signed",
+    "verified_spec",
     "verify_encoded",
     "verify_signed",
     "wrap",

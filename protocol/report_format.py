@@ -28,6 +28,7 @@ strict decoder (:func:`shuffledp.protocol.codec.decode`) accepts.
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 
 from shuffledp.protocol import codec
@@ -234,11 +235,16 @@ def read_batch_chunk(data: bytes, session_id: bytes, round_id: int, sealed_size:
             raise MalformedMessage(f"every payload of this round must be {sealed_size} bytes")
     skip = len(header)
     payloads = [data[o + skip : o + stride] for o in range(start, end, stride)]
-    digest = _encoded_digest(data, signature_at)
+    digest = encoded_digest(data, signature_at)
     return BatchChunk(batch_id, chunk, chunks, total, payloads, data[signature_at : signature_at + SIGNATURE_BYTES], digest)
 
 
-def _encoded_digest(data: bytes, signature_at: int) -> bytes:
-    from shuffledp.protocol.onion import encoded_digest  # onion imports this module
-
-    return encoded_digest(data, signature_at)
+def encoded_digest(encoded: bytes | memoryview, signature_at: int) -> bytes:
+    """SHA-256 of an encoding with the 64 signature bytes at ``signature_at`` read as zeros, hashed
+    in place: what a signed message's signature covers (``protocol/onion.py``, "Signed messages")."""
+    view = memoryview(encoded)
+    h = hashlib.sha256()
+    h.update(view[:signature_at])
+    h.update(bytes(SIGNATURE_BYTES))
+    h.update(view[signature_at + SIGNATURE_BYTES :])
+    return h.digest()

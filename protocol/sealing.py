@@ -117,9 +117,10 @@ def sign(private: Ed25519PrivateKey, data: bytes) -> bytes:
     return private.sign(data)
 
 
-def verify(public: bytes, data: bytes, signature: bytes) -> None:
-    """Raise :class:`BadSignature` unless ``signature`` is ``public``'s Ed25519 signature of ``data``."""
+def verify(public: bytes, data: bytes, signature: bytes, what: str = "round spec") -> None:
+    """Raise :class:`BadSignature` (naming ``what`` was signed) unless ``signature`` is
+    ``public``'s Ed25519 signature of ``data``."""
     try:
         Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
     except (InvalidSignature, ValueError) as exc:
-        raise BadSignature(f"round spec signature does not verify ({type(exc).__name__})") from None
+        raise BadSignature(f"{what} signature does not verify ({type(exc).__name__})") from None

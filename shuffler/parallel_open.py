@@ -2,44 +2,31 @@
 
 The shuffler's admission work is dominated by one HPKE open per envelope (the outer
 layer). :class:`OuterLayerPool` spreads a burst of envelopes over ``workers``
-processes, each holding the shuffler's X25519 private key (handed over once, at
-start, through the process pool's initializer; the processes are the shuffler's
-own). Only the opening runs there: every admission decision (credential, quota,
-replay, copies, capacity) stays in the shuffler's process, in arrival order, so the
-result is the same as opening one by one. A burst smaller than ``threshold`` is
-opened in the calling process, where a process hop would cost more than it saves.
+processes holding the shuffler's X25519 private key
+(:class:`~shuffledp.protocol.key_workers.KeyWorkers`). Only the opening runs there:
+every admission decision (credential, quota, replay, copies, capacity) stays in the
+shuffler's process, in arrival order, so the result is the same as opening one by
+one. A burst smaller than ``threshold`` is opened in the calling process, where a
+process hop would cost more than it saves.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
 from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.protocol.key_workers import KeyWorkers, worker_key
 from shuffledp.protocol.messages import Admission, RoundSpec
 from shuffledp.protocol.onion import EnvelopeOpener
 
-#: Reason counted for an opener exception that is not a typed ShuffleDPError (a bug).
-INTERNAL_ERROR = "internal-error"
-
-_worker_key: X25519PrivateKey | None = None
 _worker_openers: dict[tuple[bytes, int], EnvelopeOpener] = {}
-
-
-def _init(private_bytes: bytes) -> None:
-    global _worker_key
-    _worker_key = X25519PrivateKey.from_private_bytes(private_bytes)
 
 
 def _open_slice(spec: RoundSpec, items: list[bytes]) -> list[tuple]:
     """Open each item: ``("ok", credential, nonce, sealed)``, ``("error", reason, message)`` or ``("bug", message)``."""
-    assert _worker_key is not None
     key = (spec.session_id, spec.round_id)
     opener = _worker_openers.get(key)
     if opener is None:
-        opener = _worker_openers[key] = EnvelopeOpener(_worker_key, spec)
+        opener = _worker_openers[key] = EnvelopeOpener(worker_key(), spec)
     out: list[tuple] = []
     for data in items:
         try:
@@ -68,27 +55,14 @@ class OuterLayerPool:
     """Opens bursts of a round's envelopes on ``workers`` processes (see the module docstring)."""
 
     def __init__(self, private: X25519PrivateKey, workers: int, *, threshold: int = 256) -> None:
-        if workers < 2:
-            raise ValueError("an OuterLayerPool needs at least 2 workers")
-        self.workers = workers
         self.threshold = threshold
-        self._private_bytes = private.private_bytes_raw()
-        self._pool: ProcessPoolExecutor | None = None
+        self._workers = KeyWorkers(private, workers)
 
     def open_many(self, spec: RoundSpec, items: list[bytes]) -> list[Admission | Exception]:
         """Each item's :class:`Admission`, or the exception its opening raised, in the items' order."""
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("forkserver"),
-                initializer=_init,
-                initargs=(self._private_bytes,),
-            )
-        step = -(-len(items) // self.workers)
-        futures = [self._pool.submit(_open_slice, spec, items[i : i + step]) for i in range(0, len(items), step)]
         out: list[Admission | Exception] = []
-        for future in futures:
-            for result in future.result():
+        for results in self._workers.map_slices(_open_slice, items, spec):
+            for result in results:
                 if result[0] == "ok":
                     out.append(Admission(spec.round_id, result[1], result[2], result[3]))
                 elif result[0] == "error":
@@ -98,6 +72,4 @@ class OuterLayerPool:
         return out
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+        self._workers.close()

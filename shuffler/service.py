@@ -63,6 +63,7 @@ from shuffledp.protocol.channel import (
 )
 from shuffledp.protocol.credentials import CredentialIssuer, assigned_instance
 from shuffledp.protocol.errors import (
+    INTERNAL_ERROR,
     BatchTooSmall,
     DuplicateReport,
     QuotaExceeded,
@@ -82,17 +83,13 @@ from shuffledp.protocol.messages import (
     RoundOutcome,
     RoundSpec,
     ShuffledBatch,
-    SignedRoundSpec,
 )
-from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed
-from shuffledp.protocol.sealing import verify
+from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
 from shuffledp.shuffler.parallel_open import OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool, Spool
 
 _log = logging.getLogger(__name__)
-#: Rejection reason counted when a service meets an exception that is not a typed ShuffleDPError.
-INTERNAL_ERROR = "internal-error"
 #: Reports per batch chunk by default: about 2 MiB of sealed reports per MQTT message.
 DEFAULT_CHUNK_SIZE = 16384
 #: Refusals one credential may cause in a round before its later envelopes are dropped unanswered.
@@ -456,7 +453,7 @@ class Shuffler:
 
     def verified_spec(self, signed_spec: bytes) -> RoundSpec:
         """The spec inside a signed announcement, if the analyzer signed it for this session and this shuffler."""
-        spec = verified_round_spec(signed_spec, self.analyzer_signing_key)
+        spec = verified_spec(signed_spec, self.analyzer_signing_key)
         if spec.session_id != self.session_id:
             raise UnknownRound("spec for another session")
         if spec.shuffler_key != self.keys.hpke_public or spec.shuffler_signing_key != self.keys.signing_public:
@@ -495,7 +492,7 @@ class Shuffler:
                         first = await reports.get()
                 except TimeoutError:
                     break
-                burst = [first, *_drain(reports, limit=BURST - 1)]
+                burst = [first, *reports.get_nowait_all(BURST - 1)]
                 receipts = admission.offer_many(burst)
                 if receipts:
                     await self._publish_receipts(spec, receipts, admission.stats)
@@ -623,17 +620,4 @@ class Shuffler:
         }
 
 
-def _drain(subscription, limit: int) -> list[bytes]:
-    """Up to ``limit`` messages already waiting on a subscription, without waiting."""
-    take = getattr(subscription, "get_nowait_all", None)
-    return [] if take is None else take(limit)
-
-
-def verified_round_spec(signed_spec: bytes, analyzer_signing_key: bytes) -> RoundSpec:
-    """The RoundSpec inside an encoded SignedRoundSpec, if the analyzer's signature verifies."""
-    signed_message = codec.decode(signed_spec, SignedRoundSpec)
-    verify(analyzer_signing_key, signed_message.spec_bytes, signed_message.signature)
-    return codec.decode(signed_message.spec_bytes, RoundSpec)
-
-
-__all__ = ["RoundAdmission", "RoundStats", "Shuffler", "batch_chunks", "verified_round_spec"]
+__all__ = ["RoundAdmission", "RoundStats", "Shuffler", "batch_chunks"]

@@ -402,7 +402,7 @@ def test_batch_of_tiny_payloads_is_refused_by_the_fixed_layout():
     with pytest.raises(MalformedMessage):
         ANALYZER.open_batch_bytes(batch, s)
     coordinator = DEPLOYMENT.coordinator(InProcessChannel(), analyzer=ANALYZER)
-    assert coordinator._take_chunk(s, size, {}, {}, batch) is None
+    assert coordinator._take_chunk(s, {}, {}, batch) is None
     assert coordinator.rejected_batches == Counter({"malformed": 1})
 
 
@@ -1029,7 +1029,7 @@ def test_every_entry_point_types_its_refusal_of_non_bytes(bad):
     adm.offer_many([bad, bad])
     assert adm.stats.rejected == Counter({"malformed": 3}) and adm.stats.admitted == 0
     assert shuffler.handle_ack(bad) is False and shuffler.rejected_acks == Counter({"malformed": 1})
-    assert coordinator._take_chunk(s, layout.sealed_size, {}, {}, bad) is None
+    assert coordinator._take_chunk(s, {}, {}, bad) is None
     assert coordinator._failed_instance(s, bad) is None
     assert coordinator.rejected_batches == Counter({"malformed": 1, "outcome-malformed": 1})
     opened = ANALYZER.open_payloads([bad], s)
@@ -1067,7 +1067,7 @@ def test_a_bytearray_or_memoryview_batch_opens_like_bytes():
         opened = ANALYZER.open_batch_bytes(view, s)
         assert opened.size == 3 and not opened.rejected
     coordinator = DEPLOYMENT.coordinator(InProcessChannel(), analyzer=ANALYZER)
-    record = coordinator._take_chunk(s, report_format(s.round_id, s.mechanism).sealed_size, {}, {}, bytearray(data))
+    record = coordinator._take_chunk(s, {}, {}, bytearray(data))
     assert record is not None and record.opened.size == 3 and not coordinator.rejected_batches
     # an envelope as a bytearray is admitted like bytes
     adm = admission(s)

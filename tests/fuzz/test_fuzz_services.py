@@ -815,7 +815,7 @@ def test_batch_delivery_survives_junk_chunks_and_acks(seed):
 
     for kind, data in traffic:  # as the coordinator's collection loop feeds it
         before = sum(rejected.values())
-        batch = coordinator._take_chunk(spec, sealed_size, assemblies, completed, data)  # never raises
+        batch = coordinator._take_chunk(spec, assemblies, completed, data)  # never raises
         counted = sum(rejected.values()) - before
         if batch is not None:
             assert batch.batch_id not in completed, context()

@@ -1,0 +1,63 @@
+"""A pool of worker processes that each hold one X25519 private key.
+
+The analyzer opens reports' inner layers and the shuffler opens envelopes' outer
+layers on several processes; both need the same thing: processes started once
+(``forkserver``, so no event loop or thread state is forked), the party's private
+key handed to each at start through the pool's initializer (the processes are the
+party's own), and a list of items cut into one slice per worker, whose results come
+back in the items' order. Worker functions read the key with :func:`worker_key`.
+
+Not imported by ``shuffledp.client``: devices never start worker processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, Sequence
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+_worker_private: X25519PrivateKey | None = None
+
+
+def _init(private_bytes: bytes) -> None:
+    global _worker_private
+    _worker_private = X25519PrivateKey.from_private_bytes(private_bytes)
+
+
+def worker_key() -> X25519PrivateKey:
+    """The private key this worker process was started with."""
+    if _worker_private is None:  # pragma: no cover - only reachable outside a KeyWorkers process
+        raise RuntimeError("worker_key() is only available inside a KeyWorkers process")
+    return _worker_private
+
+
+class KeyWorkers:
+    """``workers`` processes holding ``private``; started on first use, stopped by :meth:`close`."""
+
+    def __init__(self, private: X25519PrivateKey, workers: int) -> None:
+        if workers < 2:
+            raise ValueError("KeyWorkers needs at least 2 workers")
+        self.workers = workers
+        self._private_bytes = private.private_bytes_raw()
+        self._pool: ProcessPoolExecutor | None = None
+
+    def map_slices(self, fn: Callable[..., Any], items: Sequence, *args: Any) -> list[Any]:
+        """``[fn(*args, slice) for each slice]``: ``items`` cut into at most ``workers``
+        consecutive slices, run in parallel, results in slice order."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("forkserver"),
+                initializer=_init,
+                initargs=(self._private_bytes,),
+            )
+        step = max(1, -(-len(items) // self.workers))
+        futures = [self._pool.submit(fn, *args, items[i : i + step]) for i in range(0, len(items), step)]
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
