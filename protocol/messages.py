@@ -100,6 +100,10 @@ def _count(value: int, name: str, low: int, high: int) -> None:
     _require(low <= value <= high, name, f"must be in [{low}, {high}], got {short_repr(value)}")
 
 
+def _round(value: int) -> None:
+    _count(value, "round_id", 0, 2**63 - 1)
+
+
 def _resolvable(low: float, high: float, step: float, name: str) -> None:
     """Refuse a grid whose step is lost in double precision at the interval's magnitude.
 
@@ -286,7 +290,7 @@ class RoundSpec:
 
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
-        _count(self.round_id, "round_id", 0, 2**63 - 1)
+        _round(self.round_id)
         _require(isinstance(self.params, tuple(MECHANISMS.values())), "params", "unknown mechanism parameters")
         check_local_budget(self.epsilon0, self.delta0, getattr(self.params, "noise", "laplace"))
         self.params.check_budget(self.epsilon0, self.delta0)
@@ -329,17 +333,13 @@ class Report:
     values: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        _count(self.round_id, "round_id", 0, 2**63 - 1)
+        _round(self.round_id)
         _require(self.mechanism in MECHANISMS, "mechanism", f"unknown mechanism {short_repr(self.mechanism)}")
         width = MECHANISMS[self.mechanism].VALUES_PER_REPORT
         _require(isinstance(self.values, tuple) and len(self.values) == width, "values", f"must be {width} integer(s)")
         for v in self.values:
             _require(isinstance(v, int) and not isinstance(v, bool), "values", "must be integers")
             _require(-(2**62) <= v < 2**62, "values", "out of range")
-
-
-def _round(value: int) -> None:
-    _count(value, "round_id", 0, 2**63 - 1)
 
 
 def _byte_strings(values: tuple, name: str, low: int, high: int) -> None:
