@@ -7,8 +7,8 @@ shuffled batch from its signed chunks, opening each as it arrives (until the rou
 deadline plus a grace period). It accepts only chunks signed by the shuffler the
 spec names, takes the first batch id to complete with at least ``min_batch`` valid
 reports, and acknowledges it with a signed :class:`BatchAck`; a signed ``failed``
-outcome from the shuffler ends the wait early. :meth:`Coordinator.scalar_mean` runs
-Algorithm 1 (range round, then mean round) this way.
+outcome from the shuffler ends the wait early. :meth:`Coordinator.run_protocol` runs
+any protocol described as rounds (``analyzer/protocols.py``) this way.
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate
-from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
+from shuffledp.analyzer.protocols import Protocol
 from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch, read_signed_chunk
 from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
-from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec
+from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, messages_per_user
 from shuffledp.protocol.onion import decode_verified
 from shuffledp.protocol.report_format import report_format
 
@@ -87,13 +86,6 @@ class _Assembly:
         self.seen: set[int] = set()
         self.received = 0
         self.bytes = 0
-
-
-@dataclass(frozen=True)
-class ScalarMeanOutcome:
-    found_range: RangeEstimate
-    mean: MeanEstimate
-    rounds: tuple[RoundRecord, RoundRecord]
 
 
 def check_servable(spec: RoundSpec) -> None:
@@ -161,6 +153,7 @@ class Coordinator:
             analyzer_key=self.analyzer.keys.hpke_public,
             shuffler_key=self.shuffler.hpke_public,
             shuffler_signing_key=self.shuffler.signing_public,
+            messages_per_user=messages_per_user(params),
             min_batch=min_batch,
             max_batch=max_batch,
             deadline=time.time() + self.round_timeout,
@@ -286,15 +279,25 @@ class Coordinator:
             return None
         return _Batch(chunk.batch_id, opened, assembly.bytes, assembly.chunks)
 
-    async def scalar_mean(self, config: ScalarMeanConfig, min_batch: int) -> ScalarMeanOutcome:
-        """Algorithm 1 over the channel: range at eps0/2, then the projected mean at eps0/2."""
-        first = await self.run_round(config.range_params(), config.round_epsilon, min_batch)
-        found = estimate_range(first.opened.values[:, 0], first.opened.values[:, 1], config)
-        second = await self.run_round(
-            config.mean_params(found), config.round_epsilon, min_batch, delta0=config.delta0
-        )
-        mean = estimate_mean(second.opened.values[:, 0], second.spec.params)
-        return ScalarMeanOutcome(found, mean, (first, second))
+    async def run_protocol(self, protocol: Protocol, users: int) -> tuple[Any, list[RoundRecord]]:
+        """Run every round of ``protocol`` for ``users`` clients; return its result and the round records.
+
+        Each round waits for every message of every user (``users`` times the plan's
+        messages per user): the amplification, and for summation the noise, are
+        accounted for all of them.
+        """
+        records: list[RoundRecord] = []
+        rounds = protocol.rounds()
+        plan = next(rounds)
+        while True:
+            record = await self.run_round(
+                plan.params, plan.epsilon0, users * plan.messages_per_user, delta0=plan.delta0
+            )
+            records.append(record)
+            try:
+                plan = rounds.send(record.opened.values)
+            except StopIteration as done:
+                return done.value, records
 
 
 async def _pump(subscription, kind: str, inbox: asyncio.Queue) -> None:

@@ -33,6 +33,7 @@ from shuffledp.analyzer.decoders import (
     hadamard_frequencies,
     mean_from_reports,
 )
+from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
 from shuffledp.client.mean_randomizer import decode_values
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
@@ -103,3 +104,35 @@ def theorem1_mse_bound(config: ScalarMeanConfig, n: int) -> float:
     :func:`paper_noise_variance` over n. It holds on the event that the range round
     succeeds (probability ``1 - beta``)."""
     return paper_noise_variance(config.tau, config.epsilon0, config.noise, config.delta0) / n
+
+
+@dataclass(frozen=True)
+class ScalarMeanOutcome:
+    """Algorithm 1's result: the range round 1 found, and round 2's mean over it."""
+
+    found_range: RangeEstimate
+    mean: MeanEstimate
+    mean_params: ProjectedMeanParams
+
+
+class ScalarMeanProtocol(Protocol):
+    """Algorithm 1 (Girgis, Data & Diggavi 2022): Hadamard range round at ``eps0/2``, then
+    the projected mean round at ``eps0/2`` (plus ``delta0`` for Gaussian noise) over the
+    range the first round announced."""
+
+    name = "mean"
+
+    def __init__(self, config: ScalarMeanConfig) -> None:
+        self.config = config
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        return self.config.epsilon0, self.config.delta0
+
+    def rounds(self) -> Rounds:
+        config = self.config
+        first = yield RoundPlan(config.range_params(), config.round_epsilon)
+        found = estimate_range(first[:, 0], first[:, 1], config)
+        mean_params = config.mean_params(found)
+        second = yield RoundPlan(mean_params, config.round_epsilon, config.delta0)
+        return ScalarMeanOutcome(found, estimate_mean(second[:, 0], mean_params), mean_params)

@@ -39,7 +39,7 @@ from shuffledp.protocol import codec
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
 from shuffledp.protocol.errors import UnknownRound
-from shuffledp.protocol.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec
+from shuffledp.protocol.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec, messages_per_user
 from shuffledp.protocol.onion import decode_verified, verified_spec, wrap
 from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.randomness import RandomSource, SystemSource
@@ -87,15 +87,22 @@ class Client:
         source: RandomSource | None = None,
         clock=time.time,
     ) -> None:
-        samples = as_real_array(samples, "samples")
-        if samples.size == 0:
+        try:
+            rank = 2 if np.ndim(samples) == 2 else 1
+        except (TypeError, ValueError):  # ragged input: as_real_array says why
+            rank = 1
+        samples = as_real_array(samples, "samples", ndim=rank)
+        if samples.shape[0] == 0 or samples.size == 0:
             raise InvalidParameter("samples", "must not be empty")
         if not isinstance(ledger, PrivacyLedger):
             raise InvalidParameter("ledger", f"must be a PrivacyLedger, got {type(ledger).__name__}")
         with np.errstate(over="ignore"):
-            self.local_mean = float(samples.mean())
-        if not np.isfinite(self.local_mean):
+            mean = samples.mean(axis=0)
+        if not np.all(np.isfinite(mean)):
             raise InvalidParameter("samples", "their mean overflows a double")
+        #: The local mean the randomizers see: a float for scalar samples ``(m,)``, a
+        #: vector for vector samples ``(m, d)``.
+        self.local_mean: float | np.ndarray = float(mean) if samples.ndim == 1 else mean
         self.analyzer_signing_key = analyzer_signing_key
         self.ledger = ledger
         if not isinstance(credential, bytes) or len(credential) != CREDENTIAL_BYTES:
@@ -118,8 +125,14 @@ class Client:
         spec = verified_spec(signed, self.analyzer_signing_key)
         return self.answer_verified(spec, Sealer(spec.analyzer_key))
 
-    def answer_verified(self, spec: RoundSpec, sealer: Sealer, values: tuple[int, ...] | None = None) -> list[bytes]:
-        """Answer an already verified spec; ``values`` lets a batch caller pass pre-drawn report values.
+    def answer_verified(self, spec: RoundSpec, sealer: Sealer, values: np.ndarray | None = None) -> list[bytes]:
+        """Answer an already verified spec: one envelope per message of the round (in the
+        order drawn; the shuffler permutes). ``values`` (``(messages, width)``) lets a batch
+        caller pass pre-drawn report values.
+
+        Every message is padded to the round's one size and sealed on its own (a fresh
+        HPKE encapsulation and a fresh outer layer and nonce each), so nothing but the
+        shuffler's admission links the messages of one user, and the shuffler strips that.
 
         The ledger is charged last, after every step that can fail, so a refused or
         failed round costs nothing; the charge is an atomic check-and-spend, so two
@@ -134,14 +147,23 @@ class Client:
         self.ledger.check(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
         if values is None:
             values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]
-        check_report_values(values, report_ranges(spec))  # never send what an honest randomizer cannot
+        messages = [tuple(int(v) for v in row) for row in np.asarray(values).reshape(len(values), -1)]
+        expected = messages_per_user(spec.params)
+        if len(messages) != expected:
+            raise InvalidParameter("values", f"the round takes {expected} message(s) per user, got {len(messages)}")
+        ranges = report_ranges(spec)
         layout = report_format(spec.round_id, spec.mechanism)
-        payload = layout.pad(codec.encode(Report(spec.round_id, spec.mechanism, values)))
-        sealed = sealer.seal(payload, spec.session_id, spec.round_id)
-        envelope, nonce = wrap(spec, self.credential, sealed)
+        envelopes, nonces = [], []
+        for message in messages:
+            check_report_values(message, ranges)  # never send what an honest randomizer cannot
+            payload = layout.pad(codec.encode(Report(spec.round_id, spec.mechanism, message)))
+            sealed = sealer.seal(payload, spec.session_id, spec.round_id)
+            envelope, nonce = wrap(spec, self.credential, sealed)
+            envelopes.append(envelope)
+            nonces.append(nonce)
         self.ledger.spend(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
-        self.sent[(spec.session_id, spec.round_id)] = SentRound(spec, [nonce])
-        return [envelope]
+        self.sent[(spec.session_id, spec.round_id)] = SentRound(spec, nonces)
+        return envelopes
 
     def instance_for(self, spec: RoundSpec) -> int:
         """The shuffler instance of the round this client's envelopes go to (its reports topic)."""

@@ -35,13 +35,15 @@ class ClientPool:
         channel: Channel,
         session_id: bytes,
         clients: Sequence[Client],
-        source: RandomSource,
+        source: RandomSource | Callable[[int], RandomSource],
         *,
         on_progress: Callable[[int], None] | None = None,
     ) -> None:
         self.channel = channel
         self.session_id = session_id
         self.clients = list(clients)
+        #: One source for every round, or a function of the round id giving each round's
+        #: (simulations seed rounds separately, as the vectorized engine does).
         self.source = source
         self.on_progress = on_progress
         self.refused: Counter = Counter()
@@ -69,7 +71,8 @@ class ClientPool:
         self.answered_rounds.append(spec.round_id)
         local_means = np.array([c.local_mean for c in self.clients])
         try:
-            values = randomize_reports(spec, local_means, self.source)
+            source = self.source(spec.round_id) if callable(self.source) else self.source
+            values = randomize_reports(spec, local_means, source)
             sealer = Sealer(spec.analyzer_key)
         except ShuffleDPError as exc:  # a spec no client can answer: refused by all, the pool goes on
             self.refused[exc.reason] += len(self.clients)

@@ -51,7 +51,8 @@ MAX_SEALED_BYTES = 1024
 MAX_OUTER_BYTES = 2048
 MAX_BINS = 1 << 20
 MAX_GRID_LEVELS = 1 << 24
-MAX_MESSAGES_PER_USER = 64
+#: Most reports one user may send in a round (vector summation: messages x padded dimension).
+MAX_MESSAGES_PER_USER = 4096
 #: Largest local epsilon a round may ask for. Beyond ~36 the keep-probability of
 #: randomized response rounds to 1 in double precision (no randomization at all);
 #: 30 leaves room for the safety margin of range_randomizer.keep_probability.
@@ -158,7 +159,8 @@ class HadamardRangeParams:
         _require(math.isfinite(abs(self.low) + abs(self.high) + 8.0 * self.tau), "tau", "announced range overflows")
 
     def check_budget(self, epsilon: float, delta: float) -> None:
-        """Randomized response needs nothing beyond the common epsilon range."""
+        """Randomized response is pure: ``delta0`` must be 0."""
+        _require(delta == 0, "delta0", "must be 0: randomized response is pure epsilon-LDP")
 
     @property
     def num_bins(self) -> int:
@@ -175,9 +177,8 @@ class HadamardRangeParams:
 NOISE_KINDS = ("laplace", "gaussian")
 
 
-def check_local_budget(epsilon0: float, delta0: float, noise: str) -> None:
-    """Validate a local budget: ``MIN_EPSILON <= epsilon0 <= MAX_EPSILON``, ``0 <= delta0 < 1``, and
-    ``delta0 > 0`` exactly when the noise is Gaussian (Laplace reports are pure DP)."""
+def check_epsilon_delta(epsilon0: float, delta0: float) -> None:
+    """The range every round's guarantee must lie in: ``MIN_EPSILON <= epsilon0 <= MAX_EPSILON``, ``0 <= delta0 < 1``."""
     _finite(epsilon0, "epsilon0")
     _require(
         MIN_EPSILON <= epsilon0 <= MAX_EPSILON,
@@ -186,6 +187,12 @@ def check_local_budget(epsilon0: float, delta0: float, noise: str) -> None:
     )
     _finite(delta0, "delta0")
     _require(0.0 <= delta0 < 1.0, "delta0", f"must be in [0, 1), got {short_repr(delta0)}")
+
+
+def check_local_budget(epsilon0: float, delta0: float, noise: str) -> None:
+    """Validate a local budget: ``MIN_EPSILON <= epsilon0 <= MAX_EPSILON``, ``0 <= delta0 < 1``, and
+    ``delta0 > 0`` exactly when the noise is Gaussian (Laplace reports are pure DP)."""
+    check_epsilon_delta(epsilon0, delta0)
     _require(noise in NOISE_KINDS, "noise", f"must be one of {NOISE_KINDS}, got {noise!r}")
     _require((noise == "gaussian") == (delta0 > 0), "delta0", "must be > 0 exactly when the noise is Gaussian")
 
@@ -225,6 +232,7 @@ class ProjectedMeanParams:
         (Bun & Steinke 2016, Prop. 1.3); solving for rho gives
         ``sqrt(rho) = sqrt(log(1/delta) + eps) - sqrt(log(1/delta))``.
         """
+        check_local_budget(epsilon, delta, self.noise)
         if self.noise == "laplace":
             scale = self.grid_levels / epsilon
         else:
@@ -251,11 +259,134 @@ class ProjectedMeanParams:
         return (self.upper - self.lower) / self.grid_levels
 
 
-MechanismParams = Union[HadamardRangeParams, ProjectedMeanParams]
+SUM_NOISE_KINDS = ("polya",)
+VECTOR_SUM_NOISE_KINDS = ("skellam",)
+#: Largest dimension of a vector-sum round.
+MAX_SUM_DIM = 1 << 10
+
+
+@dataclass(frozen=True)
+class ModularSumParams:
+    """Public parameters of scalar multi-message summation (Balle, Bell, Gascón & Nissim, CCS 2020;
+    Ghazi, Manurangsi, Pagh & Velingker, Eurocrypt 2020).
+
+    A user clips its value to ``[lower, upper]``, encodes it in ``{0, ..., precision}``
+    by randomized rounding, adds its Pólya noise share (``users`` shares sum to a
+    discrete Laplace with ``alpha = exp(-epsilon0 / precision)``), and sends
+    ``messages`` additive shares mod ``modulus``, each its own sealed report ``(share,)``.
+
+    For this mechanism the round's ``epsilon0``/``delta0`` is the *central* guarantee
+    of the shuffled round, the only one it has (one user's shares alone are not
+    locally private): :meth:`check_budget` refuses parameters whose analysis does not
+    give it (``protocol/summation_params.py``), so a client checks the claim it is
+    charged for before answering.
+    """
+
+    MECHANISM: ClassVar[str] = "modular-sum"
+    #: A report is ``(share,)``, ``0 <= share < modulus``.
+    VALUES_PER_REPORT: ClassVar[int] = 1
+    lower: float
+    upper: float
+    precision: int
+    modulus: int
+    messages: int
+    users: int
+    noise: str = "polya"
+
+    def __post_init__(self) -> None:
+        _finite(self.lower, "lower")
+        _finite(self.upper, "upper")
+        _require(self.upper > self.lower, "upper", f"must exceed lower ({self.lower}), got {self.upper}")
+        _count(self.precision, "precision", 1, 1 << 40)
+        _count(self.users, "users", 2, MAX_BATCH)
+        _count(self.messages, "messages", 2, MAX_MESSAGES_PER_USER)
+        _count(self.modulus, "modulus", 3, 1 << 62)
+        _require(self.noise in SUM_NOISE_KINDS, "noise", f"must be one of {SUM_NOISE_KINDS}, got {short_repr(self.noise)}")
+        _resolvable(self.lower, self.upper, (self.upper - self.lower) / self.precision, "precision")
+
+    @property
+    def messages_per_user(self) -> int:
+        return self.messages
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Refuse parameters under which the round does not give central ``(epsilon, delta)``."""
+        from shuffledp.protocol.summation_params import check_scalar_sum
+
+        check_scalar_sum(self, epsilon, delta)
+
+
+@dataclass(frozen=True)
+class VectorSumParams:
+    """Public parameters of vector multi-message summation (Huang, Liang & Yi, NeurIPS 2021,
+    Sec. 5, Lemma 5: per-coordinate summation after Balle et al. 2020, here with Skellam noise).
+
+    A user clips its vector to the l2 ball of ``radius``, rotates it with the randomized
+    Hadamard transform of ``rotation_seed`` (dimension padded to ``D``, a power of two),
+    scales by ``levels / radius`` and rounds each coordinate at random to an integer,
+    adds its Skellam noise shares (``users`` shares sum to ``Skellam(mu)`` on every
+    coordinate), and sends, for every coordinate, ``messages`` additive shares mod
+    ``modulus``: ``D * messages`` reports ``(coordinate, share)``. Each coordinate is
+    its own split-and-mix instance; the tag only says which.
+
+    As for :class:`ModularSumParams`, the round's ``epsilon0``/``delta0`` is its central
+    guarantee, checked by :meth:`check_budget`.
+    """
+
+    MECHANISM: ClassVar[str] = "vector-sum"
+    #: A report is ``(coordinate, share)``, ``0 <= coordinate < D``, ``0 <= share < modulus``.
+    VALUES_PER_REPORT: ClassVar[int] = 2
+    dim: int
+    radius: float
+    levels: int
+    rotation_seed: int
+    modulus: int
+    messages: int
+    users: int
+    mu: float
+    noise: str = "skellam"
+
+    def __post_init__(self) -> None:
+        _count(self.dim, "dim", 1, MAX_SUM_DIM)
+        _finite(self.radius, "radius")
+        _require(self.radius > 0, "radius", f"must be > 0, got {short_repr(self.radius)}")
+        _count(self.levels, "levels", 1, 1 << 32)
+        _count(self.rotation_seed, "rotation_seed", 0, 2**63 - 1)
+        _count(self.modulus, "modulus", 3, 1 << 62)
+        _count(self.users, "users", 2, MAX_BATCH)
+        _count(self.messages, "messages", 2, MAX_MESSAGES_PER_USER)
+        _require(
+            self.messages_per_user <= MAX_MESSAGES_PER_USER,
+            "messages",
+            f"{self.messages} per coordinate x {self.padded_dim} coordinates exceeds {MAX_MESSAGES_PER_USER} messages per user",
+        )
+        _finite(self.mu, "mu")
+        _require(0 < self.mu <= MAX_NOISE_SCALE**2, "mu", f"must be in (0, {MAX_NOISE_SCALE**2:.3g}], got {short_repr(self.mu)}")
+        _require(self.noise in VECTOR_SUM_NOISE_KINDS, "noise", f"must be one of {VECTOR_SUM_NOISE_KINDS}, got {short_repr(self.noise)}")
+
+    @property
+    def padded_dim(self) -> int:
+        return next_power_of_two(self.dim)
+
+    @property
+    def messages_per_user(self) -> int:
+        return self.messages * self.padded_dim
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Refuse parameters under which the round does not give central ``(epsilon, delta)``."""
+        from shuffledp.protocol.summation_params import check_vector_sum
+
+        check_vector_sum(self, epsilon, delta)
+
+
+MechanismParams = Union[HadamardRangeParams, ProjectedMeanParams, ModularSumParams, VectorSumParams]
 MECHANISMS: dict[str, type] = {
-    HadamardRangeParams.MECHANISM: HadamardRangeParams,
-    ProjectedMeanParams.MECHANISM: ProjectedMeanParams,
+    cls.MECHANISM: cls for cls in (HadamardRangeParams, ProjectedMeanParams, ModularSumParams, VectorSumParams)
 }
+
+
+def messages_per_user(params: MechanismParams) -> int:
+    """Reports each user sends in a round with these parameters."""
+    return getattr(params, "messages_per_user", 1)
 
 
 @dataclass(frozen=True)
@@ -292,8 +423,8 @@ class RoundSpec:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _round(self.round_id)
         _require(isinstance(self.params, tuple(MECHANISMS.values())), "params", "unknown mechanism parameters")
-        check_local_budget(self.epsilon0, self.delta0, getattr(self.params, "noise", "laplace"))
-        self.params.check_budget(self.epsilon0, self.delta0)
+        check_epsilon_delta(self.epsilon0, self.delta0)
+        self.params.check_budget(self.epsilon0, self.delta0)  # the mechanism's own rules (e.g. delta0 > 0 iff Gaussian)
         _bytes_of(self.analyzer_key, X25519_KEY_BYTES, "analyzer_key")
         _bytes_of(self.shuffler_key, X25519_KEY_BYTES, "shuffler_key")
         _bytes_of(self.shuffler_signing_key, ED25519_KEY_BYTES, "shuffler_signing_key")
@@ -302,6 +433,11 @@ class RoundSpec:
         _finite(self.deadline, "deadline")
         _count(self.messages_per_user, "messages_per_user", 1, MAX_MESSAGES_PER_USER)
         _count(self.shuffler_instances, "shuffler_instances", 1, MAX_SHUFFLER_INSTANCES)
+        _require(
+            self.messages_per_user >= messages_per_user(self.params),
+            "messages_per_user",
+            f"must be at least {messages_per_user(self.params)}, the reports one user sends with these parameters",
+        )
 
     @property
     def mechanism(self) -> str:

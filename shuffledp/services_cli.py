@@ -657,7 +657,7 @@ def format_analyzer_result(result: dict[str, Any]) -> str:
 
 
 async def _analyzer_run_async(args: argparse.Namespace) -> int:
-    from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, concentration_radius
+    from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol, concentration_radius
     from shuffledp.analyzer.service import Analyzer
     from shuffledp.keys import load_analyzer
     from shuffledp.simulation import central_guarantee_at
@@ -695,7 +695,7 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
             max_batch=max_batch, shuffler_instances=args.shuffler_instances,
         )
         log.info("session %s: scalar-mean with min_batch %d over %s", side.session_id.hex(), min_batch, channel.address)
-        outcome = await coordinator.scalar_mean(config, min_batch)
+        outcome, records = await coordinator.run_protocol(ScalarMeanProtocol(config), min_batch)
     finally:
         analyzer.close()
         try:
@@ -703,7 +703,7 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
         except ShuffleDPError:
             pass
     rounds = []
-    for record, rejections in zip(outcome.rounds, coordinator.round_rejections):
+    for record, rejections in zip(records, coordinator.round_rejections):
         spec = record.spec
         rounds.append({
             "round_id": spec.round_id,

@@ -1,14 +1,19 @@
 """The simulation runner: synthetic users through the scalar range -> mean protocol.
 
-Two execution paths run the same randomizer and decoder functions:
+The protocol is :class:`~shuffledp.analyzer.scalar_mean.ScalarMeanProtocol`, run by
+either engine of :mod:`shuffledp.engine`:
 
-* ``fast``: vectorized over blocks of users, no serialization or sealing. Users
-  are processed block by block (see :mod:`shuffledp.population`), so memory is
-  bounded by the block size plus one float per user.
+* ``fast``: vectorized over blocks of users, no serialization or sealing. Users'
+  data are generated block by block (see :mod:`shuffledp.population`); the engine
+  keeps one float per user.
 * ``messages``: every user is a real :class:`~shuffledp.client.Client`; reports are
   encoded, HPKE-sealed, enveloped, admitted and permuted by the real
   :class:`~shuffledp.shuffler.Shuffler`, and opened by the
-  :class:`~shuffledp.analyzer.Analyzer`, over the in-process channel.
+  :class:`~shuffledp.analyzer.Analyzer`, over the in-process channel or MQTT.
+
+This module adds what a user of the scalar mean wants beside the estimate: the
+exact error model, Theorem 1's bound, the range round's histogram and the central
+guarantee.
 
 Randomness here is a seeded ``numpy`` generator, for reproducibility; it is
 labelled as simulation randomness in the result. Devices use the OS CSPRNG.
@@ -16,7 +21,6 @@ labelled as simulation randomness in the result. Devices use the OS CSPRNG.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import math
@@ -28,20 +32,16 @@ import numpy as np
 
 from shuffledp.analyzer.scalar_mean import (
     ScalarMeanConfig,
+    ScalarMeanProtocol,
     concentration_radius,
-    estimate_mean,
-    estimate_range,
     theorem1_mse_bound,
 )
-from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
-from shuffledp.client.pool import ClientPool
-from shuffledp.client.range_randomizer import bin_index, randomize_range
-from shuffledp.deployment import Deployment
+from shuffledp.engine import run_fast, run_messages
+from shuffledp.client.mean_randomizer import noise_variance, rounding_variance
+from shuffledp.client.range_randomizer import bin_index
 from shuffledp.population import Population, block_samples, user_blocks
-from shuffledp.protocol.channel import InProcessChannel, reports_topic
+from shuffledp.protocol.channel import InProcessChannel
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.randomness import SeededSource
 
 PATHS = ("fast", "messages")
 Progress = Callable[[str, int], None]
@@ -140,34 +140,6 @@ def _local_means(config: SimulationConfig, progress: Progress | None) -> tuple[n
     return means, total / (config.n * config.population.m)
 
 
-def _round_sources(config: SimulationConfig, round_index: int, blocks: int) -> list[SeededSource]:
-    seq = np.random.SeedSequence([config.seed, 0xD1CE, round_index])
-    return [SeededSource(s) for s in seq.spawn(blocks)]
-
-
-def _fast_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress | None):
-    protocol = config.protocol_config()
-    blocks = user_blocks(config.population, config.n, config.seed)
-    range_params = protocol.range_params()
-    rows = np.empty(config.n, dtype=np.int64)
-    bits = np.empty(config.n, dtype=np.int8)
-    for (start, count, _), source in zip(blocks, _round_sources(config, 0, len(blocks))):
-        r, b = randomize_range(means[start : start + count], range_params, protocol.round_epsilon, source)
-        rows[start : start + count], bits[start : start + count] = r, b
-        if progress:
-            progress("range round", count)
-    found = estimate_range(rows, bits, protocol)
-    mean_params = protocol.mean_params(found)
-    values = np.empty(config.n, dtype=np.int64)
-    for (start, count, _), source in zip(blocks, _round_sources(config, 1, len(blocks))):
-        values[start : start + count] = randomize_mean(
-            means[start : start + count], mean_params, protocol.round_epsilon, source, delta=protocol.delta0
-        )
-        if progress:
-            progress("mean round", count)
-    return found, mean_params, estimate_mean(values, mean_params), _fast_round_sizes(config, protocol)
-
-
 def parse_broker(address: str) -> tuple[str, int]:
     """``host:port`` (port defaults to 1883)."""
     host, _, port = address.rpartition(":") if ":" in address else (address, "", "1883")
@@ -217,50 +189,6 @@ def broker_connection(broker: str) -> tuple[str, int, dict[str, dict[str, Any]]]
             raise InvalidParameter("broker", f"{path} is not a broker credentials file ({exc})") from None
     host, port = parse_broker(broker)
     return host, port, {}
-
-
-async def _message_rounds(config: SimulationConfig, means: np.ndarray, progress: Progress | None):
-    async with party_channels(config.broker) as (coordinator_channel, shuffler_channel, pool_channel):
-        return await _message_rounds_on(
-            config, means, progress, coordinator_channel, shuffler_channel, pool_channel
-        )
-
-
-async def _message_rounds_on(config, means, progress, coordinator_channel, shuffler_channel, pool_channel):
-    protocol = config.protocol_config()
-    deployment = Deployment()
-    on_open = (lambda k: progress("opened reports", k)) if progress else None
-    coordinator = deployment.coordinator(coordinator_channel, round_timeout=3600.0, on_progress=on_open)
-    clients = [deployment.client(np.array([y]), PrivacyLedger(config.epsilon0, config.delta0)) for y in means]
-    source = SeededSource(np.random.SeedSequence([config.seed, 0xC11E]))
-    on_progress = (lambda k: progress("sealed reports", k)) if progress else None
-    pool = ClientPool(pool_channel, coordinator.session_id, clients, source, on_progress=on_progress)
-    shuffler = deployment.shuffler(shuffler_channel)
-    shuffler_task = asyncio.create_task(shuffler.serve())
-    pool_task = asyncio.create_task(pool.serve(rounds=2))
-    try:
-        outcome = await coordinator.scalar_mean(protocol, min_batch=config.n)
-        await pool_task
-    finally:
-        shuffler_task.cancel()
-        pool_task.cancel()
-        await asyncio.gather(shuffler_task, pool_task, return_exceptions=True)
-    rounds = []
-    for record in outcome.rounds:
-        stats = shuffler.rounds[record.spec.round_id]
-        rounds.append(
-            {
-                "mechanism": record.spec.mechanism,
-                "epsilon0": record.spec.epsilon0,
-                "messages": stats.forwarded,
-                "envelope_bytes": pool_channel.bytes_by_topic[reports_topic(record.spec.session_id, record.spec.round_id)],
-                "batch_bytes": record.batch_bytes,
-                "rejected_at_shuffler": dict(stats.rejected),
-                "rejected_at_analyzer": dict(record.opened.rejected),
-            }
-        )
-    extra = {"transport": "mqtt " + config.broker if config.broker else "in-process"}
-    return outcome.found_range, outcome.rounds[1].spec.params, outcome.mean, rounds, extra
 
 
 def central_guarantee(config: SimulationConfig) -> dict[str, Any]:
@@ -333,10 +261,13 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
     protocol = config.protocol_config()
     means, true_mean = _local_means(config, progress)
     if config.path == "fast":
-        found, mean_params, mean, rounds = _fast_rounds(config, means, progress)
+        run = run_fast(ScalarMeanProtocol(protocol), means, config.seed, progress)
         extra = {}
     else:
-        found, mean_params, mean, rounds, extra = asyncio.run(_message_rounds(config, means, progress))
+        run = run_messages(ScalarMeanProtocol(protocol), means, config.seed, config.broker, progress)
+        extra = {"transport": run.transport}
+    found, mean, mean_params = run.result.found_range, run.result.mean, run.result.mean_params
+    rounds = [r.as_dict() for r in run.rounds]
     n, pop = config.n, config.population
     # Exact error model of round 2 given the range announced in round 1: clipping bias
     # plus (noise + randomized-rounding) variance over n.
@@ -380,18 +311,3 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
         seconds=time.perf_counter() - started,
         extra=extra,
     )
-
-
-def _fast_round_sizes(config: SimulationConfig, protocol: ScalarMeanConfig) -> list[dict[str, Any]]:
-    """Messages and exact wire bytes per round had the fast path's reports been sent (one size per round)."""
-    from shuffledp.protocol.wire_size import total_envelope_bytes
-
-    return [
-        {
-            "mechanism": mechanism,
-            "epsilon0": protocol.round_epsilon,
-            "messages": config.n,
-            "envelope_bytes": total_envelope_bytes(mechanism, config.n, round_id),
-        }
-        for round_id, mechanism in enumerate(("hadamard-range", "projected-mean"))
-    ]

@@ -224,7 +224,7 @@ def test_client_uses_its_local_mean():
     params = HadamardRangeParams(-4.0, 4.0, 0.5)
     s = spec(params=params, epsilon0=30.0)  # the largest allowed: the sign flips with probability ~1e-13
     values = randomize_reports(s, np.array([3.9, 3.9, -3.9]), SeededSource(3))
-    for (row, bit), nu in zip(values, (7, 7, 0)):
+    for (row, bit), nu in zip(values[:, 0, :], (7, 7, 0)):
         assert bit == (1 if bin(row & nu).count("1") % 2 == 0 else -1)
     c = client(budget=100.0, samples=(3.8, 4.0))
     report = open_envelope(c.answer(ANALYZER.sign_spec(s))[0], s)
@@ -232,7 +232,7 @@ def test_client_uses_its_local_mean():
     assert bit == (1 if bin(row & 7).count("1") % 2 == 0 else -1)
 
 
-@pytest.mark.parametrize("samples", [[], [[1.0, 2.0]], [1.0, float("nan")]])
+@pytest.mark.parametrize("samples", [[], [[[1.0, 2.0]]], [1.0, float("nan")], [[1.0, float("inf")]]])
 def test_client_rejects_bad_samples(samples):
     with pytest.raises(InvalidParameter):
         Client(np.array(samples), ANALYZER.keys.signing_public, PrivacyLedger(1.0), credential=DEPLOYMENT.enroll())

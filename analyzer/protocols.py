@@ -1,0 +1,74 @@
+"""Protocols as data: a protocol is described once, and any engine runs it.
+
+A :class:`Protocol` is a generator of rounds. It yields a :class:`RoundPlan` (the
+mechanism's public parameters and the round's guarantee), receives the round's
+opened reports (an ``(N, width)`` int64 array, in the shuffler's order, which says
+nothing), computes the next round's parameters from them, and finally returns its
+result. The client randomizer of every round is the one
+:func:`shuffledp.client.mechanisms.randomize_round` names for the plan's
+parameters; the decoder is the protocol's own code between yields.
+
+Two engines run any protocol (``shuffledp/engine.py``): the vectorized engine calls
+the randomizer on arrays and permutes the rows; the message engine announces each
+plan as a signed round spec through the real coordinator, clients, sealing,
+shuffler and analyzer (:meth:`shuffledp.analyzer.coordinator.Coordinator.run_protocol`).
+Because both draw every report from the same function, and a shuffled batch is a
+uniformly permuted multiset either way, the two give the same output distribution
+(``tests/test_engine.py`` checks identical multisets under one seed).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Generator
+
+import numpy as np
+
+from shuffledp.protocol.messages import MechanismParams, messages_per_user
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """One round as a protocol asks for it: parameters and the guarantee clients are charged."""
+
+    params: MechanismParams
+    epsilon0: float
+    delta0: float = 0.0
+
+    @property
+    def messages_per_user(self) -> int:
+        return messages_per_user(self.params)
+
+
+#: What a protocol's ``rounds`` generator is: yields plans, is sent each round's reports, returns a result.
+Rounds = Generator[RoundPlan, np.ndarray, Any]
+
+
+class Protocol(ABC):
+    """A multi-round protocol described once (see the module docstring)."""
+
+    #: Name on the command line (``shuffledp simulate --protocol NAME``).
+    name: ClassVar[str]
+    #: ``1``: each user holds one number (its local mean); ``2``: a vector.
+    data_rank: ClassVar[int] = 1
+
+    @abstractmethod
+    def rounds(self) -> Rounds:
+        """Yield each round's plan, receive its opened reports, return the protocol's result."""
+
+    @property
+    @abstractmethod
+    def budget(self) -> tuple[float, float]:
+        """``(epsilon, delta)`` a client's ledger is charged over all rounds (basic composition)."""
+
+
+def drive(protocol: Protocol, execute: Callable[[RoundPlan], np.ndarray]) -> Any:
+    """Run ``protocol`` with ``execute`` answering each plan with that round's reports."""
+    rounds = protocol.rounds()
+    plan = next(rounds)
+    while True:
+        try:
+            plan = rounds.send(execute(plan))
+        except StopIteration as done:
+            return done.value

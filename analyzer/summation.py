@@ -1,0 +1,179 @@
+"""Multi-message summation, analyzer side: decoders and the one-round protocols.
+
+The analyzer sums every share it receives mod ``q`` (per coordinate for vectors),
+maps the result to ``(-q/2, q/2]`` and undoes the fixed-point encoding
+(``protocol/modular_sum.py``). With every user's ``M`` shares present and no
+wrap-around the result is exactly the sum of the encodings plus the noise, so the
+estimate is unbiased for the sum of the clipped inputs with the exact variance
+``(Var noise + sum_i f_i (1 - f_i)) step^2`` (:func:`shuffledp.protocol.summation_params.scalar_sum_variance`).
+
+A batch whose size is not a whole number of users' shares cannot be decoded
+(a missing share turns the sum into noise mod ``q``): :class:`IncompleteShares`.
+References: Balle, Bell, Gascón & Nissim, CCS 2020; Huang, Liang & Yi, NeurIPS
+2021, Sec. 5, Lemma 5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shuffledp.client.summation import clip_to_ball, scaled_rotation
+from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
+from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.protocol.messages import ModularSumParams, VectorSumParams
+from shuffledp.protocol.modular_sum import FixedPoint, centered, modular_sum
+from shuffledp.protocol.rotation import RandomRotation
+
+
+class IncompleteShares(ShuffleDPError):
+    """A summation batch that is not every share of a whole number of users."""
+
+    reason = "incomplete-shares"
+
+
+@dataclass(frozen=True)
+class SumEstimate:
+    """A decoded summation round: the estimated sum and mean (real units) and the decoded integer."""
+
+    users: int
+    sum: float | np.ndarray
+    mean: float | np.ndarray
+    encoded_total: int | np.ndarray
+
+
+def _users(count: int, per_user: int) -> int:
+    if count == 0 or count % per_user:
+        raise IncompleteShares(f"{count} reports are not the {per_user} shares of a whole number of users")
+    return count // per_user
+
+
+def decode_scalar_sum(values: np.ndarray, params: ModularSumParams) -> SumEstimate:
+    """Sum of every share mod ``q``, centered and decoded (no wrap-around assumed: see the chooser)."""
+    shares = np.asarray(values, dtype=np.int64).reshape(-1)
+    users = _users(shares.size, params.messages)
+    total = centered(modular_sum(shares, params.modulus), params.modulus)
+    estimate = FixedPoint(params.lower, params.upper, params.precision).decode_sum(total, users)
+    return SumEstimate(users, estimate, estimate / users, total)
+
+
+def coordinate_sums(values: np.ndarray, padded_dim: int, modulus: int) -> np.ndarray:
+    """Per-coordinate sums mod ``q`` of ``(coordinate, share)`` rows, as Python-int-exact int64 in ``[0, q)``.
+
+    Shares (< 2^62) are split into 31-bit halves summed per coordinate in int64
+    (exact for fewer than 2^31 shares per coordinate), then recombined mod ``q``.
+    """
+    rows = np.asarray(values, dtype=np.int64)
+    coords, shares = rows[:, 0], np.mod(rows[:, 1], modulus)
+    low = np.bincount(coords, weights=None, minlength=padded_dim)  # counts, for the guard below
+    if low.max(initial=0) >= 1 << 31:
+        raise IncompleteShares("more than 2^31 shares on one coordinate")
+    out = np.empty(padded_dim, dtype=np.int64)
+    order = np.argsort(coords, kind="stable")
+    sorted_shares = shares[order]
+    bounds = np.searchsorted(coords[order], np.arange(padded_dim + 1))
+    mask = (1 << 31) - 1
+    for j in range(padded_dim):
+        part = sorted_shares[bounds[j] : bounds[j + 1]]
+        lo = int(np.sum(part & mask, dtype=np.int64))
+        hi = int(np.sum(part >> 31, dtype=np.int64))
+        out[j] = ((hi << 31) + lo) % modulus
+    return out
+
+
+def decode_vector_sum(values: np.ndarray, params: VectorSumParams) -> SumEstimate:
+    """Per-coordinate modular sums, centered, unscaled and rotated back: the sum of the clipped vectors."""
+    rows = np.asarray(values, dtype=np.int64).reshape(-1, 2)
+    per_coordinate = np.bincount(rows[:, 0], minlength=params.padded_dim)
+    users = _users(rows.shape[0], params.messages_per_user)
+    if not np.all(per_coordinate == users * params.messages):
+        raise IncompleteShares(f"coordinates hold {per_coordinate.min()}..{per_coordinate.max()} shares, not {users * params.messages} each")
+    total = centered(coordinate_sums(rows, params.padded_dim, params.modulus), params.modulus)
+    rotated_sum = total.astype(np.float64) * (params.radius / params.levels)
+    estimate = RandomRotation(params.dim, params.rotation_seed).inverse(rotated_sum)
+    return SumEstimate(users, estimate, estimate / users, total)
+
+
+@dataclass(frozen=True)
+class SumOutcome:
+    """What a summation protocol returns: the estimate and the parameters it ran with."""
+
+    estimate: SumEstimate
+    params: ModularSumParams | VectorSumParams
+
+
+class ScalarSumProtocol(Protocol):
+    """One round of scalar multi-message summation at central ``(epsilon, delta)``."""
+
+    name = "sum"
+
+    def __init__(self, params: ModularSumParams, epsilon: float, delta: float) -> None:
+        params.check_budget(epsilon, delta)
+        self.params = params
+        self.epsilon = epsilon
+        self.delta = delta
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        return self.epsilon, self.delta
+
+    def rounds(self) -> Rounds:
+        values = yield RoundPlan(self.params, self.epsilon, self.delta)
+        return SumOutcome(decode_scalar_sum(values, self.params), self.params)
+
+
+class VectorSumProtocol(Protocol):
+    """One round of vector multi-message summation (rotation, l2 clipping, Skellam) at central ``(epsilon, delta)``."""
+
+    name = "vector-sum"
+    data_rank = 2
+
+    def __init__(self, params: VectorSumParams, epsilon: float, delta: float) -> None:
+        params.check_budget(epsilon, delta)
+        self.params = params
+        self.epsilon = epsilon
+        self.delta = delta
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        return self.epsilon, self.delta
+
+    def rounds(self) -> Rounds:
+        values = yield RoundPlan(self.params, self.epsilon, self.delta)
+        return SumOutcome(decode_vector_sum(values, self.params), self.params)
+
+
+def vector_sum_variance(params: VectorSumParams, rounding_variance_encoded: np.ndarray) -> float:
+    """Exact expected squared l2 error of the estimated vector *sum*, absent wrap-around.
+
+    Noise ``Skellam(mu)`` (variance ``2 mu``) and rounding (``sum_i f_ij (1 - f_ij)`` on
+    rotated coordinate ``j``, given as ``rounding_variance_encoded``) are independent
+    across rotated coordinates; rotating back and keeping the first ``dim`` of ``D``
+    coordinates keeps ``dim / D`` of each coordinate's variance (``|U_jk| = 1/sqrt(D)``).
+    """
+    scale = params.levels / params.radius
+    total = params.padded_dim * 2.0 * params.mu + float(np.sum(rounding_variance_encoded))
+    return params.dim / params.padded_dim * total / scale**2
+
+
+def scalar_rounding_variance(local_means: np.ndarray, params: ModularSumParams) -> float:
+    """``sum_i f_i (1 - f_i)`` of the users' encodings (encoded units)."""
+    return float(FixedPoint(params.lower, params.upper, params.precision).rounding_variance(local_means, encoded=True).sum())
+
+
+def vector_rounding_variance(vectors: np.ndarray, params: VectorSumParams) -> np.ndarray:
+    """Per rotated coordinate, ``sum_i f_ij (1 - f_ij)`` of the users' encodings."""
+    scaled = scaled_rotation(vectors, params)
+    frac = scaled - np.floor(scaled)
+    return (frac * (1.0 - frac)).sum(axis=0)
+
+
+def clipped_sum(vectors: np.ndarray, radius: float) -> np.ndarray:
+    """The sum of the vectors after l2 clipping to ``radius``: what vector summation estimates."""
+    return clip_to_ball(vectors, radius).sum(axis=0)
+
+
+def scalar_clipped_sum(local_means: np.ndarray, params: ModularSumParams) -> float:
+    """The sum of the values after clipping to ``[lower, upper]``: what scalar summation estimates."""
+    return float(np.clip(np.asarray(local_means, dtype=np.float64), params.lower, params.upper).sum())

@@ -1,0 +1,92 @@
+"""Client randomizers of multi-message summation, scalar and vector.
+
+Scalar (:func:`randomize_modular_sum`; Balle, Bell, Gascón & Nissim, CCS 2020,
+arXiv:2002.00817, Sec. 4; Ghazi, Manurangsi, Pagh & Velingker, Eurocrypt 2020):
+a user clips its value to ``[lower, upper]``, encodes it in ``{0, ..., p}`` by
+unbiased randomized rounding, adds its Pólya noise share (``users`` shares sum to
+``DLap(alpha)``, ``alpha = exp(-eps / p)``: the sum has sensitivity ``p`` in encoded
+units, so it is ``eps``-DP), and splits the result into ``M`` additive shares mod
+``q``. Each share is one report.
+
+Vector (:func:`randomize_vector_sum`; Huang, Liang & Yi, NeurIPS 2021, Sec. 5,
+Lemma 5, with Skellam noise after Agarwal, Kairouz & Liu, NeurIPS 2021): a user
+clips its vector to the l2 ball of ``radius``, rotates it (``U = H D / sqrt(D)``,
+public seed), scales by ``levels / radius`` and rounds every coordinate at random
+to an integer, adds per-coordinate Skellam shares (``users`` shares sum to
+``Skellam(mu)``), and splits every coordinate into ``M`` additive shares mod ``q``.
+Every share is one report ``(coordinate, share)``: ``D M`` reports per user.
+
+Both run the same on a device (``SystemSource``: OS CSPRNG, exact Skellam) and in
+simulation (``SeededSource``), vectorized over a batch of users. The privacy of a
+round (central, and only with all ``users`` users' shares mixed by an honest
+shuffler) is checked by ``protocol/summation_params.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from shuffledp.client.local_data import as_real_array
+from shuffledp.protocol.distributed_noise import polya_shares, skellam_shares
+from shuffledp.protocol.messages import ModularSumParams, VectorSumParams
+from shuffledp.protocol.modular_sum import FixedPoint, split
+from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.rotation import RandomRotation
+
+
+def sum_alpha(epsilon: float, precision: int) -> float:
+    """``alpha = exp(-eps / p)``: the discrete Laplace on the encoded sum (sensitivity ``p``) that is ``eps``-DP."""
+    return math.exp(-epsilon / precision)
+
+
+def randomize_modular_sum(
+    local_means: np.ndarray, params: ModularSumParams, epsilon: float, source: RandomSource
+) -> np.ndarray:
+    """Shares of a batch of users: int64 ``(n, M, 1)``, every entry in ``[0, q)``."""
+    values = as_real_array(local_means, "local_means")
+    encoded = FixedPoint(params.lower, params.upper, params.precision).encode(values, source)
+    noise = polya_shares(sum_alpha(epsilon, params.precision), params.users, values.size, source)
+    shares = split(encoded + noise, params.modulus, params.messages, source)
+    return shares[:, :, None]
+
+
+def vector_grid_scale(params: VectorSumParams) -> float:
+    """Encoded units per unit of the (rotated) input: ``levels / radius``."""
+    return params.levels / params.radius
+
+
+def clip_to_ball(vectors: np.ndarray, radius: float) -> np.ndarray:
+    """Each row scaled down to l2 norm at most ``radius`` (rows inside are unchanged)."""
+    x = as_real_array(vectors, "vectors", ndim=2)
+    norms = np.linalg.norm(x, axis=1)
+    return x * np.minimum(1.0, radius / np.maximum(norms, np.finfo(float).tiny))[:, None]
+
+
+def scaled_rotation(vectors: np.ndarray, params: VectorSumParams) -> np.ndarray:
+    """Clipped, rotated and scaled to grid units (float ``(n, D)``): what the encoding rounds."""
+    clipped = clip_to_ball(vectors, params.radius)
+    return RandomRotation(params.dim, params.rotation_seed).apply(clipped) * vector_grid_scale(params)
+
+
+def encode_vectors(vectors: np.ndarray, params: VectorSumParams, source: RandomSource) -> np.ndarray:
+    """Clip to the l2 ball, rotate, scale and round at random: int64 ``(n, D)``.
+
+    Unbiased for the rotated, clipped, scaled vector; each coordinate moves by less
+    than 1 in rounding, so ``||encoded||_2 <= levels + sqrt(D)``.
+    """
+    scaled = scaled_rotation(vectors, params)
+    base = np.floor(scaled)
+    up = source.bernoulli((scaled - base).ravel(), scaled.size).reshape(scaled.shape)
+    return base.astype(np.int64) + up.astype(np.int64)
+
+
+def randomize_vector_sum(vectors: np.ndarray, params: VectorSumParams, source: RandomSource) -> np.ndarray:
+    """Reports of a batch of users: int64 ``(n, D * M, 2)``, rows ``(coordinate, share mod q)``."""
+    encoded = encode_vectors(vectors, params, source)
+    n, dim = encoded.shape
+    noisy = encoded + skellam_shares(params.mu, params.users, (n, dim), source)
+    shares = split(noisy.ravel(), params.modulus, params.messages, source).reshape(n, dim * params.messages)
+    coords = np.repeat(np.arange(dim, dtype=np.int64), params.messages)
+    return np.stack([np.broadcast_to(coords, shares.shape), shares], axis=2)
