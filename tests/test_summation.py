@@ -1,0 +1,187 @@
+"""Multi-message summation end to end: estimates against their exact error, the wire, the shuffler's quota.
+
+Statistical tolerances come from the theory. A standardized error ``z = (estimate - truth) / sd``
+(``sd`` the exact standard deviation) has mean 0 and variance 1; over ``R`` independent
+runs the sample mean has standard deviation ``1/sqrt(R)`` and the sample variance
+``sqrt((kappa - 1) / R)``, ``kappa`` the kurtosis: at most 6 here (the discrete Laplace's
+is ``6 - O((1-alpha)^2)``, rounding and the Bernoulli sums lighten the tails). The bounds
+are 5 of those standard deviations.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from shuffledp.analyzer.summation import (
+    IncompleteShares,
+    ScalarSumProtocol,
+    VectorSumProtocol,
+    clipped_sum,
+    decode_scalar_sum,
+    decode_vector_sum,
+    scalar_clipped_sum,
+    scalar_rounding_variance,
+    vector_rounding_variance,
+    vector_sum_variance,
+)
+from shuffledp.client.ledger import PrivacyLedger
+from shuffledp.client.summation import randomize_modular_sum, randomize_vector_sum
+from shuffledp.deployment import Deployment
+from shuffledp.engine import run_fast
+from shuffledp.protocol.channel import InProcessChannel
+from shuffledp.protocol.onion import EnvelopeOpener
+from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum, scalar_sum_variance
+from shuffledp.shuffler.service import RoundAdmission
+
+EPS, DELTA = 1.0, 1e-6
+KURTOSIS = 6.0
+
+
+def _check_standardized(z: np.ndarray) -> None:
+    r = len(z)
+    assert abs(z.mean()) <= 5.0 / math.sqrt(r), z.mean()
+    assert abs(z.var() - 1.0) <= 5.0 * math.sqrt((KURTOSIS - 1.0) / r), z.var()
+
+
+def test_scalar_sum_error_matches_its_exact_variance():
+    n, runs = 2000, 2000
+    x = np.random.default_rng(5).beta(2, 5, n) * 3.0 - 1.0  # some values outside [-1, 1]: clipped
+    choice = choose_scalar_sum(n, EPS, DELTA, -1.0, 1.0)
+    protocol = ScalarSumProtocol(choice.params, EPS, DELTA)
+    truth = scalar_clipped_sum(x, choice.params)
+    sd = math.sqrt(scalar_sum_variance(choice.params, EPS, scalar_rounding_variance(x, choice.params)))
+    z = np.array([(run_fast(protocol, x, seed).result.estimate.sum - truth) / sd for seed in range(runs)])
+    _check_standardized(z)
+
+
+def test_vector_sum_error_matches_its_exact_variance():
+    n, runs = 400, 200
+    rng = np.random.default_rng(6)
+    x = rng.normal(0.2, 0.4, (n, 6))
+    choice = choose_vector_sum(n, EPS, DELTA, 6, 1.0, rotation_seed=99)
+    protocol = VectorSumProtocol(choice.params, EPS, DELTA)
+    truth = clipped_sum(x, 1.0)
+    expected = vector_sum_variance(choice.params, vector_rounding_variance(x, choice.params))
+    ratios = np.array([np.sum((run_fast(protocol, x, seed).result.estimate.sum - truth) ** 2) / expected for seed in range(runs)])
+    # ||e||^2 / E||e||^2 over 6 near-Gaussian coordinates of (nearly) equal variance: variance 2/6 per run
+    assert abs(ratios.mean() - 1.0) <= 5.0 * math.sqrt(2.0 / 6.0 / runs), ratios.mean()
+
+
+def test_reversed_noise_convention_would_fail_the_variance_test():
+    """The test above has power: drawn with the failure probability, the noise all but vanishes."""
+    n = 2000
+    x = np.zeros(n)
+    choice = choose_scalar_sum(n, EPS, DELTA, -1.0, 1.0)
+    sd = math.sqrt(scalar_sum_variance(choice.params, EPS, 0.0))
+    alpha = math.exp(-EPS / choice.params.precision)
+    rng = np.random.default_rng(1)
+    wrong = rng.negative_binomial(1.0 / n, alpha, (200, n)).sum(1) - rng.negative_binomial(1.0 / n, alpha, (200, n)).sum(1)
+    step = (choice.params.upper - choice.params.lower) / choice.params.precision
+    with pytest.raises(AssertionError):
+        _check_standardized(wrong * step / sd)
+
+
+def test_shares_decode_only_when_complete():
+    choice = choose_scalar_sum(100, EPS, DELTA, 0.0, 1.0)
+    shares = randomize_modular_sum(np.full(100, 0.5), choice.params, EPS, SeededSource(1))
+    assert shares.shape == (100, choice.params.messages, 1)
+    assert shares.min() >= 0 and shares.max() < choice.params.modulus
+    decode_scalar_sum(shares.reshape(-1, 1), choice.params)
+    with pytest.raises(IncompleteShares):
+        decode_scalar_sum(shares.reshape(-1, 1)[1:], choice.params)
+    vchoice = choose_vector_sum(300, EPS, DELTA, 3, 1.0, rotation_seed=1)
+    rows = randomize_vector_sum(np.zeros((300, 3)), vchoice.params, SeededSource(2)).reshape(-1, 2)
+    decode_vector_sum(rows, vchoice.params)
+    with pytest.raises(IncompleteShares):
+        decode_vector_sum(rows[1:], vchoice.params)
+    swapped = rows.copy()
+    swapped[0, 0] = (swapped[0, 0] + 1) % vchoice.params.padded_dim  # one share moved to another coordinate
+    with pytest.raises(IncompleteShares):
+        decode_vector_sum(swapped, vchoice.params)
+
+
+def test_device_randomizer_gives_valid_shares():
+    """The OS CSPRNG path (exact Skellam, double-precision Pólya) draws in range and decodes."""
+    choice = choose_scalar_sum(50, EPS, DELTA, 0.0, 1.0)
+    shares = randomize_modular_sum(np.array([0.3]), choice.params, EPS, SystemSource())
+    assert shares.shape == (1, choice.params.messages, 1)
+    assert ((0 <= shares) & (shares < choice.params.modulus)).all()
+    vchoice = choose_vector_sum(300, EPS, DELTA, 3, 1.0, rotation_seed=1)
+    rows = randomize_vector_sum(np.array([[0.1, 0.2, 0.3]]), vchoice.params, SystemSource())
+    assert rows.shape == (1, vchoice.params.messages_per_user, 2)
+    assert sorted(rows[0, :, 0].tolist()) == sorted(list(range(4)) * vchoice.params.messages)
+
+
+def _spec_for(deployment: Deployment, params, round_id: int = 0):
+    from parties import make_spec
+
+    return make_spec(params=params, epsilon0=EPS, delta0=DELTA, messages_per_user=params.messages_per_user,
+                     round_id=round_id, deployment=deployment)
+
+
+@pytest.mark.parametrize("kind", ["scalar", "vector"])
+def test_a_client_sends_every_share_in_its_own_envelope_of_one_size(kind):
+    """No size differs and no two messages share an HPKE encapsulation: nothing links one user's shares."""
+    deployment = Deployment()
+    if kind == "scalar":
+        params = choose_scalar_sum(1000, EPS, DELTA, 0.0, 1.0).params
+        samples = [[0.9], [0.1]]
+    else:
+        params = choose_vector_sum(1000, EPS, DELTA, 3, 1.0, rotation_seed=4).params
+        samples = [[[0.9, 0.0, 0.1]], [[-0.5, 0.5, 0.0]]]
+    spec = _spec_for(deployment, params)
+    signed = deployment.analyzer().sign_spec(spec)
+    opener = EnvelopeOpener(deployment.shuffler_keys.hpke_private, spec)
+    sizes, keys = set(), set()
+    for data in samples:
+        client = deployment.client(np.array(data), PrivacyLedger(EPS, DELTA))
+        envelopes = client.answer(signed)
+        assert len(envelopes) == params.messages_per_user
+        assert (client.ledger.spent_epsilon, client.ledger.spent_delta) == pytest.approx((EPS, DELTA))  # once for all its shares
+        for env in envelopes:
+            sizes.add(len(env))
+            keys.add(opener.open(env).sealed[:32])
+    assert len(sizes) == 1
+    assert len(keys) == len(samples) * params.messages_per_user
+
+
+def test_the_shuffler_admits_m_shares_per_credential_and_no_more():
+    deployment = Deployment()
+    params = choose_scalar_sum(1000, EPS, DELTA, 0.0, 1.0).params
+    spec = _spec_for(deployment, params)
+    client = deployment.client(np.array([0.4]), PrivacyLedger(10.0, 1e-3))
+    envelopes = client.answer(deployment.analyzer().sign_spec(spec))
+    extra = deployment.client(np.array([0.4]), PrivacyLedger(10.0, 1e-3))
+    extra.credential = client.credential  # a device replaying its credential for one more share
+    more = extra.answer(deployment.analyzer().sign_spec(spec))[:1]
+    admission = RoundAdmission(spec, deployment.shuffler_keys, deployment.issuer)
+    receipts = admission.offer_many(envelopes + more)
+    assert len(receipts.admitted) == params.messages
+    assert receipts.reasons == ["quota"] and admission.stats.rejected == {"quota": 1}
+
+
+def test_envelopes_of_a_summation_round_on_the_wire_have_one_size():
+    """Over the message engine: every byte count on the reports topic is one envelope size."""
+    import asyncio
+
+    from shuffledp.engine import run_messages_on
+
+    n = 60
+    params = choose_scalar_sum(n, EPS, DELTA, 0.0, 1.0).params
+    sizes: list[int] = []
+
+    class Recording(InProcessChannel):
+        async def publish(self, topic, payload, **kw):
+            if topic.endswith("/reports"):
+                sizes.append(len(payload))
+            await super().publish(topic, payload, **kw)
+
+    channel = Recording()
+    x = np.linspace(0.0, 1.0, n)
+    run = asyncio.run(run_messages_on(ScalarSumProtocol(params, EPS, DELTA), x, (channel, channel, channel), seed=2))
+    assert len(sizes) == n * params.messages and len(set(sizes)) == 1
+    assert run.rounds[0].reports == n * params.messages and run.rounds[0].envelope_bytes == sum(sizes)
