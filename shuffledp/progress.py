@@ -10,8 +10,8 @@ Step = Callable[[str, int], None]
 
 
 @contextlib.contextmanager
-def progress_bar(total: int, *, quiet: bool = False, unit: str = "user") -> Iterator[Step | None]:
-    """Yield a ``step(stage, count)`` callback (or None when quiet) driving one bar."""
+def progress_bar(total: int | None, *, quiet: bool = False, unit: str = "user") -> Iterator[Step | None]:
+    """Yield a ``step(stage, count)`` callback (or None when quiet) driving one bar (``total`` None: a counter)."""
     if quiet:
         yield None
         return

@@ -16,14 +16,22 @@ from shuffledp.population import DISTRIBUTIONS, Population
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.simulation import SimulationConfig, SimulationResult, run_simulation
+from shuffledp.summation_sim import SUM_PROTOCOLS, SummationConfig, format_summation, plot_summation, run_summation
+
+PROTOCOLS = ("mean",) + SUM_PROTOCOLS
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate",
-        help="run the scalar range -> mean protocol on simulated users",
+        help="run a protocol (scalar mean, summation, vector summation) on simulated users",
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--protocol", choices=PROTOCOLS, default="mean",
+        help="mean: range -> mean, local eps0 (Girgis et al. Alg. 1); sum: scalar multi-message summation; "
+        "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central (eps, delta)",
     )
     p.add_argument("--users", "-n", type=int, default=20_000, help="number of users n")
     p.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
@@ -31,7 +39,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mu", type=float, default=1.7, help="distribution mean parameter")
     p.add_argument("--sigma", type=float, default=1.0, help="distribution spread parameter")
     p.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B: samples lie in [-B, B]")
-    p.add_argument("--epsilon", "-e", type=float, default=1.0, help="local user-level budget eps0 (both rounds)")
+    p.add_argument(
+        "--epsilon", "-e", type=float, default=1.0,
+        help="mean: local user-level budget eps0 (both rounds); sum, vector-sum: the central epsilon",
+    )
+    p.add_argument("--dim", "-d", type=int, default=16, help="vector-sum: dimension of each user's vector")
+    p.add_argument("--radius", type=float, default=None, help="vector-sum: l2 clipping radius (default: the data bound B)")
     p.add_argument("--noise", choices=("laplace", "gaussian"), default="laplace", help="mean-round noise")
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
     p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from the data model)")
@@ -58,6 +71,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.protocol in SUM_PROTOCOLS:
+        return _run_summation(args)
     try:
         population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
         config = SimulationConfig(
@@ -87,6 +102,36 @@ def run(args: argparse.Namespace) -> int:
         _print_and_plot(args, result)
     except BrokenPipeError:  # e.g. piped into `head`
         sys.stderr.close()
+    return 0
+
+
+def _run_summation(args: argparse.Namespace) -> int:
+    """``--protocol sum|vector-sum``: the chooser's parameters at the central (eps, delta), on either engine."""
+    from shuffledp.vector_population import VectorPopulation
+
+    try:
+        if args.protocol == "sum":
+            population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
+        else:
+            population = VectorPopulation("gaussian", args.dim, args.samples, args.mu, args.sigma, args.bound)
+        delta = args.delta if args.delta is not None else 1.0 / args.users**1.1
+        config = SummationConfig(
+            args.protocol, population, args.users, args.epsilon, delta, radius=args.radius,
+            seed=args.seed, path=args.path, broker=args.broker,
+        )
+        with progress_bar(None, quiet=args.quiet, unit="step") as step:  # the total depends on the chosen M
+            result = run_summation(config, progress=step)
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    except ShuffleDPError as exc:
+        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=float) if args.json else format_summation(result))
+    if args.plot:
+        plot_summation(result, args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
     return 0
 
 
