@@ -19,7 +19,6 @@ y~_i y~_i^T]``. Because ``U_lk^2 = 1/D``, the variance of coordinate k of
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -28,10 +27,11 @@ import numpy as np
 from shuffledp.analyzer.decoders import hadamard_scale
 from shuffledp.analyzer.scalar_mean import paper_noise_variance
 from shuffledp.client.mean_randomizer import PerUserGrid, decode_values, noise_variance, rounding_variance
-from shuffledp.client.vector_randomizer import VECTOR_MODES, CoordinateReports
+from shuffledp.client.vector_randomizer import VECTOR_MODES, CoordinateReports, rotation_of
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.hadamard import fwht
-from shuffledp.protocol.messages import HadamardRangeParams, check_local_budget
+from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
+from shuffledp.protocol.messages import HadamardRangeParams, VectorMeanParams, VectorRangeParams, check_local_budget
 from shuffledp.protocol.rotation import RandomRotation
 
 
@@ -67,7 +67,7 @@ class VectorMeanConfig:
 
     @property
     def rotation(self) -> RandomRotation:
-        return _rotation(self.dim, self.rotation_seed)
+        return rotation_of(self)
 
     @property
     def padded_dim(self) -> int:
@@ -81,11 +81,6 @@ class VectorMeanConfig:
     def range_params(self) -> HadamardRangeParams:
         tau = min(self.rotated_tau, self.rotated_bound)
         return HadamardRangeParams(-self.rotated_bound, self.rotated_bound, tau)
-
-
-@functools.lru_cache(maxsize=16)
-def _rotation(dim: int, seed: int) -> RandomRotation:
-    return RandomRotation(dim, seed)
 
 
 class VectorRangeAccumulator:
@@ -181,3 +176,47 @@ def theorem2_mse_bound(config: VectorMeanConfig, n: int, mean_sq_norm: float) ->
     var = paper_noise_variance(config.range_params().tau, config.epsilon0, config.noise, config.delta0)
     dim = config.padded_dim
     return (dim**2 * var + (dim - 1) * mean_sq_norm) / n
+
+
+@dataclass(frozen=True)
+class VectorMeanOutcome:
+    """Algorithm 5's result: the announced per-coordinate ranges and the estimate (original coordinates)."""
+
+    ranges: np.ndarray
+    estimate: np.ndarray
+    reports: int
+    #: Per rotated coordinate, the sum of decoded mean reports (what the estimate scales and rotates back).
+    rotated_sums: np.ndarray
+
+
+class VectorMeanProtocol(Protocol):
+    """Algorithm 5 as rounds: the vector range round at ``eps0/2`` (sampled or paper mode), then the
+    vector mean round at ``eps0/2`` (plus ``delta0`` for Gaussian noise) over the announced ranges."""
+
+    name = "vector-mean"
+    data_rank = 2
+
+    def __init__(self, config: VectorMeanConfig) -> None:
+        self.config = config
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        return self.config.epsilon0, self.config.delta0
+
+    def rounds(self) -> Rounds:
+        c = self.config
+        scalar = c.range_params()
+        range_params = VectorRangeParams(scalar.low, scalar.high, scalar.tau, c.dim, c.rotation_seed, c.mode)
+        first = yield RoundPlan(range_params, c.epsilon0 / 2.0)
+        ranges = VectorRangeAccumulator(c)
+        ranges.add(CoordinateReports(first[:, 0], (first[:, 1], first[:, 2])))
+        announced = ranges.ranges()
+        mean_params = VectorMeanParams(
+            c.dim, c.rotation_seed, tuple(announced[:, 0].tolist()), tuple(announced[:, 1].tolist()), c.noise, c.grid_levels
+        )
+        second = yield RoundPlan(mean_params, c.epsilon0 / 2.0, c.delta0)
+        accumulator = VectorMeanAccumulator(c, announced)
+        coords = second[:, 0]
+        grid = PerUserGrid(announced[coords, 0], announced[coords, 1], c.noise, c.grid_levels)
+        accumulator.add(CoordinateReports(coords, (second[:, 1],)), grid)
+        return VectorMeanOutcome(announced, accumulator.estimate(), len(second), accumulator.sums)

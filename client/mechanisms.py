@@ -17,13 +17,17 @@ import numpy as np
 from shuffledp.client.mean_randomizer import randomize_mean, report_range
 from shuffledp.client.range_randomizer import randomize_range
 from shuffledp.protocol.errors import InvalidParameter, ValueOutOfRange
+from shuffledp.client.local_data import as_real_array
 from shuffledp.client.summation import randomize_modular_sum, randomize_vector_sum
+from shuffledp.client.vector_randomizer import randomize_vector_mean, randomize_vector_range, rotation_of
 from shuffledp.protocol.messages import (
     HadamardRangeParams,
     MechanismParams,
     ModularSumParams,
     ProjectedMeanParams,
     RoundSpec,
+    VectorMeanParams,
+    VectorRangeParams,
     VectorSumParams,
 )
 from shuffledp.protocol.randomness import RandomSource
@@ -56,6 +60,18 @@ def randomize_round(
     if isinstance(params, ProjectedMeanParams):
         values = randomize_mean(local_data, params, epsilon0, source, delta=delta0)
         return np.asarray(values, dtype=np.int64)[:, None, None]
+    if isinstance(params, VectorRangeParams):
+        rotated = rotation_of(params).apply(as_real_array(local_data, "local_data", ndim=2))
+        reports = randomize_vector_range(rotated, params.scalar, epsilon0, params.mode, source)
+        rows, bits = reports.values
+        per_user = params.messages_per_user
+        return np.stack([reports.coords, rows, bits], axis=1).astype(np.int64).reshape(-1, per_user, 3)
+    if isinstance(params, VectorMeanParams):
+        rotated = rotation_of(params).apply(as_real_array(local_data, "local_data", ndim=2))
+        reports, _ = randomize_vector_mean(
+            rotated, params.ranges, epsilon0, source, noise=params.noise, grid_levels=params.grid_levels, delta0=delta0
+        )
+        return np.stack([reports.coords, reports.values[0]], axis=1).astype(np.int64)[:, None, :]
     if isinstance(params, ModularSumParams):
         return randomize_modular_sum(local_data, params, epsilon0, source)
     if isinstance(params, VectorSumParams):
@@ -73,6 +89,9 @@ def report_ranges(spec: RoundSpec) -> tuple[ValueRange, ...]:
 
     * ``hadamard-range``: ``row`` in ``[0, K)``, ``bit`` in ``{-1, +1}`` (Algorithm 4).
     * ``projected-mean``: ``[-B, G + B]`` (:func:`~shuffledp.client.mean_randomizer.report_range`).
+    * ``vector-range``: a rotated coordinate in ``[0, D)``, then as ``hadamard-range``.
+    * ``vector-mean``: a rotated coordinate, then as ``projected-mean`` (the range in grid
+      units depends only on the grid size, the noise and the budget, not on the interval).
     * ``modular-sum``: a share in ``[0, q)``.
     * ``vector-sum``: a coordinate in ``[0, D)``, then a share in ``[0, q)``.
 
@@ -85,6 +104,11 @@ def report_ranges(spec: RoundSpec) -> tuple[ValueRange, ...]:
         return ValueRange(0, params.padded_bins - 1), ValueRange(-1, 1, 2)
     if isinstance(params, ProjectedMeanParams):
         return (ValueRange(*report_range(params, spec.epsilon0, spec.delta0)),)
+    if isinstance(params, VectorRangeParams):
+        return ValueRange(0, params.padded_dim - 1), ValueRange(0, params.scalar.padded_bins - 1), ValueRange(-1, 1, 2)
+    if isinstance(params, VectorMeanParams):
+        proxy = ProjectedMeanParams(0.0, 1.0, params.noise, params.grid_levels)  # the value range depends on G and noise only
+        return ValueRange(0, params.padded_dim - 1), ValueRange(*report_range(proxy, spec.epsilon0, spec.delta0))
     if isinstance(params, ModularSumParams):
         return (ValueRange(0, params.modulus - 1),)
     if isinstance(params, VectorSumParams):

@@ -17,6 +17,7 @@ at ``eps0/2`` (plus ``delta0`` for Gaussian noise). Total: ``(eps0, delta0)``-LD
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,10 +26,19 @@ from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mean_randomizer import PerUserGrid, randomize_mean
 from shuffledp.client.range_randomizer import randomize_range
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import HadamardRangeParams
+from shuffledp.protocol.messages import VECTOR_MODES, HadamardRangeParams
 from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.rotation import RandomRotation
 
-VECTOR_MODES = ("sampled", "paper")
+
+@functools.lru_cache(maxsize=16)
+def _rotation(dim: int, seed: int) -> RandomRotation:
+    return RandomRotation(dim, seed)
+
+
+def rotation_of(params) -> RandomRotation:
+    """The (cached) public rotation a vector round's parameters name."""
+    return _rotation(params.dim, params.rotation_seed)
 
 
 @dataclass(frozen=True)
@@ -44,17 +54,18 @@ def _check_rotated(rotated: np.ndarray) -> np.ndarray:
 
 
 def randomize_vector_range(
-    rotated: np.ndarray, params: HadamardRangeParams, epsilon0: float, mode: str, source: RandomSource
+    rotated: np.ndarray, params: HadamardRangeParams, round_epsilon: float, mode: str, source: RandomSource
 ) -> CoordinateReports:
-    """Range-round reports ``(coord, row, bit)``: one per user (sampled) or D per user (paper)."""
+    """Range-round reports ``(coord, row, bit)``: one per user (sampled) or D per user (paper),
+    ``round_epsilon``-LDP in all (``eps0 / 2`` in Algorithm 5)."""
     rotated = _check_rotated(rotated)
     n, dim = rotated.shape
     if mode == "sampled":
         coords = source.integers(dim, n)
-        rows, bits = randomize_range(rotated[np.arange(n), coords], params, epsilon0 / 2.0, source)
+        rows, bits = randomize_range(rotated[np.arange(n), coords], params, round_epsilon, source)
     elif mode == "paper":
         coords = np.tile(np.arange(dim, dtype=np.int64), n)
-        rows, bits = randomize_range(rotated.ravel(), params, epsilon0 / (2.0 * dim), source)
+        rows, bits = randomize_range(rotated.ravel(), params, round_epsilon / dim, source)
     else:
         raise InvalidParameter("mode", f"must be one of {VECTOR_MODES}, got {mode!r}")
     return CoordinateReports(coords, (rows, bits))
@@ -63,14 +74,15 @@ def randomize_vector_range(
 def randomize_vector_mean(
     rotated: np.ndarray,
     ranges: np.ndarray,
-    epsilon0: float,
+    round_epsilon: float,
     source: RandomSource,
     *,
     noise: str = "laplace",
     grid_levels: int = 4096,
     delta0: float = 0.0,
 ) -> tuple[CoordinateReports, PerUserGrid]:
-    """Mean-round reports ``(coord, grid value)`` and the per-user grid they are on."""
+    """Mean-round reports ``(coord, grid value)``, ``(round_epsilon, delta0)``-LDP (``eps0 / 2`` in
+    Algorithm 5), and the per-user grid they are on."""
     rotated = _check_rotated(rotated)
     n, dim = rotated.shape
     ranges = np.asarray(ranges, dtype=np.float64)
@@ -78,5 +90,5 @@ def randomize_vector_mean(
         raise InvalidParameter("ranges", f"must have shape ({dim}, 2), got {ranges.shape}")
     coords = source.integers(dim, n)
     grid = PerUserGrid(ranges[coords, 0], ranges[coords, 1], noise, grid_levels)
-    values = randomize_mean(rotated[np.arange(n), coords], grid, epsilon0 / 2.0, source, delta=delta0)
+    values = randomize_mean(rotated[np.arange(n), coords], grid, round_epsilon, source, delta=delta0)
     return CoordinateReports(coords, (values,)), grid

@@ -36,8 +36,8 @@ from shuffledp.protocol.errors import (
 
 #: Message type tag on the wire -> (class, hard size limit in bytes).
 MESSAGE_TYPES: dict[str, tuple[type, int]] = {
-    "round-spec": (m.RoundSpec, 4096),
-    "signed-round-spec": (m.SignedRoundSpec, 8192),
+    "round-spec": (m.RoundSpec, 24 * 1024),  # a vector-mean round names 2 bounds per coordinate
+    "signed-round-spec": (m.SignedRoundSpec, 25 * 1024),
     "report": (m.Report, 256),
     "admission": (m.Admission, 2048),
     "envelope": (m.Envelope, 4096),

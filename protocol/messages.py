@@ -259,10 +259,105 @@ class ProjectedMeanParams:
         return (self.upper - self.lower) / self.grid_levels
 
 
+VECTOR_MODES = ("sampled", "paper")
+#: Largest dimension a vector round may name (a vector-mean spec carries two floats per coordinate).
+MAX_VECTOR_DIM = 1 << 10
+
+
+@dataclass(frozen=True)
+class VectorRangeParams:
+    """Public parameters of the vector protocol's range round (Girgis et al. 2022, Alg. 5 lines 4-10).
+
+    A user rotates its local mean with the randomized Hadamard transform of
+    ``rotation_seed`` (``U = H D / sqrt(D)``, dimension padded to ``D``) and answers the
+    Hadamard range round over ``[low, high]`` with bins of width ``2 tau``: for one
+    coordinate it draws uniformly (``sampled``: one report), or for every coordinate
+    at ``epsilon0 / D`` each (``paper``: ``D`` reports). A report is ``(coord, row, bit)``.
+    The round is ``epsilon0``-LDP either way (the coordinate is drawn independently of
+    the data; basic composition over ``D``).
+    """
+
+    MECHANISM: ClassVar[str] = "vector-range"
+    VALUES_PER_REPORT: ClassVar[int] = 3
+    low: float
+    high: float
+    tau: float
+    dim: int
+    rotation_seed: int
+    mode: str = "sampled"
+
+    def __post_init__(self) -> None:
+        HadamardRangeParams(self.low, self.high, self.tau)  # the same interval and bin checks
+        _count(self.dim, "dim", 1, MAX_VECTOR_DIM)
+        _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
+        _require(self.mode in VECTOR_MODES, "mode", f"must be one of {VECTOR_MODES}, got {short_repr(self.mode)}")
+
+    @property
+    def scalar(self) -> HadamardRangeParams:
+        return HadamardRangeParams(self.low, self.high, self.tau)
+
+    @property
+    def padded_dim(self) -> int:
+        return next_power_of_two(self.dim)
+
+    @property
+    def messages_per_user(self) -> int:
+        return 1 if self.mode == "sampled" else self.padded_dim
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Pure: ``delta0`` must be 0."""
+        self.scalar.check_budget(epsilon, delta)
+
+
+@dataclass(frozen=True)
+class VectorMeanParams:
+    """Public parameters of the vector protocol's mean round (Girgis et al. 2022, Alg. 5 lines 11-14).
+
+    A user rotates its local mean (``rotation_seed``), draws one coordinate uniformly,
+    projects that rotated coordinate onto the announced ``[lower[l], upper[l]]`` and
+    sends the projected mean report of that interval (Algorithm 2: randomized rounding
+    to ``grid_levels`` levels and discrete ``noise``). A report is ``(coord, grid value)``.
+    The round's guarantee is the projected report's, since each user's sensitivity is
+    ``grid_levels`` grid units on whichever coordinate it draws.
+    """
+
+    MECHANISM: ClassVar[str] = "vector-mean"
+    VALUES_PER_REPORT: ClassVar[int] = 2
+    dim: int
+    rotation_seed: int
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    noise: str = "laplace"
+    grid_levels: int = 4096
+
+    def __post_init__(self) -> None:
+        _count(self.dim, "dim", 1, MAX_VECTOR_DIM)
+        _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
+        for name in ("lower", "upper"):
+            value = getattr(self, name)
+            _require(isinstance(value, tuple) and len(value) == self.padded_dim, name, f"must give one bound per rotated coordinate ({self.padded_dim})")
+        for lo, hi in zip(self.lower, self.upper):
+            ProjectedMeanParams(lo, hi, self.noise, self.grid_levels)  # each interval checked as a scalar round's
+
+    @property
+    def padded_dim(self) -> int:
+        return next_power_of_two(self.dim)
+
+    @property
+    def ranges(self):
+        """``(D, 2)`` array of the announced intervals."""
+        import numpy as np
+
+        return np.stack([np.asarray(self.lower), np.asarray(self.upper)], axis=1)
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """As a projected mean round on every coordinate's interval."""
+        for lo, hi in zip(self.lower, self.upper):
+            ProjectedMeanParams(lo, hi, self.noise, self.grid_levels).check_budget(epsilon, delta)
+
+
 SUM_NOISE_KINDS = ("polya",)
 VECTOR_SUM_NOISE_KINDS = ("skellam",)
-#: Largest dimension of a vector-sum round.
-MAX_SUM_DIM = 1 << 10
 
 
 @dataclass(frozen=True)
@@ -346,11 +441,11 @@ class VectorSumParams:
     noise: str = "skellam"
 
     def __post_init__(self) -> None:
-        _count(self.dim, "dim", 1, MAX_SUM_DIM)
+        _count(self.dim, "dim", 1, MAX_VECTOR_DIM)
         _finite(self.radius, "radius")
         _require(self.radius > 0, "radius", f"must be > 0, got {short_repr(self.radius)}")
         _count(self.levels, "levels", 1, 1 << 32)
-        _count(self.rotation_seed, "rotation_seed", 0, 2**63 - 1)
+        _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
         _count(self.modulus, "modulus", 3, 1 << 62)
         _count(self.users, "users", 2, MAX_BATCH)
         _count(self.messages, "messages", 2, MAX_MESSAGES_PER_USER)
@@ -378,9 +473,12 @@ class VectorSumParams:
         check_vector_sum(self, epsilon, delta)
 
 
-MechanismParams = Union[HadamardRangeParams, ProjectedMeanParams, ModularSumParams, VectorSumParams]
+MechanismParams = Union[
+    HadamardRangeParams, ProjectedMeanParams, VectorRangeParams, VectorMeanParams, ModularSumParams, VectorSumParams
+]
 MECHANISMS: dict[str, type] = {
-    cls.MECHANISM: cls for cls in (HadamardRangeParams, ProjectedMeanParams, ModularSumParams, VectorSumParams)
+    cls.MECHANISM: cls
+    for cls in (HadamardRangeParams, ProjectedMeanParams, VectorRangeParams, VectorMeanParams, ModularSumParams, VectorSumParams)
 }
 
 

@@ -18,7 +18,10 @@ from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.simulation import SimulationConfig, SimulationResult, run_simulation
 from shuffledp.summation_sim import SUM_PROTOCOLS, SummationConfig, format_summation, plot_summation, run_summation
 
-PROTOCOLS = ("mean",) + SUM_PROTOCOLS
+#: Protocols run by ``shuffledp vector`` (Algorithm 5), reachable here too: the vector mean on
+#: Gaussian data, and distribution estimation as the mean of one-hot vectors (categorical data).
+VECTOR_PROTOCOLS = ("vector-mean", "distribution")
+PROTOCOLS = ("mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS
 
 
 def add_parser(subparsers) -> None:
@@ -31,7 +34,8 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--protocol", choices=PROTOCOLS, default="mean",
         help="mean: range -> mean, local eps0 (Girgis et al. Alg. 1); sum: scalar multi-message summation; "
-        "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central (eps, delta)",
+        "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central (eps, delta); "
+        "vector-mean, distribution: Algorithm 5 (as `shuffledp vector`), local eps0",
     )
     p.add_argument("--users", "-n", type=int, default=20_000, help="number of users n")
     p.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
@@ -43,7 +47,7 @@ def add_parser(subparsers) -> None:
         "--epsilon", "-e", type=float, default=1.0,
         help="mean: local user-level budget eps0 (both rounds); sum, vector-sum: the central epsilon",
     )
-    p.add_argument("--dim", "-d", type=int, default=16, help="vector-sum: dimension of each user's vector")
+    p.add_argument("--dim", "-d", type=int, default=16, help="vector protocols: dimension (distribution: symbols)")
     p.add_argument("--radius", type=float, default=None, help="vector-sum: l2 clipping radius (default: the data bound B)")
     p.add_argument("--noise", choices=("laplace", "gaussian"), default="laplace", help="mean-round noise")
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
@@ -73,6 +77,8 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.protocol in SUM_PROTOCOLS:
         return _run_summation(args)
+    if args.protocol in VECTOR_PROTOCOLS:
+        return _run_vector(args)
     try:
         population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
         config = SimulationConfig(
@@ -103,6 +109,21 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # e.g. piped into `head`
         sys.stderr.close()
     return 0
+
+
+def _run_vector(args: argparse.Namespace) -> int:
+    """``--protocol vector-mean|distribution``: ``shuffledp vector`` with this command's options
+    (``--dim`` symbols for distribution; categorical data are Zipf(1.1) over them)."""
+    from shuffledp import vector_cli
+
+    vector_args = argparse.Namespace(
+        users=args.users, sweep=None, dim=args.dim, samples=args.samples,
+        kind="gaussian" if args.protocol == "vector-mean" else "categorical",
+        mu=args.mu if abs(args.mu) < args.bound else 0.5, sigma=args.sigma, bound=args.bound, zipf=1.1,
+        epsilon=args.epsilon, mode="sampled", gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker,
+        json=args.json, output=None, plot=args.plot, quiet=args.quiet,
+    )
+    return vector_cli.run(vector_args)
 
 
 def _run_summation(args: argparse.Namespace) -> int:

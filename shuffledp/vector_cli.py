@@ -13,7 +13,7 @@ import sys
 
 from shuffledp.client.vector_randomizer import VECTOR_MODES
 from shuffledp.progress import progress_bar, pyplot, save_figure
-from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.vector_population import VECTOR_KINDS, VectorPopulation
 from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
 
@@ -36,6 +36,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mode", choices=VECTOR_MODES, default="sampled", help="range-round budget mode")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability of the radius")
     p.add_argument("--seed", type=int, default=0)
+    path = p.add_mutually_exclusive_group()
+    path.add_argument("--fast", dest="path", action="store_const", const="fast", help="vectorized, streamed (default)")
+    path.add_argument(
+        "--messages", dest="path", action="store_const", const="messages",
+        help="real clients, sealing, shuffler and analyzer (in-process, or over --broker)",
+    )
+    p.set_defaults(path="fast")
+    p.add_argument("--broker", metavar="HOST[:PORT]|DIR", default=None, help="with --messages: carry them over this MQTT broker")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--output", metavar="JSON", default=None, help="also write the JSON result to this file")
     p.add_argument("--plot", metavar="PNG", default=None, help="plot error against n (with --sweep)")
@@ -56,16 +64,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         population = VectorPopulation(args.kind, args.dim, args.samples, args.mu, args.sigma, args.bound, args.zipf)
         configs = [
-            VectorSimulationConfig(population, n, args.epsilon, mode=args.mode, gamma=args.gamma, seed=args.seed)
+            VectorSimulationConfig(
+                population, n, args.epsilon, mode=args.mode, gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker
+            )
             for n in _sizes(args)
         ]
     except InvalidParameter as exc:
         print(f"shuffledp vector: invalid parameter {exc}", file=sys.stderr)
         return 2
     results = []
-    with progress_bar(sum(2 * c.n for c in configs), quiet=args.quiet) as step:
-        for config in configs:
-            results.append(run_vector_simulation(config, progress=step))
+    total = sum(2 * c.n for c in configs) if args.path == "fast" else None
+    try:
+        with progress_bar(total, quiet=args.quiet) as step:
+            for config in configs:
+                results.append(run_vector_simulation(config, progress=step))
+    except ShuffleDPError as exc:
+        print(f"shuffledp vector: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
     documents = [r.as_dict() for r in results]
     for d in documents:
         for key in ("true_mean", "estimate", "variance_per_coordinate"):
@@ -77,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(documents if len(documents) > 1 else documents[0], indent=2))
     else:
         print(f"shuffledp vector: Algorithm 5, {args.mode} mode, d = {args.dim}, m = {args.samples}, "
-              f"{args.kind} data, eps0 = {args.epsilon}")
+              f"{args.kind} data, eps0 = {args.epsilon}, {args.path} path")
         print(f"{'n':>10} {'l2 error':>10} {'RMSE theory':>12} {'Thm 2 bound':>12} {'ranges hit':>11} {'seconds':>8}")
         for r in results:
             print(f"{r.config['n']:>10,} {r.l2_error:>10.4g} {r.mse_theory ** 0.5:>12.4g} "

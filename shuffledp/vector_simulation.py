@@ -43,8 +43,14 @@ class VectorSimulationConfig:
     grid_levels: int = 4096
     seed: int = 0
     chunk_blocks: int = 1
+    path: str = "fast"
+    broker: str | None = None
 
     def __post_init__(self) -> None:
+        if self.path not in ("fast", "messages"):
+            raise InvalidParameter("path", f"must be 'fast' or 'messages', got {self.path!r}")
+        if self.broker is not None and self.path != "messages":
+            raise InvalidParameter("broker", "a broker carries messages: use the messages path")
         if not (isinstance(self.n, int) and self.n >= 2):
             raise InvalidParameter("n", f"must be an integer >= 2, got {self.n}")
         if not (isinstance(self.chunk_blocks, int) and self.chunk_blocks >= 1):
@@ -108,7 +114,15 @@ def _sources(config: VectorSimulationConfig, round_index: int, group) -> list[Se
 
 
 def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | None = None) -> VectorSimulationResult:
-    """Algorithm 5 on synthetic users, streamed; error against the exact truth and theory."""
+    """Algorithm 5 on synthetic users; error against the exact truth and theory.
+
+    ``fast``: streamed block by block (memory: one block plus O(D K)), not through the
+    generic engine, whose fast path holds every user's vector. ``messages``: the
+    protocol (:class:`~shuffledp.analyzer.vector_mean.VectorMeanProtocol`) through the
+    message engine, real clients, shuffler and analyzer (``shuffledp/engine.py``).
+    """
+    if config.path == "messages":
+        return _run_on_messages(config, progress)
     started = time.perf_counter()
     protocol = config.protocol_config()
     population = config.population
@@ -121,7 +135,7 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
         for (_, count, _), source in zip(group, _sources(config, 0, group)):
             part = rotated[offset : offset + count]
             offset += count
-            range_acc.add(randomize_vector_range(part, protocol.range_params(), protocol.epsilon0, protocol.mode, source))
+            range_acc.add(randomize_vector_range(part, protocol.range_params(), protocol.epsilon0 / 2.0, protocol.mode, source))
         if progress:
             progress("range round", sum(c for _, c, _ in group))
     ranges = range_acc.ranges()
@@ -139,14 +153,41 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
             part = rotated[offset : offset + count]
             offset += count
             reports, grid = randomize_vector_mean(
-                part, ranges, protocol.epsilon0, source,
+                part, ranges, protocol.epsilon0 / 2.0, source,
                 noise=protocol.noise, grid_levels=protocol.grid_levels, delta0=protocol.delta0,
             )
             mean_acc.add(reports, grid)
         mean_acc.add_truth(rotated)
         if progress:
             progress("mean round", sum(c for _, c, _ in group))
-    true_mean = total / (config.n * population.m)
+    return _result(config, protocol, mean_acc, total / (config.n * population.m), sq_norm, inside, started)
+
+
+def _run_on_messages(config: VectorSimulationConfig, progress: Progress | None) -> VectorSimulationResult:
+    """Every user a real client: the protocol through the message engine; theory from the announced ranges."""
+    from shuffledp.analyzer.vector_mean import VectorMeanProtocol
+    from shuffledp.engine import run_messages
+
+    started = time.perf_counter()
+    protocol = config.protocol_config()
+    population = config.population
+    parts = [population.local_means(np.random.default_rng(seed), count) for _, count, seed in population.blocks(config.n, config.seed)]
+    means = np.concatenate([p[0] for p in parts])
+    total = sum(p[1] for p in parts)
+    outcome = run_messages(VectorMeanProtocol(protocol), means, config.seed, config.broker, progress).result
+    ranges = outcome.ranges
+    mean_acc = VectorMeanAccumulator(protocol, ranges)
+    rotated = protocol.rotation.apply(means)
+    mean_acc.add_truth(rotated)
+    mean_acc.sums = outcome.rotated_sums
+    mean_acc.n = outcome.reports
+    inside = int(((rotated >= ranges[:, 0]) & (rotated <= ranges[:, 1])).sum())
+    sq_norm = float((np.clip(rotated, ranges[:, 0], ranges[:, 1]) ** 2).sum())
+    return _result(config, protocol, mean_acc, total / (config.n * population.m), sq_norm, inside, started)
+
+
+def _result(config, protocol, mean_acc: VectorMeanAccumulator, true_mean, sq_norm: float, inside: int, started: float):
+    population = config.population
     estimate = mean_acc.estimate()
     error = estimate - true_mean
     bias = mean_acc.projected_mean() - true_mean

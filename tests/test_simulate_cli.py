@@ -9,7 +9,10 @@ import pytest
 from shuffledp.cli import main
 
 
-@pytest.mark.parametrize("protocol,extra", [("sum", []), ("vector-sum", ["-d", "5"]), ("mean", [])])
+@pytest.mark.parametrize(
+    "protocol,extra",
+    [("sum", []), ("vector-sum", ["-d", "5"]), ("mean", []), ("vector-mean", ["-d", "4", "-e", "4"]), ("distribution", ["-d", "4", "-e", "4"])],
+)
 @pytest.mark.parametrize("path", ["--fast", "--messages"])
 def test_every_protocol_runs_on_both_paths(protocol, extra, path, capsys, tmp_path):
     plot = tmp_path / "p.png"
@@ -17,10 +20,14 @@ def test_every_protocol_runs_on_both_paths(protocol, extra, path, capsys, tmp_pa
     code = main(["simulate", "--protocol", protocol, path, "-n", n, "-m", "5", "-q", "--json", "--plot", str(plot), *extra])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    assert plot.stat().st_size > 10_000
-    if protocol == "mean":
+    if protocol in ("mean", "vector-mean", "distribution"):
         assert out["config"]["path"] == path[2:]
+        if protocol != "mean":  # within 6 exact RMSEs (fixed seed)
+            assert out["l2_error"] <= 6 * out["mse_theory"] ** 0.5
+        else:
+            assert plot.stat().st_size > 10_000
         return
+    assert plot.stat().st_size > 10_000
     assert out["path"] == path[2:] and out["protocol"] == protocol
     assert out["central"]["split_delta"] + out["central"]["noise_delta"] <= out["central"]["delta"]
     assert out["messages"] == int(n) * out["messages_per_user"]

@@ -82,7 +82,7 @@ def test_vector_estimator_is_unbiased_with_the_exact_per_coordinate_variance():
     model.n = n
     for r in range(reps):
         acc = VectorMeanAccumulator(config, ranges)
-        reports, grid = randomize_vector_mean(rotated, ranges, config.epsilon0, SeededSource(100 + r))
+        reports, grid = randomize_vector_mean(rotated, ranges, config.epsilon0 / 2.0, SeededSource(100 + r))
         acc.add(reports, grid)
         estimates[r] = acc.estimate()
     target = model.projected_mean()
@@ -103,7 +103,7 @@ def test_range_round_finds_each_coordinates_bin(mode):
     means = rng.normal(1.0, 0.05, size=(20000, 4))
     rotated = config.rotation.apply(means)
     acc = VectorRangeAccumulator(config)
-    acc.add(randomize_vector_range(rotated, config.range_params(), config.epsilon0, mode, SeededSource(9)))
+    acc.add(randomize_vector_range(rotated, config.range_params(), config.epsilon0 / 2.0, mode, SeededSource(9)))
     ranges = acc.ranges()
     assert np.all((rotated >= ranges[:, 0]) & (rotated <= ranges[:, 1]))
     assert acc.counts.sum() == (20000 if mode == "sampled" else 20000 * config.padded_dim)

@@ -1,0 +1,571 @@
+"""Mean of n bounded values at one central (eps, delta) = (1, 1e-6): local, single-message
+shuffle, multi-message summation and a trusted curator, measured against exact theory.
+
+Each of n users holds one value in [0, 1] (Beta(2, 5) draws from
+``numpy.random.default_rng(2026)``, fixed per n); the analyst estimates their mean. For
+n in {1e3, 3e3, 1e4, 3e4, 1e5, 3e5, 1e6} and every method below, R independent runs of
+the randomization on those fixed data give the measured MSE ``mean(err^2)`` (``err`` =
+estimate - true mean of the values), next to the method's exact theoretical MSE for
+these data:
+
+1. ``local`` -- the local model: the projected discrete-Laplace mean report (Girgis,
+   Data & Diggavi 2022, Algorithm 2, grid of G = 4096 levels on [0, 1]) at local
+   eps0 = 1; pure eps0-LDP implies central (1, 0).
+   Theory: ``(noise_variance(eps0) + mean_i rounding_variance_i) / n`` (both per user, in
+   real units squared: grid variance times step^2).
+2. ``shuffle`` -- single-message shuffle (Girgis et al. 2022, Appendix D): the same
+   report with the largest eps0 <= 30 for which the amplification accountant
+   (``shuffled_round(laplace_mean_guarantee(eps0), n, 1e-6)``) certifies central
+   eps <= 1 (grid scan in steps of 0.25, then bisection to 1e-3). Theory as for local.
+3. ``multi`` -- multi-message summation (Balle, Bell, Gascon & Nissim, CCS 2020; Ghazi,
+   Manurangsi, Pagh & Velingker, Eurocrypt 2020): fixed-point encoding with randomized
+   rounding, Polya noise shares summing to one discrete Laplace, M additive shares
+   mod q per user, parameters from ``choose_scalar_sum``; run on the fast engine.
+   Theory: ``scalar_sum_variance(params, eps, sum_i f_i (1 - f_i)) / n^2``.
+   Also recorded: messages per user M (the BBGN split-and-mix bound, ``messages_needed``),
+   the modulus, bits per message, the split's delta, the wrap-around probability and
+   the bytes per user on the wire (M envelopes); as an order-of-magnitude reference,
+   ceil(eps sqrt(n)) -- Cheu, Smith, Ullman, Zeber & Zhilyaev 2019 use Theta(eps sqrt(n))
+   one-bit messages per user (the figure is not a constant from that paper).
+4. ``central`` -- a trusted curator: each value encoded in {0, ..., P}, P = 2^20, by
+   unbiased randomized rounding; the exact integer sum plus ONE discrete Laplace with
+   alpha = exp(-eps/P) (difference of two geometric variables on {1, 2, ...}), decoded as
+   sum / P / n. Theory: ``(2 alpha / (1 - alpha)^2 + sum_i f_i (1 - f_i)) / P^2 / n^2``,
+   f_i the fractional part of P x_i.
+
+Statistics: ratio = mean(err^2) / theory, with the 95 % interval
+``1.96 sd(err^2 / theory) / sqrt(R)`` from the run-to-run variability. Runs use the
+seeds ``SeedSequence([r, method tag, n])`` for r = 0..R-1 (the fast engine: seed r).
+
+Targets (computed and reported, not asserted):
+
+(a) multi-message MSE / central MSE <= 1.05 for n >= 1e4, judged on the exact
+    theoretical MSEs; the measured ratio is shown with its 95 % interval (delta method).
+(b) multi-message measured MSE within +-10 % of its exact formula: per n and pooled
+    over all runs of all n (mean of err^2 / theory). PASS when the whole 95 % interval
+    lies in [0.9, 1.1], MISS when the point estimate lies outside, INCONCLUSIVE otherwise.
+
+Message path (``--message-path``, on by default): summation at n = 1e5 (1e4 with
+``--quick``) through the real parties -- every user seals its M envelopes with HPKE,
+the real shuffler admits and permutes them, the analyzer opens and decodes -- next to
+the fast engine on the same seed: the two sums must be equal exactly.
+
+Run: ``python benchmarks/bench_summation.py [--quick] [--trials-scale X] [--no-message-path]``
+(about 10 minutes for the statistics plus several minutes for the message path, on one
+core); writes benchmarks/results/summation.json and summation.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+import numpy as np
+
+from _common import RESULTS, pin_one_core, write_result
+
+from shuffledp.analyzer.scalar_mean import estimate_mean
+from shuffledp.analyzer.summation import ScalarSumProtocol, scalar_rounding_variance
+from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
+from shuffledp.engine import run_fast, run_messages
+from shuffledp.progress import pyplot, save_figure
+from shuffledp.protocol.accounting import laplace_mean_guarantee, shuffled_round
+from shuffledp.protocol.messages import ProjectedMeanParams
+from shuffledp.protocol.modular_sum import FixedPoint
+from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.summation_params import choose_scalar_sum, messages_needed, scalar_sum_variance
+from shuffledp.protocol.wire_size import envelope_bytes
+
+EPSILON = 1.0
+DELTA = 1e-6
+NS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
+#: Runs per n at --trials-scale 1 (about 10 minutes in all on one core; see the module docstring).
+TRIALS = {1_000: 5000, 3_000: 4000, 10_000: 3000, 30_000: 1200, 100_000: 600, 300_000: 250, 1_000_000: 100}
+GRID_LEVELS = 4096
+CENTRAL_PRECISION = 2**20
+EPS0_MAX = 30.0
+EPS0_SCAN_STEP = 0.25
+EPS0_TOL = 1e-3
+DATA_SEED = 2026
+METHODS = ("local", "shuffle", "multi", "central")
+LABELS = {
+    "local": "local (Girgis+ Alg. 2, eps0 = 1)",
+    "shuffle": "single-message shuffle (Girgis+ App. D)",
+    "multi": "multi-message summation (BBGN / GMPV)",
+    "central": "central discrete Laplace (trusted curator)",
+}
+COLOURS = {"local": "C0", "shuffle": "C1", "multi": "C2", "central": "C3"}
+MARKERS = {"local": "o", "shuffle": "s", "multi": "D", "central": "^"}
+#: Tags mixed into the SeedSequence so that methods draw independent streams.
+TAGS = {"local": 11, "shuffle": 12, "central": 14}
+Z95 = 1.96
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def user_values(n: int) -> np.ndarray:
+    """The fixed data of n users: Beta(2, 5) draws in [0, 1]."""
+    return np.random.default_rng(DATA_SEED).beta(2.0, 5.0, n)
+
+
+def laplace_params() -> ProjectedMeanParams:
+    return ProjectedMeanParams(0.0, 1.0, "laplace", GRID_LEVELS)
+
+
+# --------------------------------------------------------------------------
+# Single-message shuffle: the largest eps0 the accountant amplifies to eps <= 1
+# --------------------------------------------------------------------------
+
+
+def central_epsilon(eps0: float, n: int, log_errors: list) -> float:
+    """The accountant's central epsilon, or +inf when it refuses (recorded: its refusals
+    here say the bound fell below the exact RR floor, itself far above 1)."""
+    try:
+        return float(shuffled_round(laplace_mean_guarantee(eps0), n, DELTA).epsilon)
+    except RuntimeError as exc:
+        log_errors.append({"eps0": eps0, "error": str(exc)})
+        return math.inf
+
+
+def largest_eps0(n: int) -> dict:
+    """Largest eps0 in [1, 30] with central eps <= 1: scan a grid, then bisect past the last good point.
+
+    eps0 = 1 always qualifies (the accountant never reports more than eps0), so the floor
+    is 1: the local guarantee alone. The scan also reports whether the predicate is
+    monotone on the grid (bisection assumes one crossing)."""
+    start = time.perf_counter()
+    errors: list = []
+    grid = np.round(np.arange(1.0, EPS0_MAX + 1e-9, EPS0_SCAN_STEP), 6)
+    ok = [central_epsilon(float(e), n, errors) <= EPSILON for e in grid]
+    good = [i for i, flag in enumerate(ok) if flag]
+    last = good[-1]
+    monotone = all(ok[: last + 1]) and not any(ok[last + 1 :])
+    lo = float(grid[last])
+    calls = len(grid)
+    if last + 1 < len(grid):
+        hi = float(grid[last + 1])
+        while hi - lo > EPS0_TOL:
+            mid = 0.5 * (lo + hi)
+            calls += 1
+            if central_epsilon(mid, n, errors) <= EPSILON:
+                lo = mid
+            else:
+                hi = mid
+    bound = shuffled_round(laplace_mean_guarantee(lo), n, DELTA)
+    return {
+        "eps0": lo,
+        "central_epsilon": float(bound.epsilon),
+        "accountant_method": bound.method,
+        "at_floor": lo <= 1.0,
+        "at_cap": lo >= EPS0_MAX,
+        "monotone_on_grid": monotone,
+        "accountant_calls": calls,
+        "accountant_refusals": len(errors),
+        "first_refusal": errors[0] if errors else None,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+# --------------------------------------------------------------------------
+# One run of each method: the estimated mean
+# --------------------------------------------------------------------------
+
+
+def source(seed: int, method: str, n: int) -> SeededSource:
+    return SeededSource(np.random.SeedSequence([seed, TAGS[method], n]))
+
+
+def laplace_report_mean(values: np.ndarray, eps0: float, src: SeededSource) -> float:
+    params = laplace_params()
+    return float(estimate_mean(randomize_mean(values, params, eps0, src), params).estimate)
+
+
+def central_mean(values: np.ndarray, src: SeededSource) -> float:
+    """Trusted curator: randomized rounding to {0..P}, exact sum, one DLap(exp(-eps/P))."""
+    encoded = FixedPoint(0.0, 1.0, CENTRAL_PRECISION).encode(values, src)
+    total = int(encoded.sum(dtype=np.int64))
+    one_minus_alpha = -math.expm1(-EPSILON / CENTRAL_PRECISION)  # 1 - alpha, accurately
+    rng = src.generator
+    # numpy's geometric counts trials (support {1, 2, ...}); G1 - G2 ~ DLap(alpha).
+    noise = int(rng.geometric(one_minus_alpha)) - int(rng.geometric(one_minus_alpha))
+    return (total + noise) / CENTRAL_PRECISION / len(values)
+
+
+# --------------------------------------------------------------------------
+# Exact theory
+# --------------------------------------------------------------------------
+
+
+def laplace_report_theory(values: np.ndarray, eps0: float) -> float:
+    params = laplace_params()
+    # both per user, in real units squared (grid variance times step^2)
+    return (float(noise_variance(params, eps0)) + float(rounding_variance(values, params).mean())) / len(values)
+
+
+def central_theory(values: np.ndarray) -> float:
+    alpha = math.exp(-EPSILON / CENTRAL_PRECISION)
+    one_minus_alpha = -math.expm1(-EPSILON / CENTRAL_PRECISION)
+    rounding = float(FixedPoint(0.0, 1.0, CENTRAL_PRECISION).rounding_variance(values, encoded=True).sum())
+    return (2.0 * alpha / one_minus_alpha**2 + rounding) / CENTRAL_PRECISION**2 / len(values) ** 2
+
+
+# --------------------------------------------------------------------------
+# Statistics
+# --------------------------------------------------------------------------
+
+
+def ratio_stats(sq_over_theory: np.ndarray) -> tuple[float, float]:
+    """Mean of err^2 / theory and the half-width of its 95 % interval."""
+    r = np.asarray(sq_over_theory, dtype=np.float64)
+    half = Z95 * float(r.std(ddof=1)) / math.sqrt(r.size) if r.size > 1 else math.inf
+    return float(r.mean()), half
+
+
+def verdict(point: float, half: float, lo: float = 0.9, hi: float = 1.1) -> str:
+    if not lo <= point <= hi:
+        return "MISS"
+    return "PASS" if lo <= point - half and point + half <= hi else "INCONCLUSIVE"
+
+
+def summarize(errors: np.ndarray, theory: float) -> dict:
+    errors = np.asarray(errors, dtype=np.float64)
+    ratio, half = ratio_stats(errors**2 / theory)
+    bias_half = Z95 * float(errors.std(ddof=1)) / math.sqrt(errors.size)
+    return {
+        "trials": int(errors.size),
+        "mse": float(np.mean(errors**2)),
+        "mse_ci95": [theory * (ratio - half), theory * (ratio + half)],
+        "theory_mse": theory,
+        "ratio": ratio,
+        "ratio_ci95": [ratio - half, ratio + half],
+        "mean_error": float(errors.mean()),
+        "mean_error_ci95_half": bias_half,
+        "within_10pct": verdict(ratio, half),
+    }
+
+
+def measured_ratio(a: dict, b: dict) -> tuple[float, list[float]]:
+    """mse_a / mse_b with a 95 % interval by the delta method on the log (independent runs)."""
+    value = a["mse"] / b["mse"]
+    rel = []
+    for row in (a, b):
+        half = (row["ratio_ci95"][1] - row["ratio_ci95"][0]) / 2.0 / Z95
+        rel.append(half / row["ratio"])
+    s = math.sqrt(rel[0] ** 2 + rel[1] ** 2)
+    return value, [value * math.exp(-Z95 * s), value * math.exp(Z95 * s)]
+
+
+# --------------------------------------------------------------------------
+# The experiment
+# --------------------------------------------------------------------------
+
+
+def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float) -> tuple[dict, dict, dict, np.ndarray]:
+    rows: dict[str, list] = {m: [] for m in METHODS}
+    shuffle_info: dict[int, dict] = {}
+    summation_info: dict[int, dict] = {}
+    pooled: list[np.ndarray] = []
+    env_sum = envelope_bytes("modular-sum", 0)
+    env_mean = envelope_bytes("projected-mean", 0)
+    for n in ns:
+        values = user_values(n)
+        true_mean = float(values.mean())
+        runs = trials[n]
+
+        # -- the single-message shuffle's eps0 (cached per n within this run)
+        info = largest_eps0(n)
+        shuffle_info[n] = info
+        log(f"[{time.perf_counter() - t0:7.1f}s] n={n:>8}: shuffle eps0 = {info['eps0']:.4f} "
+            f"(central eps {info['central_epsilon']:.4f} by {info['accountant_method']}, "
+            f"{info['accountant_calls']} accountant calls, {info['seconds']:.1f}s"
+            f"{', AT FLOOR' if info['at_floor'] else ''}{', refusals: ' + str(info['accountant_refusals']) if info['accountant_refusals'] else ''})")
+
+        # -- multi-message parameters
+        choice = choose_scalar_sum(n, EPSILON, DELTA, 0.0, 1.0)
+        params = choice.params
+        protocol = ScalarSumProtocol(params, EPSILON, DELTA)
+        bbgn = messages_needed(n, params.modulus, math.log2((1.0 + math.exp(EPSILON)) / DELTA))
+        summation_info[n] = {
+            "messages_per_user": params.messages,
+            "bbgn_messages_needed": bbgn,
+            "same_as_bbgn": params.messages == bbgn,
+            "cheu_reference_ceil_eps_sqrt_n": math.ceil(EPSILON * math.sqrt(n)),
+            "precision": params.precision,
+            "modulus": params.modulus,
+            "bits_per_message": choice.bits_per_message,
+            "split_delta": choice.split_delta,
+            "wrap_probability": choice.wrap_probability,
+            "envelope_bytes": env_sum,
+            "bytes_per_user": params.messages * env_sum,
+            "single_message_bytes_per_user": env_mean,
+        }
+
+        theories = {
+            "local": laplace_report_theory(values, EPSILON),
+            "shuffle": laplace_report_theory(values, info["eps0"]),
+            "multi": scalar_sum_variance(params, EPSILON, scalar_rounding_variance(values, params)) / n**2,
+            "central": central_theory(values),
+        }
+        runners = {
+            "local": lambda r: laplace_report_mean(values, EPSILON, source(r, "local", n)),
+            "shuffle": lambda r: laplace_report_mean(values, info["eps0"], source(r, "shuffle", n)),
+            "multi": lambda r: float(run_fast(protocol, values, r).result.estimate.mean),
+            "central": lambda r: central_mean(values, source(r, "central", n)),
+        }
+        for method in METHODS:
+            start = time.perf_counter()
+            errors = np.array([runners[method](r) for r in range(runs)]) - true_mean
+            seconds = time.perf_counter() - start
+            row = {"n": n, **summarize(errors, theories[method]), "seconds": seconds, "seconds_per_run": seconds / runs}
+            if method == "shuffle":
+                row["eps0"] = info["eps0"]
+            if method == "local":
+                row["eps0"] = EPSILON
+            rows[method].append(row)
+            if method == "multi":
+                pooled.append(errors**2 / theories[method])
+            log(f"[{time.perf_counter() - t0:7.1f}s] n={n:>8} {method:>8}: R={runs:>5} MSE={row['mse']:.4e} "
+                f"theory={row['theory_mse']:.4e} ratio={row['ratio']:.3f} +- {row['ratio_ci95'][1] - row['ratio']:.3f} "
+                f"({seconds:.1f}s)")
+    return rows, shuffle_info, summation_info, np.concatenate(pooled)
+
+
+def targets(rows: dict, pooled: np.ndarray) -> dict:
+    by_n = {m: {row["n"]: row for row in rows[m]} for m in METHODS}
+    per_n_a = []
+    for n, multi in by_n["multi"].items():
+        if n < 10_000:
+            continue
+        central = by_n["central"][n]
+        theory_ratio = multi["theory_mse"] / central["theory_mse"]
+        value, ci = measured_ratio(multi, central)
+        per_n_a.append({
+            "n": n, "theory_ratio": theory_ratio, "status": "PASS" if theory_ratio <= 1.05 else "MISS",
+            "measured_ratio": value, "measured_ratio_ci95": ci,
+        })
+    a_status = "PASS" if per_n_a and all(row["status"] == "PASS" for row in per_n_a) else "MISS"
+    per_n_b = [{"n": row["n"], "ratio": row["ratio"], "ratio_ci95": row["ratio_ci95"], "status": row["within_10pct"]}
+               for row in rows["multi"]]
+    ratio, half = ratio_stats(pooled)
+    return {
+        "a_multi_vs_central_theory_le_1.05_for_n_ge_1e4": {"status": a_status, "per_n": per_n_a},
+        "b_multi_within_10pct_of_theory": {
+            "pooled": {"runs": int(pooled.size), "ratio": ratio, "ratio_ci95": [ratio - half, ratio + half],
+                       "status": verdict(ratio, half)},
+            "per_n": per_n_b,
+            "rule": "PASS: whole 95% CI in [0.9, 1.1]; MISS: point outside; INCONCLUSIVE otherwise",
+        },
+    }
+
+
+def message_path(n: int, t0: float) -> dict:
+    values = user_values(n)
+    choice = choose_scalar_sum(n, EPSILON, DELTA, 0.0, 1.0)
+    protocol = ScalarSumProtocol(choice.params, EPSILON, DELTA)
+    log(f"[{time.perf_counter() - t0:7.1f}s] message path: n={n}, {n * choice.params.messages} sealed envelopes "
+        f"through the real client, shuffler and analyzer (in-process); this takes minutes")
+    counts: dict[str, int] = {}
+    last = [time.perf_counter()]
+
+    def progress(stage: str, k: int) -> None:
+        counts[stage] = counts.get(stage, 0) + k
+        if time.perf_counter() - last[0] > 20.0:
+            last[0] = time.perf_counter()
+            log(f"[{last[0] - t0:7.1f}s]   message path: " + ", ".join(f"{s} {c}" for s, c in counts.items()))
+
+    start = time.perf_counter()
+    m = run_messages(protocol, values, seed=7, progress=progress)
+    messages_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    f = run_fast(protocol, values, seed=7)
+    fast_seconds = time.perf_counter() - start
+    rnd = m.rounds[0]
+    equal = bool(m.result.estimate.sum == f.result.estimate.sum)
+    out = {
+        "n": n,
+        "messages_per_user": choice.params.messages,
+        "sum_messages": float(m.result.estimate.sum),
+        "sum_fast": float(f.result.estimate.sum),
+        "sums_equal_exactly": equal,
+        "encoded_total_equal": int(m.result.estimate.encoded_total) == int(f.result.estimate.encoded_total),
+        "true_sum": float(values.sum()),
+        "messages_seconds": messages_seconds,
+        "fast_seconds": fast_seconds,
+        "messages_engine_users_per_s": n / messages_seconds,
+        "messages_engine_envelopes_per_s": rnd.messages / messages_seconds,
+        "round_messages": rnd.messages,
+        "round_messages_expected": n * choice.params.messages,
+        "round_envelope_bytes_total": rnd.envelope_bytes,
+        "envelope_bytes_each": rnd.envelope_bytes / rnd.messages if rnd.messages else None,
+        "round_batch_bytes": rnd.batch_bytes,
+        "rejected_at_shuffler": dict(rnd.rejected_at_shuffler),
+        "rejected_at_analyzer": dict(rnd.rejected_at_analyzer),
+        "fast_round": f.rounds[0].as_dict(),
+        "transport": m.transport,
+    }
+    log(f"[{time.perf_counter() - t0:7.1f}s] message path: {messages_seconds:.1f}s (fast engine {fast_seconds:.2f}s), "
+        f"sums equal exactly: {equal}")
+    return out
+
+
+# --------------------------------------------------------------------------
+# Figure
+# --------------------------------------------------------------------------
+
+
+def plot(payload: dict, path) -> None:
+    plt = pyplot()
+    fig, (ax, ax_msg, ax_ratio) = plt.subplots(1, 3, figsize=(19, 6))
+    offsets = {"local": 0.94, "shuffle": 0.97, "multi": 1.03, "central": 1.06}
+    rows = payload["rows"]
+    for method in METHODS:
+        ns = np.array([r["n"] for r in rows[method]], dtype=float)
+        mse = np.array([r["mse"] for r in rows[method]])
+        lo = np.array([r["mse_ci95"][0] for r in rows[method]])
+        hi = np.array([r["mse_ci95"][1] for r in rows[method]])
+        theory = np.array([r["theory_mse"] for r in rows[method]])
+        err = np.vstack([mse - np.maximum(lo, mse * 1e-3), hi - mse])
+        ax.plot(ns, theory, "-", color=COLOURS[method], lw=1.5, alpha=0.8)
+        ax.errorbar(ns * offsets[method], mse, yerr=err, fmt=MARKERS[method], color=COLOURS[method], ms=5, capsize=3,
+                    label=LABELS[method])
+        ratio = np.array([r["ratio"] for r in rows[method]])
+        rlo = np.array([r["ratio_ci95"][0] for r in rows[method]])
+        rhi = np.array([r["ratio_ci95"][1] for r in rows[method]])
+        ax_ratio.errorbar(ns * offsets[method], ratio, yerr=np.vstack([ratio - rlo, rhi - ratio]), fmt=MARKERS[method],
+                          color=COLOURS[method], ms=5, capsize=3, label=method)
+    for method in ("shuffle",):
+        for r in rows[method]:
+            ax.annotate(f"{r['eps0']:.2f}", (r["n"] * offsets[method], r["mse"]), textcoords="offset points",
+                        xytext=(4, 6), fontsize=7, color=COLOURS[method])
+    ax.plot([], [], "k-", lw=1.5, label="lines: exact theory")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("n (users)")
+    ax.set_ylabel("MSE of the estimated mean")
+    ax.set_title(f"Mean of n values in [0, 1] at central (eps, delta) = ({EPSILON:g}, {DELTA:g})\n"
+                 "points: measured (95% CI); shuffle labelled with its eps0", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+
+    info = payload["summation_params"]
+    ns = np.array(sorted(int(k) for k in info), dtype=float)
+    msgs = [info[str(int(n))]["messages_per_user"] for n in ns]
+    bbgn = [info[str(int(n))]["bbgn_messages_needed"] for n in ns]
+    cheu = [info[str(int(n))]["cheu_reference_ceil_eps_sqrt_n"] for n in ns]
+    byts = [info[str(int(n))]["bytes_per_user"] for n in ns]
+    single = [info[str(int(n))]["single_message_bytes_per_user"] for n in ns]
+    h1 = ax_msg.plot(ns, msgs, "D-", color="C2", label="multi-message: messages / user (chosen M)")
+    h2 = ax_msg.plot(ns, bbgn, "x", color="k", ms=9, label="BBGN bound (messages_needed)")
+    h3 = ax_msg.plot(ns, cheu, "--", color="C7", label="ceil(eps sqrt(n)): order of Cheu+ 2019's one-bit messages")
+    ax_msg.set_xscale("log")
+    ax_msg.set_yscale("log")
+    ax_msg.set_xlabel("n (users)")
+    ax_msg.set_ylabel("messages per user")
+    ax_msg.grid(True, which="both", alpha=0.3)
+    ax_b = ax_msg.twinx()
+    h4 = ax_b.plot(ns, byts, "o:", color="C4", label="multi-message: bytes / user on the wire")
+    h5 = ax_b.plot(ns, single, "s:", color="C1", label="single-message report: bytes / user")
+    ax_b.set_yscale("log")
+    ax_b.set_ylabel("bytes per user (sealed envelopes)")
+    handles = h1 + h2 + h3 + h4 + h5
+    ax_msg.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
+    ax_msg.set_title("Communication per user", fontsize=10)
+
+    ax_ratio.axhspan(0.9, 1.1, color="C2", alpha=0.08, label="+-10 %")
+    ax_ratio.axhline(1.0, color="k", lw=0.8)
+    pooled = payload["targets"]["b_multi_within_10pct_of_theory"]["pooled"]
+    ax_ratio.set_xscale("log")
+    ax_ratio.set_xlabel("n (users)")
+    ax_ratio.set_ylabel("measured MSE / exact theoretical MSE")
+    ax_ratio.set_title(f"Measured / theory (95% CI); multi-message pooled over {pooled['runs']} runs: "
+                       f"{pooled['ratio']:.3f} [{pooled['ratio_ci95'][0]:.3f}, {pooled['ratio_ci95'][1]:.3f}]", fontsize=10)
+    ax_ratio.grid(True, which="both", alpha=0.3)
+    ax_ratio.legend(fontsize=8, loc="upper left", ncol=2)
+    save_figure(fig, str(path))
+
+
+# --------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="about 10x fewer runs; message path at n = 1e4")
+    parser.add_argument("--trials-scale", type=float, default=1.0, help="multiply every run count (default 1)")
+    parser.add_argument("--message-path", action=argparse.BooleanOptionalAction, default=True,
+                        help="run summation through the real parties once (default on)")
+    args = parser.parse_args()
+
+    pin_one_core()
+    t0 = time.perf_counter()
+    scale = args.trials_scale * (0.1 if args.quick else 1.0)
+    trials = {n: max(20, int(round(TRIALS[n] * scale))) for n in NS}
+    log(f"runs per n: {trials}")
+
+    rows, shuffle_info, summation_info, pooled = run_statistics(NS, trials, t0)
+    stats_seconds = time.perf_counter() - t0
+    tgt = targets(rows, pooled)
+
+    msg = None
+    if args.message_path:
+        msg = message_path(10_000 if args.quick else 100_000, t0)
+
+    payload = {
+        "config": {
+            "epsilon": EPSILON, "delta": DELTA, "ns": list(NS), "trials": {str(n): trials[n] for n in NS},
+            "quick": args.quick, "trials_scale": args.trials_scale,
+            "data": f"Beta(2, 5) from numpy default_rng({DATA_SEED}), one draw of n values per n, in [0, 1]",
+            "seeds": "SeedSequence([r, method tag, n]) for r = 0..R-1 (multi-message: run_fast seed r)",
+            "laplace_report": {"grid_levels": GRID_LEVELS, "range": [0.0, 1.0]},
+            "central_precision": CENTRAL_PRECISION,
+            "shuffle_eps0_search": {"max": EPS0_MAX, "scan_step": EPS0_SCAN_STEP, "bisection_tol": EPS0_TOL},
+            "ci": "95%: 1.96 sd(err^2/theory)/sqrt(R); measured multi/central ratio by the delta method on the log",
+            "pinned_to_one_core": True,
+        },
+        "rows": rows,
+        "shuffle_eps0": {str(n): v for n, v in shuffle_info.items()},
+        "summation_params": {str(n): v for n, v in summation_info.items()},
+        "targets": tgt,
+        "message_path": msg,
+        "statistics_seconds": stats_seconds,
+        "total_seconds": time.perf_counter() - t0,
+    }
+    out = write_result("summation", payload)
+    plot(payload, RESULTS / "summation.png")
+
+    # -- report
+    print(f"\n{'n':>8} | " + " | ".join(f"{m:>28}" for m in METHODS) + " |   M  bytes/user  Cheu-ref")
+    for i, n in enumerate(NS):
+        cells = []
+        for m in METHODS:
+            r = rows[m][i]
+            cells.append(f"{r['mse']:.3e} r={r['ratio']:.3f}+-{r['ratio_ci95'][1] - r['ratio']:.3f}")
+        s = summation_info[n]
+        print(f"{n:>8} | " + " | ".join(f"{c:>28}" for c in cells)
+              + f" | {s['messages_per_user']:>3} {s['bytes_per_user']:>10} {s['cheu_reference_ceil_eps_sqrt_n']:>8}")
+    print("\nshuffle eps0:", {n: round(v["eps0"], 4) for n, v in shuffle_info.items()})
+    a = tgt["a_multi_vs_central_theory_le_1.05_for_n_ge_1e4"]
+    print(f"\n(a) multi / central theoretical MSE <= 1.05 for n >= 1e4: {a['status']}")
+    for r in a["per_n"]:
+        print(f"    n={r['n']:>8}: theory ratio {r['theory_ratio']:.4f} ({r['status']}); measured {r['measured_ratio']:.3f} "
+              f"[{r['measured_ratio_ci95'][0]:.3f}, {r['measured_ratio_ci95'][1]:.3f}]")
+    b = tgt["b_multi_within_10pct_of_theory"]
+    p = b["pooled"]
+    print(f"(b) multi measured / theory, pooled over {p['runs']} runs: {p['ratio']:.4f} "
+          f"[{p['ratio_ci95'][0]:.4f}, {p['ratio_ci95'][1]:.4f}]: {p['status']}")
+    for r in b["per_n"]:
+        print(f"    n={r['n']:>8}: {r['ratio']:.3f} [{r['ratio_ci95'][0]:.3f}, {r['ratio_ci95'][1]:.3f}] {r['status']}")
+    if msg:
+        print(f"\nmessage path n={msg['n']}: {msg['messages_seconds']:.1f}s vs fast {msg['fast_seconds']:.2f}s; "
+              f"sums equal exactly: {msg['sums_equal_exactly']}; {msg['round_messages']} envelopes, "
+              f"{msg['round_envelope_bytes_total']} bytes; rejected shuffler {msg['rejected_at_shuffler']}, "
+              f"analyzer {msg['rejected_at_analyzer']}")
+    print(f"\ntotal {payload['total_seconds']:.1f}s; wrote {out} and {RESULTS / 'summation.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
