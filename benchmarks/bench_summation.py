@@ -43,21 +43,28 @@ Targets (computed and reported, not asserted):
     theoretical MSEs; the measured ratio is shown with its 95 % interval (delta method).
 (b) multi-message measured MSE within +-10 % of its exact formula: per n and pooled
     over all runs of all n (mean of err^2 / theory). PASS when the whole 95 % interval
-    lies in [0.9, 1.1], MISS when the point estimate lies outside, INCONCLUSIVE otherwise.
+    lies in [0.9, 1.1], MISS when it misses [0.9, 1.1] entirely, INCONCLUSIVE otherwise
+    (the interval straddles a bound: too few runs to tell).
 
 Message path (``--message-path``, on by default): summation at n = 1e5 (1e4 with
 ``--quick``) through the real parties -- every user seals its M envelopes with HPKE,
 the real shuffler admits and permutes them, the analyzer opens and decodes -- next to
-the fast engine on the same seed: the two sums must be equal exactly.
+the fast engine on the same seed: the two sums must be equal exactly. The message
+engine draws all users from one block's seed, the fast engine from blocks of
+``FAST_BLOCK`` = 65536 users, so above that size the comparison runs the fast engine
+with one block (``shuffledp.engine.FAST_BLOCK`` raised for that call); the default
+fast run is recorded too.
 
 Run: ``python benchmarks/bench_summation.py [--quick] [--trials-scale X] [--no-message-path]``
 (about 10 minutes for the statistics plus several minutes for the message path, on one
-core); writes benchmarks/results/summation.json and summation.png.
+core); writes benchmarks/results/summation.json and summation.png (``--plot-only`` redraws
+the figure from the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import time
@@ -69,6 +76,7 @@ from _common import RESULTS, pin_one_core, write_result
 from shuffledp.analyzer.scalar_mean import estimate_mean
 from shuffledp.analyzer.summation import ScalarSumProtocol, scalar_rounding_variance
 from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
+import shuffledp.engine as engine
 from shuffledp.engine import run_fast, run_messages
 from shuffledp.progress import pyplot, save_figure
 from shuffledp.protocol.accounting import laplace_mean_guarantee, shuffled_round
@@ -226,9 +234,13 @@ def ratio_stats(sq_over_theory: np.ndarray) -> tuple[float, float]:
 
 
 def verdict(point: float, half: float, lo: float = 0.9, hi: float = 1.1) -> str:
-    if not lo <= point <= hi:
+    """PASS: the whole 95 % interval inside [lo, hi]; MISS: the interval misses [lo, hi]
+    entirely (off by more than 10 %, significantly); INCONCLUSIVE otherwise."""
+    if lo <= point - half and point + half <= hi:
+        return "PASS"
+    if point + half < lo or point - half > hi:
         return "MISS"
-    return "PASS" if lo <= point - half and point + half <= hi else "INCONCLUSIVE"
+    return "INCONCLUSIVE"
 
 
 def summarize(errors: np.ndarray, theory: float) -> dict:
@@ -357,7 +369,7 @@ def targets(rows: dict, pooled: np.ndarray) -> dict:
             "pooled": {"runs": int(pooled.size), "ratio": ratio, "ratio_ci95": [ratio - half, ratio + half],
                        "status": verdict(ratio, half)},
             "per_n": per_n_b,
-            "rule": "PASS: whole 95% CI in [0.9, 1.1]; MISS: point outside; INCONCLUSIVE otherwise",
+            "rule": "PASS: whole 95% CI in [0.9, 1.1]; MISS: 95% CI disjoint from [0.9, 1.1]; INCONCLUSIVE otherwise",
         },
     }
 
@@ -383,18 +395,40 @@ def message_path(n: int, t0: float) -> dict:
     start = time.perf_counter()
     f = run_fast(protocol, values, seed=7)
     fast_seconds = time.perf_counter() - start
+    # The message engine draws all users' reports from ONE block's seed (seed, 0x5EED, round, 0);
+    # the fast engine draws blocks of FAST_BLOCK users from (seed, 0x5EED, round, b). The two
+    # therefore see the same reports only when n <= FAST_BLOCK. For the exact comparison the
+    # fast engine is run once more with one block of all n users (a module global, set for this
+    # call only; no file changes).
+    saved_block = engine.FAST_BLOCK
+    try:
+        engine.FAST_BLOCK = max(saved_block, n)
+        start = time.perf_counter()
+        f_one = run_fast(protocol, values, seed=7)
+        fast_one_block_seconds = time.perf_counter() - start
+    finally:
+        engine.FAST_BLOCK = saved_block
     rnd = m.rounds[0]
-    equal = bool(m.result.estimate.sum == f.result.estimate.sum)
+    equal = bool(m.result.estimate.sum == f_one.result.estimate.sum)
+    equal_default = bool(m.result.estimate.sum == f.result.estimate.sum)
     out = {
         "n": n,
         "messages_per_user": choice.params.messages,
+        "fast_block": saved_block,
         "sum_messages": float(m.result.estimate.sum),
-        "sum_fast": float(f.result.estimate.sum),
+        "sum_fast_one_block": float(f_one.result.estimate.sum),
+        "sum_fast_default_blocks": float(f.result.estimate.sum),
         "sums_equal_exactly": equal,
-        "encoded_total_equal": int(m.result.estimate.encoded_total) == int(f.result.estimate.encoded_total),
+        "encoded_total_equal": int(m.result.estimate.encoded_total) == int(f_one.result.estimate.encoded_total),
+        "sums_equal_with_default_blocks": equal_default,
+        "default_blocks_note": ("n <= FAST_BLOCK: one block on both engines" if n <= saved_block else
+                                f"n > FAST_BLOCK = {saved_block}: the default fast run draws {math.ceil(n / saved_block)} "
+                                "blocks from other seeds than the message engine's single block, so its sum "
+                                "is a different (equally valid) draw"),
         "true_sum": float(values.sum()),
         "messages_seconds": messages_seconds,
         "fast_seconds": fast_seconds,
+        "fast_one_block_seconds": fast_one_block_seconds,
         "messages_engine_users_per_s": n / messages_seconds,
         "messages_engine_envelopes_per_s": rnd.messages / messages_seconds,
         "round_messages": rnd.messages,
@@ -408,7 +442,7 @@ def message_path(n: int, t0: float) -> dict:
         "transport": m.transport,
     }
     log(f"[{time.perf_counter() - t0:7.1f}s] message path: {messages_seconds:.1f}s (fast engine {fast_seconds:.2f}s), "
-        f"sums equal exactly: {equal}")
+        f"sums equal exactly: {equal} (fast engine with its default blocks: {equal_default})")
     return out
 
 
@@ -419,7 +453,8 @@ def message_path(n: int, t0: float) -> dict:
 
 def plot(payload: dict, path) -> None:
     plt = pyplot()
-    fig, (ax, ax_msg, ax_ratio) = plt.subplots(1, 3, figsize=(19, 6))
+    fig, axes = plt.subplots(2, 2, figsize=(15, 11), gridspec_kw={"height_ratios": [1.35, 1.0]})
+    (ax, ax_ratio), (ax_msg, ax_bytes) = axes
     offsets = {"local": 0.94, "shuffle": 0.97, "multi": 1.03, "central": 1.06}
     rows = payload["rows"]
     for method in METHODS:
@@ -437,54 +472,62 @@ def plot(payload: dict, path) -> None:
         rhi = np.array([r["ratio_ci95"][1] for r in rows[method]])
         ax_ratio.errorbar(ns * offsets[method], ratio, yerr=np.vstack([ratio - rlo, rhi - ratio]), fmt=MARKERS[method],
                           color=COLOURS[method], ms=5, capsize=3, label=method)
-    for method in ("shuffle",):
-        for r in rows[method]:
-            ax.annotate(f"{r['eps0']:.2f}", (r["n"] * offsets[method], r["mse"]), textcoords="offset points",
-                        xytext=(4, 6), fontsize=7, color=COLOURS[method])
-    ax.plot([], [], "k-", lw=1.5, label="lines: exact theory")
+    for r in rows["shuffle"]:
+        ax.annotate(f"eps0={r['eps0']:.2f}", (r["n"] * offsets["shuffle"], r["mse"]), textcoords="offset points",
+                    xytext=(5, 6), fontsize=7, color=COLOURS["shuffle"])
+    ax.plot([], [], "k-", lw=1.5, label="lines: exact theory (same colour)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("n (users)")
     ax.set_ylabel("MSE of the estimated mean")
-    ax.set_title(f"Mean of n values in [0, 1] at central (eps, delta) = ({EPSILON:g}, {DELTA:g})\n"
-                 "points: measured (95% CI); shuffle labelled with its eps0", fontsize=10)
+    ax.set_title(f"Mean of n values in [0, 1], central (eps, delta) = ({EPSILON:g}, {DELTA:g})\n"
+                 "points: measured MSE with 95% CI; lines: exact theory", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower left")
 
+    pooled = payload["targets"]["b_multi_within_10pct_of_theory"]["pooled"]
+    ax_ratio.axhspan(0.9, 1.1, color="C2", alpha=0.10, label="+-10 %")
+    ax_ratio.axhline(1.0, color="k", lw=0.8)
+    ax_ratio.axhline(pooled["ratio"], color="C2", lw=1.0, ls="--",
+                     label=f"multi pooled: {pooled['ratio']:.3f} [{pooled['ratio_ci95'][0]:.3f}, {pooled['ratio_ci95'][1]:.3f}]")
+    ax_ratio.set_xscale("log")
+    ax_ratio.set_xlabel("n (users)")
+    ax_ratio.set_ylabel("measured MSE / exact theoretical MSE")
+    runs = ", ".join(str(v) for v in payload["config"]["trials"].values())
+    ax_ratio.set_title(f"Measured / theory with 95% CI (runs per n: {runs})\n"
+                       f"multi-message pooled over {pooled['runs']} runs", fontsize=10)
+    ax_ratio.grid(True, which="both", alpha=0.3)
+    ax_ratio.legend(fontsize=8, loc="upper left", ncol=3)
+
     info = payload["summation_params"]
     ns = np.array(sorted(int(k) for k in info), dtype=float)
-    msgs = [info[str(int(n))]["messages_per_user"] for n in ns]
-    bbgn = [info[str(int(n))]["bbgn_messages_needed"] for n in ns]
-    cheu = [info[str(int(n))]["cheu_reference_ceil_eps_sqrt_n"] for n in ns]
-    byts = [info[str(int(n))]["bytes_per_user"] for n in ns]
-    single = [info[str(int(n))]["single_message_bytes_per_user"] for n in ns]
-    h1 = ax_msg.plot(ns, msgs, "D-", color="C2", label="multi-message: messages / user (chosen M)")
-    h2 = ax_msg.plot(ns, bbgn, "x", color="k", ms=9, label="BBGN bound (messages_needed)")
-    h3 = ax_msg.plot(ns, cheu, "--", color="C7", label="ceil(eps sqrt(n)): order of Cheu+ 2019's one-bit messages")
+    get = lambda key: [info[str(int(n))][key] for n in ns]  # noqa: E731
+    ax_msg.plot(ns, get("messages_per_user"), "D-", color="C2", label="multi-message: chosen M (messages / user)")
+    ax_msg.plot(ns, get("bbgn_messages_needed"), "x", color="k", ms=10, label="BBGN split-and-mix bound (messages_needed)")
+    ax_msg.plot(ns, get("cheu_reference_ceil_eps_sqrt_n"), "--", color="C7",
+                label="ceil(eps sqrt(n)): order of magnitude of Cheu+ 2019 (one-bit messages)")
+    for n, m in zip(ns, get("messages_per_user")):
+        ax_msg.annotate(str(m), (n, m), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8, color="C2")
     ax_msg.set_xscale("log")
     ax_msg.set_yscale("log")
     ax_msg.set_xlabel("n (users)")
     ax_msg.set_ylabel("messages per user")
+    ax_msg.set_title("Messages per user", fontsize=10)
     ax_msg.grid(True, which="both", alpha=0.3)
-    ax_b = ax_msg.twinx()
-    h4 = ax_b.plot(ns, byts, "o:", color="C4", label="multi-message: bytes / user on the wire")
-    h5 = ax_b.plot(ns, single, "s:", color="C1", label="single-message report: bytes / user")
-    ax_b.set_yscale("log")
-    ax_b.set_ylabel("bytes per user (sealed envelopes)")
-    handles = h1 + h2 + h3 + h4 + h5
-    ax_msg.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="upper left")
-    ax_msg.set_title("Communication per user", fontsize=10)
+    ax_msg.legend(fontsize=8, loc="upper left")
 
-    ax_ratio.axhspan(0.9, 1.1, color="C2", alpha=0.08, label="+-10 %")
-    ax_ratio.axhline(1.0, color="k", lw=0.8)
-    pooled = payload["targets"]["b_multi_within_10pct_of_theory"]["pooled"]
-    ax_ratio.set_xscale("log")
-    ax_ratio.set_xlabel("n (users)")
-    ax_ratio.set_ylabel("measured MSE / exact theoretical MSE")
-    ax_ratio.set_title(f"Measured / theory (95% CI); multi-message pooled over {pooled['runs']} runs: "
-                       f"{pooled['ratio']:.3f} [{pooled['ratio_ci95'][0]:.3f}, {pooled['ratio_ci95'][1]:.3f}]", fontsize=10)
-    ax_ratio.grid(True, which="both", alpha=0.3)
-    ax_ratio.legend(fontsize=8, loc="upper left", ncol=2)
+    ax_bytes.plot(ns, get("bytes_per_user"), "o-", color="C2", label="multi-message: M sealed envelopes / user")
+    ax_bytes.plot(ns, get("single_message_bytes_per_user"), "s-", color="C1",
+                  label="local / single-message shuffle: one sealed envelope / user")
+    for n, b in zip(ns, get("bytes_per_user")):
+        ax_bytes.annotate(str(b), (n, b), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8, color="C2")
+    ax_bytes.set_xscale("log")
+    ax_bytes.set_ylim(0, max(get("bytes_per_user")) * 1.25)
+    ax_bytes.set_xlabel("n (users)")
+    ax_bytes.set_ylabel("bytes per user on the wire")
+    ax_bytes.set_title(f"Bytes per user (envelope: {get('envelope_bytes')[0]} bytes for a share)", fontsize=10)
+    ax_bytes.grid(True, which="both", alpha=0.3)
+    ax_bytes.legend(fontsize=8, loc="upper right")
     save_figure(fig, str(path))
 
 
@@ -497,7 +540,11 @@ def main() -> int:
     parser.add_argument("--trials-scale", type=float, default=1.0, help="multiply every run count (default 1)")
     parser.add_argument("--message-path", action=argparse.BooleanOptionalAction, default=True,
                         help="run summation through the real parties once (default on)")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the figure from the existing JSON")
     args = parser.parse_args()
+    if args.plot_only:
+        plot(json.loads((RESULTS / "summation.json").read_text()), RESULTS / "summation.png")
+        return 0
 
     pin_one_core()
     t0 = time.perf_counter()
@@ -560,7 +607,8 @@ def main() -> int:
         print(f"    n={r['n']:>8}: {r['ratio']:.3f} [{r['ratio_ci95'][0]:.3f}, {r['ratio_ci95'][1]:.3f}] {r['status']}")
     if msg:
         print(f"\nmessage path n={msg['n']}: {msg['messages_seconds']:.1f}s vs fast {msg['fast_seconds']:.2f}s; "
-              f"sums equal exactly: {msg['sums_equal_exactly']}; {msg['round_messages']} envelopes, "
+              f"sums equal exactly: {msg['sums_equal_exactly']} (default fast blocks: "
+              f"{msg['sums_equal_with_default_blocks']}); {msg['round_messages']} envelopes, "
               f"{msg['round_envelope_bytes_total']} bytes; rejected shuffler {msg['rejected_at_shuffler']}, "
               f"analyzer {msg['rejected_at_analyzer']}")
     print(f"\ntotal {payload['total_seconds']:.1f}s; wrote {out} and {RESULTS / 'summation.png'}")

@@ -25,9 +25,9 @@ Cost: every item consumes at least one input byte and is handled in O(1) work
 plus the copy of its own bytes, so reading an input of L bytes takes O(L) time.
 Memory is bounded too: each item is charged :data:`ITEM_COST` bytes (about what a
 small Python object and its list slot take) plus its string length, and reading
-stops once the charge passes ``ALLOCATION_FACTOR * L + ALLOCATION_SLACK``. Without
-it a batch of one-byte strings (2 input bytes each) would become about 20 times its
-size in Python objects. :attr:`StrictReader.items` counts the items read; the fuzz
+stops once the charge passes ``ALLOCATION_FACTOR * L + ALLOCATION_SLACK`` (4 L plus
+128 KiB). Without it a batch of one-byte strings (2 input bytes each) would become
+about 20 times its size in Python objects. :attr:`StrictReader.items` counts the items read; the fuzz
 tests check ``items <= L``.
 
 Every refusal raises :class:`~shuffledp.protocol.errors.MalformedMessage` with a
@@ -50,7 +50,9 @@ MAX_DEPTH = 4
 ITEM_COST = 40
 #: Reading stops once the charge exceeds ALLOCATION_FACTOR * len(input) + ALLOCATION_SLACK.
 ALLOCATION_FACTOR = 4
-ALLOCATION_SLACK = 8192
+#: Enough for the largest honest round spec: a vector-mean round over 1,024 coordinates
+#: names 2,048 bounds, each a 3..9-byte float charged 40 bytes (up to 13 times its size).
+ALLOCATION_SLACK = 128 * 1024
 
 _HALF = struct.Struct(">e")
 _SINGLE = struct.Struct(">f")

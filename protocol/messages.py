@@ -403,6 +403,11 @@ class ModularSumParams:
     def messages_per_user(self) -> int:
         return self.messages
 
+    @property
+    def min_reports(self) -> int:
+        """A batch must hold every share of ``users`` users: fewer users, less noise than claimed."""
+        return self.users * self.messages
+
     def check_budget(self, epsilon: float, delta: float) -> None:
         """Refuse parameters under which the round does not give central ``(epsilon, delta)``."""
         from shuffledp.protocol.summation_params import check_scalar_sum
@@ -466,6 +471,11 @@ class VectorSumParams:
     def messages_per_user(self) -> int:
         return self.messages * self.padded_dim
 
+    @property
+    def min_reports(self) -> int:
+        """A batch must hold every share of ``users`` users: fewer users, less noise than claimed."""
+        return self.users * self.messages_per_user
+
     def check_budget(self, epsilon: float, delta: float) -> None:
         """Refuse parameters under which the round does not give central ``(epsilon, delta)``."""
         from shuffledp.protocol.summation_params import check_vector_sum
@@ -528,6 +538,12 @@ class RoundSpec:
         _bytes_of(self.shuffler_signing_key, ED25519_KEY_BYTES, "shuffler_signing_key")
         _count(self.max_batch, "max_batch", 1, MAX_BATCH)
         _count(self.min_batch, "min_batch", 1, self.max_batch)
+        floor = getattr(self.params, "min_reports", 1)
+        _require(
+            self.min_batch >= floor,
+            "min_batch",
+            f"must be at least {floor}: the noise of these parameters is calibrated to that many reports",
+        )
         _finite(self.deadline, "deadline")
         _count(self.messages_per_user, "messages_per_user", 1, MAX_MESSAGES_PER_USER)
         _count(self.shuffler_instances, "shuffler_instances", 1, MAX_SHUFFLER_INSTANCES)

@@ -296,7 +296,7 @@ def test_encode_rejects_non_messages_and_oversize():
     with pytest.raises(InvalidParameter):
         codec.encode(m.HadamardRangeParams(0.0, 1.0, 0.1))  # params are not a wire message
     with pytest.raises(MessageTooLarge):
-        codec.encode(m.SignedRoundSpec(bytes(9000), bytes(64)))
+        codec.encode(m.SignedRoundSpec(bytes(26 * 1024), bytes(64)))
 
 
 # ---------------------------------------------------------------------------
@@ -644,8 +644,8 @@ def test_oversize_byte_fields_are_rejected(cls, field, field_limit, over_field, 
 def test_size_limits_are_the_documented_ones():
     """The table in docs/wire-format.md ("Size limits"), exactly."""
     assert {tag: limit for tag, (_, limit) in codec.MESSAGE_TYPES.items()} == {
-        "round-spec": 4096,
-        "signed-round-spec": 8192,
+        "round-spec": 24 * 1024,
+        "signed-round-spec": 25 * 1024,
         "report": 256,
         "admission": 2048,
         "envelope": 4096,
@@ -654,6 +654,18 @@ def test_size_limits_are_the_documented_ones():
         "admission-receipts": 4 * 1024 * 1024,
         "round-outcome": 512,
     }
+
+
+def test_the_largest_vector_mean_spec_fits_its_limit():
+    """1,024 coordinates, every bound a full double, signed: within the documented limits."""
+    for first in (-1.0 / 3.0, -1.5):  # bounds as 9-byte doubles, and as 3-byte halves (the most objects per byte)
+        bounds = tuple(first - i for i in range(m.MAX_VECTOR_DIM))
+        params = m.VectorMeanParams(m.MAX_VECTOR_DIM, 2**64 - 1, bounds, tuple(b + 1.0 for b in bounds), "gaussian", 4096)
+        spec = m.RoundSpec(bytes(16), 2**63 - 1, params, 1.0, bytes(32), bytes(32), bytes(32), m.MAX_BATCH, 1e300,
+                           delta0=0.999, messages_per_user=m.MAX_MESSAGES_PER_USER, shuffler_instances=64)
+        data = codec.encode(spec)
+        assert codec.decode(data, m.RoundSpec) == spec
+        assert codec.decode(codec.encode(m.SignedRoundSpec(data, bytes(64))), m.SignedRoundSpec).spec_bytes == data
 
 
 def _largest_examples():

@@ -32,6 +32,7 @@ from shuffledp.client.summation import randomize_modular_sum, randomize_vector_s
 from shuffledp.deployment import Deployment
 from shuffledp.engine import run_fast
 from shuffledp.protocol.channel import InProcessChannel
+from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.onion import EnvelopeOpener
 from shuffledp.protocol.randomness import SeededSource, SystemSource
 from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum, scalar_sum_variance
@@ -120,7 +121,7 @@ def _spec_for(deployment: Deployment, params, round_id: int = 0):
     from parties import make_spec
 
     return make_spec(params=params, epsilon0=EPS, delta0=DELTA, messages_per_user=params.messages_per_user,
-                     round_id=round_id, deployment=deployment)
+                     round_id=round_id, deployment=deployment, min_batch=params.min_reports, max_batch=params.min_reports)
 
 
 @pytest.mark.parametrize("kind", ["scalar", "vector"])
@@ -185,3 +186,18 @@ def test_envelopes_of_a_summation_round_on_the_wire_have_one_size():
     run = asyncio.run(run_messages_on(ScalarSumProtocol(params, EPS, DELTA), x, (channel, channel, channel), seed=2))
     assert len(sizes) == n * params.messages and len(set(sizes)) == 1
     assert run.rounds[0].reports == n * params.messages and run.rounds[0].envelope_bytes == sum(sizes)
+
+
+def test_a_spec_that_would_release_fewer_users_noise_is_refused():
+    """A malicious analyzer naming many users (tiny noise shares) but a small batch: clients refuse it."""
+    params = choose_scalar_sum(1000, EPS, DELTA, 0.0, 1.0).params
+    with pytest.raises(InvalidParameter, match="min_batch"):
+        _spec_for_batch(params, params.min_reports - 1)
+    _spec_for_batch(params, params.min_reports)
+
+
+def _spec_for_batch(params, min_batch):
+    from parties import make_spec
+
+    return make_spec(params=params, epsilon0=EPS, delta0=DELTA, messages_per_user=params.messages_per_user,
+                     min_batch=min_batch, max_batch=params.min_reports)

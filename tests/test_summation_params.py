@@ -70,7 +70,8 @@ def test_scalar_overrides_are_checked():
 def test_a_spec_whose_parameters_miss_its_claim_does_not_decode():
     """Clients check the central claim they are charged for when they decode a spec."""
     params = choose_scalar_sum(1000, 1.0, 1e-6, 0.0, 1.0).params
-    spec = make_spec(params=params, epsilon0=1.0, delta0=1e-6, messages_per_user=params.messages)
+    spec = make_spec(params=params, epsilon0=1.0, delta0=1e-6, messages_per_user=params.messages,
+                     min_batch=params.min_reports, max_batch=params.min_reports)
     data = codec.encode(spec)
     assert codec.decode(data) == spec
     tighter = data.replace(cbor2.dumps(1e-6), cbor2.dumps(1e-9))  # claim delta 1e-9 with the same shares
@@ -78,7 +79,8 @@ def test_a_spec_whose_parameters_miss_its_claim_does_not_decode():
     with pytest.raises(MalformedMessage, match="messages"):
         codec.decode(tighter)
     with pytest.raises(InvalidParameter, match="delta0"):
-        make_spec(params=params, epsilon0=1.0, delta0=0.0, messages_per_user=params.messages)
+        make_spec(params=params, epsilon0=1.0, delta0=0.0, messages_per_user=params.messages,
+                  min_batch=params.min_reports, max_batch=params.min_reports)
 
 
 def _skellam_delta(mu: float, shift: int, epsilon: float) -> float:

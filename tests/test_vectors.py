@@ -198,3 +198,11 @@ def test_batch_chunk_vector_is_read_in_place_by_the_fast_reader(vector):
     assert (chunk.batch_id, chunk.chunk, chunk.chunks, chunk.total) == (batch.batch_id, batch.chunk, batch.chunks, batch.total)
     assert tuple(chunk.payloads) == batch.payloads and chunk.signature == batch.signature
     verify_encoded(bytes.fromhex(vector["public_key_hex"]), ShuffledBatch, chunk.digest, chunk.signature)
+
+
+def test_every_mechanism_has_a_spec_and_a_report_vector():
+    from shuffledp.protocol.messages import MECHANISMS
+
+    spec_mechanisms = {v["fields"]["params"]["mechanism"] for v in CODEC if v["type"] == "round-spec"}
+    report_mechanisms = {v["fields"]["mechanism"] for v in CODEC if v["type"] == "report"}
+    assert spec_mechanisms == report_mechanisms == set(MECHANISMS)

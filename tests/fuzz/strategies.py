@@ -68,12 +68,15 @@ from shuffledp.protocol.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
+from shuffledp.protocol.messages import MECHANISMS as MESSAGE_MECHANISMS
+from shuffledp.protocol.messages import VectorMeanParams, VectorRangeParams, messages_per_user
 from shuffledp.protocol.onion import ShufflerKeys, envelope_format, signed
+from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum
 from shuffledp.protocol.report_format import VALUE_LIMIT, report_format
 from shuffledp.protocol.sealing import AnalyzerKeys
 
-MECHANISMS = ("hadamard-range", "projected-mean")
-WIDTH = {"hadamard-range": 2, "projected-mean": 1}
+MECHANISMS = tuple(MESSAGE_MECHANISMS)
+WIDTH = {name: cls.VALUES_PER_REPORT for name, cls in MESSAGE_MECHANISMS.items()}
 MESSAGE_TAGS = tuple(codec.MESSAGE_TYPES)
 SESSIONS = (bytes(range(16)), bytes(16))
 
@@ -330,6 +333,48 @@ def g_mean_params(r: Rng) -> ProjectedMeanParams:
         return ProjectedMeanParams(0.0, 2.0, noise, 4096)
 
 
+def g_vector_params(r: Rng):
+    """Parameters of a vector or summation round, valid for the returned ``(epsilon0, delta0)``."""
+    k = r.below(4)
+    dim = r.pick((1, 2, 3, 8)) if r.bool() else r.int(1, 64)
+    seed = r.pick((0, 2**64 - 1)) if r.one_in(3) else r.log_int(0, 2**64 - 1)
+    if k == 0:
+        h = g_hadamard_params(r)
+        try:
+            return VectorRangeParams(h.low, h.high, h.tau, dim, seed, r.pick(("sampled", "paper"))), 1.0, 0.0
+        except InvalidParameter:
+            return VectorRangeParams(-4.0, 4.0, 0.5, dim, seed), 1.0, 0.0
+    if k == 1:
+        mean = g_mean_params(r)
+        width = 1 << (dim - 1).bit_length()
+        delta0 = 1e-6 if mean.noise == "gaussian" else 0.0
+        return VectorMeanParams(dim, seed, (mean.lower,) * width, (mean.upper,) * width, mean.noise, mean.grid_levels), 25.0, delta0
+    users = r.pick((3, 50, 300)) if r.bool() else r.log_int(300, 10**6)
+    epsilon, delta = r.pick((0.5, 1.0, 4.0)), r.pick((1e-6, 1e-9, 1e-3))
+    if k == 2:
+        low = r.pick((0.0, -1.0, -1e6))
+        return choose_scalar_sum(users, epsilon, delta, low, low + r.pick((1.0, 2.0, 1e3))).params, epsilon, delta
+    try:
+        return choose_vector_sum(max(users, 300), epsilon, delta, min(dim, 8), r.pick((1.0, 20.0)), seed).params, epsilon, delta
+    except InvalidParameter:  # noise beyond the device sampler at this size
+        return choose_scalar_sum(users, epsilon, delta, 0.0, 1.0).params, epsilon, delta
+
+
+def example_params(mechanism: str):
+    """One valid ``(params, epsilon0, delta0)`` of each mechanism (for openers that only need the round's layout)."""
+    if mechanism == "hadamard-range":
+        return HadamardRangeParams(-4.0, 4.0, 0.5), 1.0, 0.0
+    if mechanism == "projected-mean":
+        return ProjectedMeanParams(0.0, 2.0), 1.0, 0.0
+    if mechanism == "vector-range":
+        return VectorRangeParams(-4.0, 4.0, 0.5, 3, 1), 1.0, 0.0
+    if mechanism == "vector-mean":
+        return VectorMeanParams(3, 1, (0.0,) * 4, (1.0,) * 4), 1.0, 0.0
+    if mechanism == "modular-sum":
+        return choose_scalar_sum(1000, 1.0, 1e-6, 0.0, 1.0).params, 1.0, 1e-6
+    return choose_vector_sum(1000, 1.0, 1e-6, 3, 1.0, 1).params, 1.0, 1e-6
+
+
 def g_shuffler_keys(r: Rng) -> tuple[bytes, bytes]:
     """The (sealing, signing) public keys a spec names: mostly the test shuffler's, else random or low-order."""
     k = r.below(8)
@@ -362,9 +407,12 @@ def g_round_spec(
     delta0 = 0.0
     if getattr(params, "noise", "laplace") == "gaussian":
         delta0 = r.pick((1e-6, 1e-12, 0.5)) if r.one_in(3) else r.log_float(1e-300, 0.999)
-    max_batch = MAX_BATCH if r.bool() else r.log_int(min_max_batch, MAX_BATCH)
-    min_batch = 1 if r.bool() else r.log_int(1, max_batch)
-    per_user = r.int(1, MAX_MESSAGES_PER_USER)
+    if r.one_in(3):  # vectors and summations: their own budget rules
+        params, epsilon0, delta0 = g_vector_params(r)
+    floor = getattr(params, "min_reports", 1)
+    max_batch = MAX_BATCH if r.bool() else r.log_int(max(min_max_batch, floor), MAX_BATCH)
+    min_batch = floor if r.bool() else r.log_int(floor, max_batch)
+    per_user = r.int(messages_per_user(params), MAX_MESSAGES_PER_USER)
     instances = 1 if r.below(4) else r.pick((2, MAX_SHUFFLER_INSTANCES)) if r.bool() else r.int(1, MAX_SHUFFLER_INSTANCES)
     common = dict(session_id=session, round_id=round_id, deadline=deadline, messages_per_user=per_user,
                   shuffler_instances=instances, **keys)
@@ -376,7 +424,7 @@ def g_round_spec(
         pass
     try:  # a budget every parameter set of the generators accepts
         return RoundSpec(
-            params=params, epsilon0=25.0, delta0=delta0, min_batch=1, max_batch=max(min_max_batch, 1), **common
+            params=params, epsilon0=25.0, delta0=delta0, min_batch=floor, max_batch=max(min_max_batch, floor), **common
         )
     except InvalidParameter:
         return RoundSpec(
@@ -835,7 +883,7 @@ def g_atom(r: Rng):
 def g_plain(r: Rng, depth: int = cbor_strict.MAX_DEPTH, budget: list | None = None):
     """A value the strict reader must accept: 64-bit integers, finite floats, bytes, text, arrays
     and text-keyed maps, at most ``depth`` containers deep and at most ~170 items in all (well
-    inside the reader's allocation budget of 4 bytes of objects per input byte plus 8 KiB)."""
+    inside the reader's allocation budget of 4 bytes of objects per input byte plus 128 KiB)."""
     budget = [150] if budget is None else budget
     budget[0] -= 1
     k = r.below(4)

@@ -45,8 +45,6 @@ from shuffledp.protocol.messages import (
     MAX_BATCH,
     Admission,
     Envelope,
-    HadamardRangeParams,
-    ProjectedMeanParams,
     Report,
     RoundSpec,
     ShuffledBatch,
@@ -170,11 +168,12 @@ def test_codec_decode_only_raises_typed_errors(data):
 @functools.lru_cache(maxsize=256)
 def opener_for(session: bytes, round_id: int, mechanism: str) -> EnvelopeOpener:
     """The test shuffler's opener of a round of ``mechanism`` (no other field of the spec matters to it)."""
-    params = HadamardRangeParams(-4.0, 4.0, 0.5) if mechanism == "hadamard-range" else ProjectedMeanParams(0.0, 2.0)
+    params, epsilon0, delta0 = S.example_params(mechanism)
+    floor = getattr(params, "min_reports", 1)
     spec = RoundSpec(
-        session_id=session, round_id=round_id, params=params, epsilon0=1.0, analyzer_key=bytes(32),
+        session_id=session, round_id=round_id, params=params, epsilon0=epsilon0, delta0=delta0, analyzer_key=bytes(32),
         shuffler_key=S.SHUFFLER_KEYS.hpke_public, shuffler_signing_key=S.SHUFFLER_KEYS.signing_public,
-        min_batch=1, deadline=1e12,
+        min_batch=floor, max_batch=floor, messages_per_user=getattr(params, "messages_per_user", 1), deadline=1e12,
     )
     return EnvelopeOpener(S.SHUFFLER_KEYS.hpke_private, spec)
 

@@ -64,6 +64,7 @@ from shuffledp.protocol import codec
 from shuffledp.protocol.channel import InProcessChannel
 from shuffledp.protocol.credentials import assigned_instance
 from shuffledp.protocol.errors import MessageTooLarge, ShuffleDPError
+from shuffledp.protocol.messages import messages_per_user
 from shuffledp.protocol.messages import (
     MAX_OUTER_BYTES,
     Admission,
@@ -143,17 +144,20 @@ def client_reports(spec: RoundSpec, samples, seeds) -> tuple[tuple[bytes, bytes,
     signed_spec = ANALYZER.sign_spec(spec)
     opener = EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec)
     out = []
+    dim = getattr(spec.params, "dim", None)  # vector rounds: every user holds a vector
     for x, seed in zip(samples, seeds):
+        data = np.array([x]) if dim is None else np.full((1, dim), x / max(1, dim))
         client = Client(
-            np.array([x]), ANALYZER.keys.signing_public, PrivacyLedger(1e6, 0.9999),
+            data, ANALYZER.keys.signing_public, PrivacyLedger(1e6, 0.9999),
             credential=ISSUER.issue(seed.to_bytes(16, "big")), clock=lambda: NOW, source=SeededSource(seed),
         )
-        admission = opener.open(client.answer(signed_spec)[0])
-        assert admission.credential == client.credential
-        plaintext = open_sealed(ANALYZER.keys.hpke_private, admission.sealed, spec.session_id, spec.round_id)
-        values = reference_values(plaintext, spec)
-        assert values is not None, f"a client's own report is not valid for its round: {plaintext.hex()}"
-        out.append((admission.sealed, plaintext, values))
+        for envelope in client.answer(signed_spec)[:4]:  # every message of a multi-message round is a report
+            admission = opener.open(envelope)
+            assert admission.credential == client.credential
+            plaintext = open_sealed(ANALYZER.keys.hpke_private, admission.sealed, spec.session_id, spec.round_id)
+            values = reference_values(plaintext, spec)
+            assert values is not None, f"a client's own report is not valid for its round: {plaintext.hex()}"
+            out.append((admission.sealed, plaintext, values))
     return tuple(out)
 
 
@@ -307,7 +311,7 @@ def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
     r = S.Rng(seed)
     spec = S.g_round_spec(r, min_max_batch=64, shuffler=SHUFFLER)
     if r.bool():  # small quotas, so that the decoy clients run into theirs
-        spec = dataclasses.replace(spec, messages_per_user=r.pick((1, 2)))
+        spec = dataclasses.replace(spec, messages_per_user=max(messages_per_user(spec.params), r.pick((1, 2))))
     fmt = envelope_format(spec.round_id, spec.mechanism)
     instance = r.below(spec.shuffler_instances)  # this shuffler's instance; clients are assigned by credential
     ids = (client_id(VALID_ID, j) for j in range(10**6))
@@ -336,7 +340,8 @@ def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
                                     tuple(receipts.refused), tuple(receipts.reasons))
         assert codec.decode(codec.encode(message), AdmissionReceipts) == message
     # admit() raises typed errors only (on a round that fills up at once: later envelopes are round-full)
-    small = dataclasses.replace(spec, min_batch=1, max_batch=r.int(1, 3))
+    floor = getattr(spec.params, "min_reports", 1)  # summation rounds cannot be smaller than their users' shares
+    small = dataclasses.replace(spec, min_batch=floor, max_batch=floor + r.int(0, 2))
     probe = RoundAdmission(small, SHUFFLER_KEYS, ISSUER, revoked=REVOKED, instance=instance)
     for i, data in enumerate(d for is_valid, d in traffic if not is_valid):
         if i == 0:  # the opener alone is pure, so its time can go on the record (timed() may call it again)
@@ -420,16 +425,17 @@ def test_client_answer_raises_only_typed_errors_and_charges_only_on_success(seed
         assert after == before, f"a refused round charged the ledger: {signed_spec.hex()}"
         return
     spec = verified_spec(signed_spec, ANALYZER.keys.signing_public)
-    assert len(out) == 1
-    envelope = codec.decode(out[0], Envelope)
-    assert (envelope.session_id, envelope.round_id) == (spec.session_id, spec.round_id)
+    assert len(out) == messages_per_user(spec.params)  # every message of the round, each its own envelope
     fmt = envelope_format(spec.round_id, spec.mechanism)
-    assert len(out[0]) == fmt.size and len(envelope.outer) == fmt.outer_size  # one length per round
+    for data in out:
+        envelope = codec.decode(data, Envelope)
+        assert (envelope.session_id, envelope.round_id) == (spec.session_id, spec.round_id)
+        assert len(data) == fmt.size and len(envelope.outer) == fmt.outer_size  # one length per round
     assert ledger.spent_epsilon == before[0] + spec.epsilon0
     assert ledger.spent_delta == before[1] + spec.delta0
     assert ledger.answered == before[2] | {(spec.session_id, spec.round_id)}
     sent = client.sent[(spec.session_id, spec.round_id)]
-    assert len(sent.nonces) == 1 and sent.receipts == {} and sent.outcome is None
+    assert len(set(sent.nonces)) == len(out) and sent.receipts == {} and sent.outcome is None
     if spec.shuffler_key == SHUFFLER[0]:  # the shuffler opens it to this client's credential and nonce
         admission = EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec).open(out[0])
         assert admission.credential == credential and ISSUER.verify(admission.credential) == credential[:16]

@@ -142,6 +142,14 @@ REFUSED = [
      _message("round-outcome", session_id=SESSION, round_id=0, outcome="served", reason="", admitted=2,
               batch_id=BATCH_ID, instance=0, signature=bytes(64)),
      'an outcome is "released" or "failed"', "outcome"),
+    ("round-spec-modular-sum-too-few-shares",
+     _message("round-spec", session_id=SESSION, round_id=2, epsilon0=1.0, delta0=1e-6, analyzer_key=bytes(32),
+              shuffler_key=bytes(32), shuffler_signing_key=bytes(32), min_batch=30_000, deadline=1_900_000_000.0,
+              messages_per_user=3, max_batch=30_000, shuffler_instances=1,
+              params={"mechanism": "modular-sum", "lower": 0.0, "upper": 1.0, "precision": 100,
+                      "modulus": 2_000_003, "messages": 3, "users": 10_000, "noise": "polya"}),
+     "a summation spec must deliver its central (epsilon0, delta0): 3 shares mod 2000003 from 10^4 users do not",
+     "messages"),
     ("round-outcome-instance-out-of-range",
      _message("round-outcome", session_id=SESSION, round_id=0, outcome="released", reason="", admitted=2,
               batch_id=BATCH_ID, instance=64, signature=bytes(64)),
@@ -231,6 +239,26 @@ def onion() -> dict:
     }
 
 
+def multi_message_specs() -> list[tuple[str, m.RoundSpec]]:
+    """Round specs of the mechanisms with coordinates or several messages per user."""
+    range_spec, _ = round_specs()
+    base = dict(session_id=SESSION, analyzer_key=range_spec.analyzer_key, shuffler_key=range_spec.shuffler_key,
+                shuffler_signing_key=range_spec.shuffler_signing_key, deadline=1_900_000_000.0)
+    total = m.ModularSumParams(0.0, 1.0, 100, 2_000_003, 8, 10_000)  # min_batch = 10^4 users x 8 shares
+    vector_sum = m.VectorSumParams(3, 1.0, 200, 7, 4_000_037, 10, 10_000, 3.0e6)  # min_batch = 10^4 x 10 x 4
+    vector_range = m.VectorRangeParams(-4.0, 4.0, 0.5, 3, 2**64 - 1, "paper")
+    vector_mean = m.VectorMeanParams(3, 2**64 - 1, (-1.5, -1.0, 0.0, 0.5), (1.5, 2.0, 3.0, 3.5), "laplace", 1024)
+    return [
+        ("round-spec/modular-sum", m.RoundSpec(round_id=2, params=total, epsilon0=1.0, delta0=1e-6, min_batch=80_000,
+                                               max_batch=80_000, messages_per_user=8, **base)),
+        ("round-spec/vector-sum", m.RoundSpec(round_id=3, params=vector_sum, epsilon0=1.0, delta0=1e-6, min_batch=400_000,
+                                              max_batch=400_000, messages_per_user=40, **base)),
+        ("round-spec/vector-range-paper", m.RoundSpec(round_id=4, params=vector_range, epsilon0=2.0, min_batch=4000,
+                                                      messages_per_user=4, **base)),
+        ("round-spec/vector-mean", m.RoundSpec(round_id=5, params=vector_mean, epsilon0=2.0, min_batch=1000, **base)),
+    ]
+
+
 def example_messages(layers: dict) -> list[tuple[str, object]]:
     range_spec, mean_spec = round_specs()
     spec_bytes = codec.encode(range_spec)
@@ -238,6 +266,11 @@ def example_messages(layers: dict) -> list[tuple[str, object]]:
     return [
         ("round-spec/hadamard-range", range_spec),
         ("round-spec/projected-mean-gaussian", mean_spec),
+        *multi_message_specs(),
+        ("report/modular-sum", m.Report(2, "modular-sum", (1_999_999,))),
+        ("report/vector-sum", m.Report(3, "vector-sum", (3, 4_000_036))),
+        ("report/vector-range", m.Report(4, "vector-range", (2, 11, -1))),
+        ("report/vector-mean", m.Report(5, "vector-mean", (1, -7))),
         ("signed-round-spec", m.SignedRoundSpec(spec_bytes, signature)),
         ("report/hadamard-range", m.Report(0, "hadamard-range", (17, -1))),
         ("report/projected-mean", m.Report(1, "projected-mean", (-123456,))),
