@@ -75,7 +75,6 @@ def test_vector_sum_error_matches_its_exact_variance():
 def test_reversed_noise_convention_would_fail_the_variance_test():
     """The test above has power: drawn with the failure probability, the noise all but vanishes."""
     n = 2000
-    x = np.zeros(n)
     choice = choose_scalar_sum(n, EPS, DELTA, -1.0, 1.0)
     sd = math.sqrt(scalar_sum_variance(choice.params, EPS, 0.0))
     alpha = math.exp(-EPS / choice.params.precision)
