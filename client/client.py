@@ -84,6 +84,7 @@ class Client:
         credential: bytes,
         shuffler_signing_key: bytes | None = None,
         min_batch_floor: int = 1,
+        accept_central_only: bool = False,
         source: RandomSource | None = None,
         clock=time.time,
     ) -> None:
@@ -113,8 +114,15 @@ class Client:
         #: analyzer's signed spec names. Pinning keeps a malicious analyzer from naming itself
         #: (or a colluder) as the shuffler, which would void the amplification, not the local guarantee.
         self.shuffler_signing_key = shuffler_signing_key
-        #: Refuse rounds whose min_batch is below this: the crowd the amplification relies on.
+        #: Refuse rounds whose batch holds fewer users than this (``min_batch`` over the reports
+        #: each user sends): the crowd the amplification relies on.
         self.min_batch_floor = min_batch_floor
+        #: Answer rounds whose mechanism has no local guarantee (multi-message summation: a
+        #: user's shares, linked, reveal its value), and only with a pinned shuffler. Off by
+        #: default: such a round trusts the shuffler with the value, not just with the crowd.
+        self.accept_central_only = accept_central_only
+        if accept_central_only and shuffler_signing_key is None:
+            raise InvalidParameter("shuffler_signing_key", "a device that accepts central-only rounds must pin its shuffler")
         self.source = source if source is not None else SystemSource()
         self.clock = clock
         #: (session id, round id) -> what was sent and what the shuffler said of it.
@@ -142,8 +150,11 @@ class Client:
             raise RoundExpired(f"round {spec.round_id} closed at {spec.deadline}")
         if self.shuffler_signing_key is not None and spec.shuffler_signing_key != self.shuffler_signing_key:
             raise UntrustedRound("the spec names a shuffler other than the one this device pinned")
-        if spec.min_batch < self.min_batch_floor:
-            raise UntrustedRound(f"the round's min_batch {spec.min_batch} is below this device's floor {self.min_batch_floor}")
+        users = spec.min_batch // messages_per_user(spec.params)
+        if users < self.min_batch_floor:
+            raise UntrustedRound(f"the round's batch holds {users} users' reports, below this device's floor {self.min_batch_floor}")
+        if not getattr(spec.params, "LOCAL_GUARANTEE", True) and not self.accept_central_only:
+            raise UntrustedRound(f"{spec.mechanism} has no local guarantee; this device answers only rounds that do")
         self.ledger.check(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
         if values is None:
             values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]

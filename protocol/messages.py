@@ -305,8 +305,14 @@ class VectorRangeParams:
         return 1 if self.mode == "sampled" else self.padded_dim
 
     def check_budget(self, epsilon: float, delta: float) -> None:
-        """Pure: ``delta0`` must be 0."""
+        """Pure: ``delta0`` must be 0; in paper mode each of the ``D`` reports gets ``epsilon0 / D``,
+        which must stay in the common range."""
         self.scalar.check_budget(epsilon, delta)
+        _require(
+            epsilon / self.messages_per_user >= MIN_EPSILON,
+            "epsilon0",
+            f"{epsilon} over {self.messages_per_user} reports is below {MIN_EPSILON} per report",
+        )
 
 
 @dataclass(frozen=True)
@@ -378,6 +384,8 @@ class ModularSumParams:
     """
 
     MECHANISM: ClassVar[str] = "modular-sum"
+    #: A user's shares, linked, reveal its value: the round's guarantee is central only.
+    LOCAL_GUARANTEE: ClassVar[bool] = False
     #: A report is ``(share,)``, ``0 <= share < modulus``.
     VALUES_PER_REPORT: ClassVar[int] = 1
     lower: float
@@ -433,6 +441,8 @@ class VectorSumParams:
     """
 
     MECHANISM: ClassVar[str] = "vector-sum"
+    #: A user's shares, linked, reveal its vector: the round's guarantee is central only.
+    LOCAL_GUARANTEE: ClassVar[bool] = False
     #: A report is ``(coordinate, share)``, ``0 <= coordinate < D``, ``0 <= share < modulus``.
     VALUES_PER_REPORT: ClassVar[int] = 2
     dim: int
@@ -460,7 +470,7 @@ class VectorSumParams:
             f"{self.messages} per coordinate x {self.padded_dim} coordinates exceeds {MAX_MESSAGES_PER_USER} messages per user",
         )
         _finite(self.mu, "mu")
-        _require(0 < self.mu <= MAX_NOISE_SCALE**2, "mu", f"must be in (0, {MAX_NOISE_SCALE**2:.3g}], got {short_repr(self.mu)}")
+        _require(1.0 <= self.mu <= MAX_NOISE_SCALE**2, "mu", f"must be in [1, {MAX_NOISE_SCALE**2:.3g}], got {short_repr(self.mu)}")
         _require(self.noise in VECTOR_SUM_NOISE_KINDS, "noise", f"must be one of {VECTOR_SUM_NOISE_KINDS}, got {short_repr(self.noise)}")
 
     @property
@@ -532,7 +542,12 @@ class RoundSpec:
         _round(self.round_id)
         _require(isinstance(self.params, tuple(MECHANISMS.values())), "params", "unknown mechanism parameters")
         check_epsilon_delta(self.epsilon0, self.delta0)
-        self.params.check_budget(self.epsilon0, self.delta0)  # the mechanism's own rules (e.g. delta0 > 0 iff Gaussian)
+        try:  # the mechanism's own rules (e.g. delta0 > 0 iff Gaussian; a summation's analysis)
+            self.params.check_budget(self.epsilon0, self.delta0)
+        except InvalidParameter:
+            raise
+        except (ArithmeticError, ValueError) as exc:  # a budget so extreme the analysis cannot be evaluated
+            raise InvalidParameter("epsilon0", f"the mechanism's analysis fails at this budget ({type(exc).__name__})") from None
         _bytes_of(self.analyzer_key, X25519_KEY_BYTES, "analyzer_key")
         _bytes_of(self.shuffler_key, X25519_KEY_BYTES, "shuffler_key")
         _bytes_of(self.shuffler_signing_key, ED25519_KEY_BYTES, "shuffler_signing_key")
@@ -547,10 +562,12 @@ class RoundSpec:
         _finite(self.deadline, "deadline")
         _count(self.messages_per_user, "messages_per_user", 1, MAX_MESSAGES_PER_USER)
         _count(self.shuffler_instances, "shuffler_instances", 1, MAX_SHUFFLER_INSTANCES)
+        # Exactly: a larger quota would let one (Sybil) credential fill a batch that the
+        # amplification, or a summation's noise, counts as many users' reports.
         _require(
-            self.messages_per_user >= messages_per_user(self.params),
+            self.messages_per_user == messages_per_user(self.params),
             "messages_per_user",
-            f"must be at least {messages_per_user(self.params)}, the reports one user sends with these parameters",
+            f"must be {messages_per_user(self.params)}, the reports one user sends with these parameters",
         )
 
     @property

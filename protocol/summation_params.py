@@ -72,6 +72,9 @@ LOG2_E = math.log2(math.e)
 #: The distributed-noise samplers' device path needs a per-user mean below 2^16
 #: (``distributed_noise.DEVICE_MAX_MEAN``): Pólya ``alpha / (1 - alpha)``, Skellam ``mu / n``.
 DEVICE_MAX_MEAN = float(2**16)
+#: Most Poisson mean a device draws in one vector-sum round, over all coordinates (``D mu / users``):
+#: the exact sampler takes about 20 microseconds per unit, so this is a few seconds of device CPU.
+DEVICE_MAX_TOTAL_MEAN = float(2**18)
 #: Orders at which the Skellam RDP bound is evaluated (integers, as the bound requires).
 RDP_ORDERS = tuple(range(2, 257)) + tuple(range(264, 1025, 8)) + (1536, 2048, 4096, 8192)
 #: Largest modulus (shares < 2^62 keep sums of two in int64).
@@ -105,7 +108,17 @@ def split_delta(users: int, messages: int, modulus: int, epsilon: float, instanc
     sigma = split_sigma(users, messages, modulus)
     if sigma == -math.inf:
         return math.inf
-    return (1.0 + math.exp(epsilon)) * instances * 2.0 ** (-sigma)
+    return 2.0 ** min(1024.0, log2_one_plus_exp(epsilon) + math.log2(instances) - sigma)
+
+
+def log2_one_plus_exp(epsilon: float) -> float:
+    """``log2(1 + e^eps)`` without overflow."""
+    return (epsilon + math.log1p(math.exp(-epsilon))) / math.log(2.0) if epsilon > 0 else math.log2(1.0 + math.exp(epsilon))
+
+
+def sigma_needed(epsilon: float, delta: float, instances: int = 1) -> float:
+    """The ``sigma`` with ``(1 + e^eps) instances 2^-sigma = delta``, in logs (no overflow at tiny delta)."""
+    return log2_one_plus_exp(epsilon) + math.log2(instances) - math.log2(delta)
 
 
 # --------------------------------------------------------------------------
@@ -114,9 +127,13 @@ def split_delta(users: int, messages: int, modulus: int, epsilon: float, instanc
 
 
 def skellam_rdp(order: int, l1: float, l2: float, mu: float) -> float:
-    """Agarwal, Kairouz & Liu 2021: RDP of ``Skellam(mu)`` noise (Poisson mean ``mu`` per side) at integer ``order``."""
+    """Agarwal, Kairouz & Liu 2021: RDP of ``Skellam(mu)`` noise (Poisson mean ``mu`` per side) at integer ``order``.
+
+    Written as ratios (``l2 / mu``, ``l1 / mu``) so that no intermediate overflows or underflows."""
     a = order
-    return a * l2**2 / (4.0 * mu) + min(((2 * a - 1) * l2**2 + 6.0 * l1) / (16.0 * mu**2), 3.0 * l1 / (4.0 * mu))
+    r2 = (l2 / mu) * l2  # l2^2 / mu
+    r1 = l1 / mu
+    return a * r2 / 4.0 + min(((2 * a - 1) * r2 + 6.0 * r1) / (16.0 * mu), 3.0 * r1 / 4.0)
 
 
 def rdp_to_dp(orders, rdp, delta: float) -> float:
@@ -164,15 +181,15 @@ def check_scalar_sum(params: ModularSumParams, epsilon: float, delta: float) -> 
         _refuse("modulus", f"{params.modulus} <= 2 n p = {2 * params.users * params.precision}: honest sums would wrap around")
     cost = split_delta(params.users, params.messages, params.modulus, epsilon)
     if cost > delta:
-        need = messages_needed(params.users, params.modulus, math.log2((1.0 + math.exp(epsilon)) / delta))
+        need = messages_needed(params.users, params.modulus, sigma_needed(epsilon, delta))
         _refuse(
             "messages",
             f"{params.messages} shares from {params.users} users mod {params.modulus} cost delta {cost:.3g} > {delta:.3g}; "
             f"the split-and-mix bound needs at least {need}",
         )
-    alpha = math.exp(-epsilon / params.precision)
-    if not alpha / (1.0 - alpha) <= DEVICE_MAX_MEAN:
-        _refuse("precision", f"noise alpha = exp(-eps/p) = {alpha:.9f} is beyond the device sampler (lower the precision)")
+    one_minus_alpha = -math.expm1(-epsilon / params.precision)
+    if not one_minus_alpha > 0.0 or not (1.0 - one_minus_alpha) / one_minus_alpha <= DEVICE_MAX_MEAN:
+        _refuse("precision", f"noise alpha = exp(-eps/p) = exp(-{epsilon / params.precision:.3g}) is beyond the device sampler (lower the precision)")
 
 
 def check_vector_sum(params: VectorSumParams, epsilon: float, delta: float) -> None:
@@ -186,8 +203,15 @@ def check_vector_sum(params: VectorSumParams, epsilon: float, delta: float) -> N
     eps_noise = skellam_epsilon(params.mu, params.levels, params.padded_dim, delta - split)
     if eps_noise > epsilon:
         _refuse("mu", f"Skellam noise mu = {params.mu:.6g} gives eps {eps_noise:.4g} > {epsilon:.4g} at delta {delta - split:.3g}")
-    if params.mu / params.users > DEVICE_MAX_MEAN:
-        _refuse("mu", f"per-user noise mean mu / users = {params.mu / params.users:.3g} is beyond the device sampler")
+    if params.padded_dim * params.mu / params.users > DEVICE_MAX_TOTAL_MEAN:
+        _refuse(
+            "mu",
+            f"a device would draw Poisson means of {params.padded_dim * params.mu / params.users:.3g} in all "
+            f"(D mu / users), over {DEVICE_MAX_TOTAL_MEAN:.3g}: the exact sampler's time is linear in it",
+        )
+    floor = 2.0 * params.users * params.levels * math.sqrt(2.0 * math.log(4.0 * params.padded_dim) / params.padded_dim)
+    if params.modulus <= floor:
+        _refuse("modulus", f"{params.modulus} cannot hold even a typical coordinate sum of {params.users} users ({floor:.3g})")
 
 
 # --------------------------------------------------------------------------
@@ -307,7 +331,7 @@ def choose_scalar_sum(
     q = modulus if modulus is not None else prime_at_least(2 * (users * p + tail) + 1)
     if q > MAX_MODULUS:
         _refuse("modulus", f"{q} exceeds {MAX_MODULUS}: fewer users or a lower precision")
-    m = messages if messages is not None else messages_needed(users, q, math.log2((1.0 + math.exp(epsilon)) / delta))
+    m = messages if messages is not None else messages_needed(users, q, sigma_needed(epsilon, delta))
     if m > MAX_MESSAGES_PER_USER:
         _refuse("messages", f"{m} shares per user exceed {MAX_MESSAGES_PER_USER}")
     params = ModularSumParams(lower, upper, p, q, m, users)
@@ -391,7 +415,7 @@ def choose_vector_sum(
     q = prime_at_least(2 * bound + 1)
     if q > MAX_MODULUS:
         _refuse("modulus", f"{q} exceeds {MAX_MODULUS}: fewer users or fewer levels")
-    sigma = math.log2((1.0 + math.exp(epsilon)) * padded / (delta - noise_delta))
+    sigma = sigma_needed(epsilon, delta - noise_delta, padded)
     m = messages if messages is not None else messages_needed(users, q, sigma)
     params = VectorSumParams(dim, radius, level, rotation_seed, q, m, users, mu)
     check_vector_sum(params, epsilon, delta)

@@ -150,7 +150,8 @@ async def run_messages_on(
     on_open = (lambda k: progress("opened reports", k)) if progress else None
     coordinator = deployment.coordinator(coordinator_channel, round_timeout=round_timeout, on_progress=on_open)
     epsilon, delta = protocol.budget
-    clients = [deployment.client(row[None], PrivacyLedger(epsilon, delta)) for row in data]
+    central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public}
+    clients = [deployment.client(row[None], PrivacyLedger(epsilon, delta), **central) for row in data]
     on_sealed = (lambda k: progress("sealed users", k)) if progress else None
     pool = ClientPool(
         pool_channel, coordinator.session_id, clients, lambda round_id: round_source(seed, round_id), on_progress=on_sealed

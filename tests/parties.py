@@ -33,7 +33,13 @@ def make_spec(
     deadline: float = 1e12,
     deployment: Deployment = DEPLOYMENT,
 ) -> RoundSpec:
-    """A spec of ``deployment``'s session naming its analyzer and shuffler keys."""
+    """A spec of ``deployment``'s session naming its analyzer and shuffler keys.
+
+    A quota (``messages_per_user``) above 1 with the default parameters takes a
+    mechanism that sends that many reports per user (:func:`quota_params`): a spec's
+    quota is exactly what its parameters make a user send."""
+    if params is PARAMS and messages_per_user > 1:
+        params = quota_params(messages_per_user)
     extra = {} if max_batch is None else {"max_batch": max_batch}
     return RoundSpec(
         session_id=deployment.session_id,
@@ -49,6 +55,16 @@ def make_spec(
         messages_per_user=messages_per_user,
         **extra,
     )
+
+
+def quota_params(quota: int):
+    """Parameters whose users send ``quota`` reports each (a power of two): the vector range round in
+    paper mode over ``quota`` coordinates."""
+    from shuffledp.protocol.messages import VectorRangeParams
+
+    if quota & (quota - 1):
+        raise ValueError(f"quota {quota} is not a power of two")
+    return VectorRangeParams(-4.0, 4.0, 0.5, quota, 1, "paper")
 
 
 def credential(i: int, issuer=ISSUER) -> bytes:

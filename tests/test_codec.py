@@ -112,7 +112,7 @@ def _round_spec(draw):
         max_batch=max_batch,
         deadline=draw(any_finite),
         delta0=delta0,
-        messages_per_user=draw(st.integers(1, m.MAX_MESSAGES_PER_USER)),
+        messages_per_user=m.messages_per_user(params),
         shuffler_instances=draw(st.integers(1, m.MAX_SHUFFLER_INSTANCES)),
     )
 
@@ -350,7 +350,7 @@ def _valid_examples():
         m.RoundSpec(sid, 4, m.HadamardRangeParams(-1.0, 1.0, 0.1), 0.5, min_batch=10, deadline=100.0, **keys),
         m.RoundSpec(
             sid, 5, m.ProjectedMeanParams(-1.0, 1.0, "gaussian", 64), 0.5, min_batch=10, deadline=100.0, delta0=1e-6,
-            messages_per_user=2, max_batch=50, shuffler_instances=3, **keys,
+            max_batch=50, shuffler_instances=3, **keys,
         ),
         m.SignedRoundSpec(b"spec", bytes(64)),
         m.Report(7, "projected-mean", (12,)),
@@ -662,7 +662,7 @@ def test_the_largest_vector_mean_spec_fits_its_limit():
         bounds = tuple(first - i for i in range(m.MAX_VECTOR_DIM))
         params = m.VectorMeanParams(m.MAX_VECTOR_DIM, 2**64 - 1, bounds, tuple(b + 1.0 for b in bounds), "gaussian", 4096)
         spec = m.RoundSpec(bytes(16), 2**63 - 1, params, 1.0, bytes(32), bytes(32), bytes(32), m.MAX_BATCH, 1e300,
-                           delta0=0.999, messages_per_user=m.MAX_MESSAGES_PER_USER, shuffler_instances=64)
+                           delta0=0.999, shuffler_instances=64)
         data = codec.encode(spec)
         assert codec.decode(data, m.RoundSpec) == spec
         assert codec.decode(codec.encode(m.SignedRoundSpec(data, bytes(64))), m.SignedRoundSpec).spec_bytes == data

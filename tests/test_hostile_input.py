@@ -71,7 +71,7 @@ from shuffledp.protocol.sealing import SUITE, Sealer
 from shuffledp.shuffler.service import INTERNAL_ERROR, RoundAdmission, batch_chunks
 from shuffledp.shuffler.spool import SqliteSpool
 
-from parties import DEPLOYMENT, ISSUER, OTHER_SESSION, SESSION, SHUFFLER_KEYS, credential, envelope, make_spec, nonce
+from parties import DEPLOYMENT, ISSUER, OTHER_SESSION, SESSION, SHUFFLER_KEYS, credential, envelope, make_spec, nonce, quota_params
 
 ANALYZER = DEPLOYMENT.analyzer()
 #: A well-formed shuffler identity the session does not trust.
@@ -515,9 +515,9 @@ def test_analyzer_and_shuffler_reject_payloads_not_of_the_rounds_size():
 
 
 def test_a_captured_sealed_report_rewrapped_by_other_enrolled_clients_is_admitted_once(tmp_path):
-    s = spec(messages_per_user=2)
+    s = spec(params=quota_params(2), messages_per_user=2)  # each client may send 2 reports
     signed_spec = ANALYZER.sign_spec(s)
-    original = client().answer(signed_spec)[0]
+    original = client(value=np.array([0.5, 0.5])).answer(signed_spec)[0]
     first = opener(s).open(original)
     captured = first.sealed
     spool = SqliteSpool(tmp_path / "spool.db")
@@ -532,7 +532,7 @@ def test_a_captured_sealed_report_rewrapped_by_other_enrolled_clients_is_admitte
     assert receipts.admitted == [] and receipts.refused == [nonce(200 + i) for i in range(3)]
     assert receipts.reasons == ["duplicate"] * 3
     # a fresh report and its re-wrapped copy in the same burst, before anything is committed
-    fresh = client().answer(signed_spec)[0]
+    fresh = client(value=np.array([0.2, 0.9])).answer(signed_spec)[0]
     fresh_sealed = sealed_of(s, fresh)
     burst = adm.offer_many([fresh, envelope(s, credential(300), fresh_sealed, nonce(300))])
     assert len(burst.admitted) == 1 and burst.reasons == ["duplicate"]

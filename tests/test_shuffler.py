@@ -59,9 +59,10 @@ ALPHA_OS = 1e-6
 SEALED = report_format(3, PARAMS.MECHANISM).sealed_size
 
 
-def sealed_bytes(i: int) -> bytes:
-    """A distinct stand-in sealed payload of the round's length."""
-    return i.to_bytes(SEALED, "big")
+def sealed_bytes(i: int, spec: RoundSpec | None = None) -> bytes:
+    """A distinct stand-in sealed payload of the round's length (``spec``'s round, or the default one)."""
+    size = SEALED if spec is None else report_format(spec.round_id, spec.mechanism).sealed_size
+    return i.to_bytes(size, "big")
 
 
 def admission(spec: RoundSpec, **options) -> RoundAdmission:
@@ -77,13 +78,13 @@ def test_admission_reasons_are_counted():
     spec = make_spec(messages_per_user=2)
     adm = admission(spec)
     valid = [
-        envelope(spec, credential(1), sealed_bytes(1), nonce(100)),
-        envelope(spec, credential(1), sealed_bytes(2), nonce(101)),
-        envelope(spec, credential(2), sealed_bytes(3), nonce(102)),
+        envelope(spec, credential(1), sealed_bytes(1, spec), nonce(100)),
+        envelope(spec, credential(1), sealed_bytes(2, spec), nonce(101)),
+        envelope(spec, credential(2), sealed_bytes(3, spec), nonce(102)),
     ]
     receipts = adm.offer_many(valid)
     assert receipts.admitted == [nonce(100), nonce(101), nonce(102)] and not receipts.refused
-    wrong_version = cbor2.loads(envelope(spec, credential(3), sealed_bytes(4), nonce(103)))
+    wrong_version = cbor2.loads(envelope(spec, credential(3), sealed_bytes(4, spec), nonce(103)))
     wrong_version["v"] = 3
     forged = bytearray(credential(7))
     forged[-1] ^= 1
@@ -92,26 +93,26 @@ def test_admission_reasons_are_counted():
         "too-large": [b"\x00" * 4097],
         "unsupported-version": [cbor2.dumps(wrong_version, canonical=True)],
         "unknown-round": [
-            envelope(spec, credential(4), sealed_bytes(5), nonce(104), session_id=OTHER_SESSION),
-            envelope(spec, credential(4), sealed_bytes(6), nonce(105), round_id=4),
+            envelope(spec, credential(4), sealed_bytes(5, spec), nonce(104), session_id=OTHER_SESSION),
+            envelope(spec, credential(4), sealed_bytes(6, spec), nonce(105), round_id=4),
         ],
-        "unsealable": [envelope(spec, credential(4), sealed_bytes(7), nonce(106), shuffler_key=ShufflerKeys.generate().hpke_public)],
-        "bad-credential": [envelope(spec, bytes(forged), sealed_bytes(8), nonce(107)), envelope(spec, CredentialIssuer.generate().issue(), sealed_bytes(9), nonce(108))],
-        "replay": [envelope(spec, credential(5), sealed_bytes(10), nonce(100))],  # admitted nonce, other report
-        "duplicate": [envelope(spec, credential(5), sealed_bytes(1), nonce(109))],  # admitted report, re-wrapped
-        "quota": [envelope(spec, credential(1), sealed_bytes(11), nonce(110))],  # third report of client 1, quota 2
-        "wrong-size": [envelope(spec, credential(6), bytes(SEALED - 1), nonce(111))],
+        "unsealable": [envelope(spec, credential(4), sealed_bytes(7, spec), nonce(106), shuffler_key=ShufflerKeys.generate().hpke_public)],
+        "bad-credential": [envelope(spec, bytes(forged), sealed_bytes(8, spec), nonce(107)), envelope(spec, CredentialIssuer.generate().issue(), sealed_bytes(9, spec), nonce(108))],
+        "replay": [envelope(spec, credential(5), sealed_bytes(10, spec), nonce(100))],  # admitted nonce, other report
+        "duplicate": [envelope(spec, credential(5), sealed_bytes(1, spec), nonce(109))],  # admitted report, re-wrapped
+        "quota": [envelope(spec, credential(1), sealed_bytes(11, spec), nonce(110))],  # third report of client 1, quota 2
+        "wrong-size": [envelope(spec, credential(6), bytes(len(sealed_bytes(0, spec)) - 1), nonce(111))],
     }
     for items in junk.values():
         adm.offer_many(items)  # never raises
     assert adm.stats.admitted == 3
     assert adm.stats.rejected == Counter({reason: len(items) for reason, items in junk.items()})
-    assert adm.payloads == [sealed_bytes(1), sealed_bytes(2), sealed_bytes(3)]
+    assert adm.payloads == [sealed_bytes(1, spec), sealed_bytes(2, spec), sealed_bytes(3, spec)]
     # an exact retransmission is acknowledged again and counted once
     again = adm.offer_many([valid[0]])
     assert again.admitted == [nonce(100)] and adm.stats.admitted == 3 and adm.stats.retransmitted == 1
     # a quota refusal does not burn the nonce: a fresh client may use it
-    adm.offer(envelope(spec, credential(8), sealed_bytes(12), nonce(110)))
+    adm.offer(envelope(spec, credential(8), sealed_bytes(12, spec), nonce(110)))
     assert adm.stats.admitted == 4
 
 
@@ -186,7 +187,7 @@ def test_offer_never_raises_on_arbitrary_bytes(data):
     choices=st.lists(
         st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from([3, 3, 3, 4]), st.booleans()), max_size=30
     ),
-    quota=st.integers(1, 3),
+    quota=st.sampled_from([1, 2, 4]),
     burst=st.integers(1, 8),
 )
 def test_admission_matches_a_model(choices, quota, burst):
@@ -197,7 +198,7 @@ def test_admission_matches_a_model(choices, quota, burst):
     seen, per_client, refusals, admitted, rejected = set(), Counter(), Counter(), [], Counter()
     items = []
     for i, (c, n, round_id, foreign) in enumerate(choices):
-        sealed = sealed_bytes(i)
+        sealed = sealed_bytes(i, spec)
         header = {"session_id": OTHER_SESSION} if foreign else {}
         if round_id != 3:
             header["round_id"] = round_id
@@ -640,9 +641,9 @@ def test_opening_on_worker_processes_decides_exactly_as_in_process():
     spec = make_spec(messages_per_user=2, max_batch=300)
     items = []
     for i in range(300):
-        items.append(envelope(spec, credential(i % 120), sealed_bytes(i), nonce(i % 280)))  # quota, replays
-    items += [b"junk", envelope(spec, credential(1), sealed_bytes(5), nonce(9999)), items[0]]  # junk, copy, retransmit
-    items += [envelope(spec, credential(3), sealed_bytes(7), nonce(7777), round_id=4)]  # another round
+        items.append(envelope(spec, credential(i % 120), sealed_bytes(i, spec), nonce(i % 280)))  # quota, replays
+    items += [b"junk", envelope(spec, credential(1), sealed_bytes(5, spec), nonce(9999)), items[0]]  # junk, copy, retransmit
+    items += [envelope(spec, credential(3), sealed_bytes(7, spec), nonce(7777), round_id=4)]  # another round
     pool = OuterLayerPool(SHUFFLER_KEYS.hpke_private, 2, threshold=16)
     try:
         parallel = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, opener_pool=pool)

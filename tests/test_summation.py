@@ -27,6 +27,7 @@ from shuffledp.analyzer.summation import (
     vector_rounding_variance,
     vector_sum_variance,
 )
+from shuffledp.client.client import UntrustedRound
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.summation import randomize_modular_sum, randomize_vector_sum
 from shuffledp.deployment import Deployment
@@ -138,7 +139,7 @@ def test_a_client_sends_every_share_in_its_own_envelope_of_one_size(kind):
     opener = EnvelopeOpener(deployment.shuffler_keys.hpke_private, spec)
     sizes, keys = set(), set()
     for data in samples:
-        client = deployment.client(np.array(data), PrivacyLedger(EPS, DELTA))
+        client = deployment.client(np.array(data), PrivacyLedger(EPS, DELTA), **_central(deployment))
         envelopes = client.answer(signed)
         assert len(envelopes) == params.messages_per_user
         assert (client.ledger.spent_epsilon, client.ledger.spent_delta) == pytest.approx((EPS, DELTA))  # once for all its shares
@@ -153,9 +154,9 @@ def test_the_shuffler_admits_m_shares_per_credential_and_no_more():
     deployment = Deployment()
     params = choose_scalar_sum(1000, EPS, DELTA, 0.0, 1.0).params
     spec = _spec_for(deployment, params)
-    client = deployment.client(np.array([0.4]), PrivacyLedger(10.0, 1e-3))
+    client = deployment.client(np.array([0.4]), PrivacyLedger(10.0, 1e-3), **_central(deployment))
     envelopes = client.answer(deployment.analyzer().sign_spec(spec))
-    extra = deployment.client(np.array([0.4]), PrivacyLedger(10.0, 1e-3))
+    extra = deployment.client(np.array([0.4]), PrivacyLedger(10.0, 1e-3), **_central(deployment))
     extra.credential = client.credential  # a device replaying its credential for one more share
     more = extra.answer(deployment.analyzer().sign_spec(spec))[:1]
     admission = RoundAdmission(spec, deployment.shuffler_keys, deployment.issuer)
@@ -200,3 +201,38 @@ def _spec_for_batch(params, min_batch):
 
     return make_spec(params=params, epsilon0=EPS, delta0=DELTA, messages_per_user=params.messages_per_user,
                      min_batch=min_batch, max_batch=params.min_reports)
+
+
+def _central(deployment: Deployment) -> dict:
+    """Client options of a device that answers central-only rounds: opt in, and pin the shuffler."""
+    return {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public}
+
+
+def test_a_device_answers_summation_only_if_it_opted_in_and_pinned_its_shuffler():
+    deployment = Deployment()
+    params = choose_scalar_sum(1000, EPS, DELTA, 0.0, 1.0).params
+    signed = deployment.analyzer().sign_spec(_spec_for(deployment, params))
+    default = deployment.client(np.array([0.4]), PrivacyLedger(EPS, DELTA))
+    with pytest.raises(UntrustedRound, match="no local guarantee"):
+        default.answer(signed)
+    assert default.ledger.spent_epsilon == 0.0
+    with pytest.raises(InvalidParameter, match="pin"):
+        deployment.client(np.array([0.4]), PrivacyLedger(EPS, DELTA), accept_central_only=True)
+    other = Deployment()  # a device pinned to another shuffler
+    pinned_elsewhere = deployment.client(
+        np.array([0.4]), PrivacyLedger(EPS, DELTA), accept_central_only=True, shuffler_signing_key=other.shuffler_keys.signing_public
+    )
+    with pytest.raises(UntrustedRound, match="pinned"):
+        pinned_elsewhere.answer(signed)
+    assert len(deployment.client(np.array([0.4]), PrivacyLedger(EPS, DELTA), **_central(deployment)).answer(signed)) == params.messages
+
+
+def test_the_device_floor_counts_users_not_reports():
+    deployment = Deployment()
+    params = choose_scalar_sum(1000, EPS, DELTA, 0.0, 1.0).params  # min_batch = 1000 users x M reports
+    signed = deployment.analyzer().sign_spec(_spec_for(deployment, params))
+    strict = deployment.client(np.array([0.4]), PrivacyLedger(EPS, DELTA), min_batch_floor=1001, **_central(deployment))
+    with pytest.raises(UntrustedRound, match="1000 users"):
+        strict.answer(signed)
+    ok = deployment.client(np.array([0.4]), PrivacyLedger(EPS, DELTA), min_batch_floor=1000, **_central(deployment))
+    assert len(ok.answer(signed)) == params.messages

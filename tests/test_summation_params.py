@@ -158,3 +158,29 @@ def test_modular_sum_params_validation(kwargs, param):
     base = dict(lower=0.0, upper=1.0, precision=10, modulus=10007, messages=5, users=100)
     with pytest.raises(InvalidParameter, match=param):
         ModularSumParams(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "params,epsilon0,delta0",
+    [
+        (ModularSumParams(0.0, 1.0, 2**40, (1 << 62) - 57, 10, 1000), 1e-6, 1e-6),  # alpha rounds to 1
+        (ModularSumParams(0.0, 1.0, 100, 200_003, 3, 1000), 30.0, 1e-300),  # (1 + e^eps) / delta overflows
+        (VectorSumParams(4, 1.0, 200, 1, 4_000_037, 10, 1000, 1.0), 1.0, 1e-6),  # mu at its floor: too little noise
+    ],
+)
+def test_extreme_budgets_get_typed_refusals(params, epsilon0, delta0):
+    """Found by review: these used to raise ZeroDivisionError / OverflowError out of a spec's decoding."""
+    from parties import make_spec
+
+    with pytest.raises(InvalidParameter):
+        make_spec(params=params, epsilon0=epsilon0, delta0=delta0, messages_per_user=params.messages_per_user,
+                  min_batch=params.min_reports, max_batch=params.min_reports)
+    with pytest.raises(InvalidParameter, match="mu"):
+        VectorSumParams(4, 1.0, 200, 1, 4_000_037, 10, 1000, 1e-200)
+
+
+def test_a_modulus_too_small_for_any_sum_is_refused():
+    c = choose_vector_sum(1000, 1.0, 1e-6, 4, 1.0, 1)
+    p = c.params
+    with pytest.raises(InvalidParameter, match="modulus"):
+        VectorSumParams(p.dim, p.radius, p.levels, p.rotation_seed, 3, p.messages, p.users, p.mu).check_budget(1.0, 1e-6)

@@ -51,7 +51,6 @@ from shuffledp.protocol.messages import (
     MAX_BINS,
     MAX_EPSILON,
     MAX_GRID_LEVELS,
-    MAX_MESSAGES_PER_USER,
     MAX_OUTER_BYTES,
     MAX_SHUFFLER_INSTANCES,
     MIN_EPSILON,
@@ -412,7 +411,7 @@ def g_round_spec(
     floor = getattr(params, "min_reports", 1)
     max_batch = MAX_BATCH if r.bool() else r.log_int(max(min_max_batch, floor), MAX_BATCH)
     min_batch = floor if r.bool() else r.log_int(floor, max_batch)
-    per_user = r.int(messages_per_user(params), MAX_MESSAGES_PER_USER)
+    per_user = messages_per_user(params)  # the quota is exactly what the parameters make a user send
     instances = 1 if r.below(4) else r.pick((2, MAX_SHUFFLER_INSTANCES)) if r.bool() else r.int(1, MAX_SHUFFLER_INSTANCES)
     common = dict(session_id=session, round_id=round_id, deadline=deadline, messages_per_user=per_user,
                   shuffler_instances=instances, **keys)

@@ -64,7 +64,6 @@ from shuffledp.protocol import codec
 from shuffledp.protocol.channel import InProcessChannel
 from shuffledp.protocol.credentials import assigned_instance
 from shuffledp.protocol.errors import MessageTooLarge, ShuffleDPError
-from shuffledp.protocol.messages import messages_per_user
 from shuffledp.protocol.messages import (
     MAX_OUTER_BYTES,
     Admission,
@@ -310,8 +309,6 @@ def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
     count_case("admission")
     r = S.Rng(seed)
     spec = S.g_round_spec(r, min_max_batch=64, shuffler=SHUFFLER)
-    if r.bool():  # small quotas, so that the decoy clients run into theirs
-        spec = dataclasses.replace(spec, messages_per_user=max(messages_per_user(spec.params), r.pick((1, 2))))
     fmt = envelope_format(spec.round_id, spec.mechanism)
     instance = r.below(spec.shuffler_instances)  # this shuffler's instance; clients are assigned by credential
     ids = (client_id(VALID_ID, j) for j in range(10**6))
@@ -425,7 +422,7 @@ def test_client_answer_raises_only_typed_errors_and_charges_only_on_success(seed
         assert after == before, f"a refused round charged the ledger: {signed_spec.hex()}"
         return
     spec = verified_spec(signed_spec, ANALYZER.keys.signing_public)
-    assert len(out) == messages_per_user(spec.params)  # every message of the round, each its own envelope
+    assert len(out) == spec.messages_per_user  # every message of the round, each its own envelope
     fmt = envelope_format(spec.round_id, spec.mechanism)
     for data in out:
         envelope = codec.decode(data, Envelope)
