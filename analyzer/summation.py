@@ -103,16 +103,21 @@ class SumOutcome:
     params: ModularSumParams | VectorSumParams
 
 
-class ScalarSumProtocol(Protocol):
-    """One round of scalar multi-message summation at central ``(epsilon, delta)``."""
+class SummationProtocol(Protocol):
+    """One round of multi-message summation at central ``(epsilon, delta)``: scalar
+    (:class:`ModularSumParams`) or vector (:class:`VectorSumParams`, rotation, l2 clipping, Skellam)."""
 
     name = "sum"
 
-    def __init__(self, params: ModularSumParams, epsilon: float, delta: float) -> None:
+    def __init__(self, params: ModularSumParams | VectorSumParams, epsilon: float, delta: float) -> None:
         params.check_budget(epsilon, delta)
         self.params = params
         self.epsilon = epsilon
         self.delta = delta
+        vector = isinstance(params, VectorSumParams)
+        self.name = "vector-sum" if vector else "sum"
+        self.data_rank = 2 if vector else 1
+        self._decode = decode_vector_sum if vector else decode_scalar_sum
 
     @property
     def budget(self) -> tuple[float, float]:
@@ -120,28 +125,7 @@ class ScalarSumProtocol(Protocol):
 
     def rounds(self) -> Rounds:
         values = yield RoundPlan(self.params, self.epsilon, self.delta)
-        return SumOutcome(decode_scalar_sum(values, self.params), self.params)
-
-
-class VectorSumProtocol(Protocol):
-    """One round of vector multi-message summation (rotation, l2 clipping, Skellam) at central ``(epsilon, delta)``."""
-
-    name = "vector-sum"
-    data_rank = 2
-
-    def __init__(self, params: VectorSumParams, epsilon: float, delta: float) -> None:
-        params.check_budget(epsilon, delta)
-        self.params = params
-        self.epsilon = epsilon
-        self.delta = delta
-
-    @property
-    def budget(self) -> tuple[float, float]:
-        return self.epsilon, self.delta
-
-    def rounds(self) -> Rounds:
-        values = yield RoundPlan(self.params, self.epsilon, self.delta)
-        return SumOutcome(decode_vector_sum(values, self.params), self.params)
+        return SumOutcome(self._decode(values, self.params), self.params)
 
 
 def vector_sum_variance(params: VectorSumParams, rounding_variance_encoded: np.ndarray) -> float:

@@ -56,8 +56,8 @@ with one block (``shuffledp.engine.FAST_BLOCK`` raised for that call); the defau
 fast run is recorded too.
 
 Run: ``python benchmarks/bench_summation.py [--quick] [--trials-scale X] [--no-message-path]``
-(about 10 minutes for the statistics plus several minutes for the message path, on one
-core); writes benchmarks/results/summation.json and summation.png (``--plot-only`` redraws
+(on one core of this 2-CPU machine: about 6 minutes for the statistics and 6 for the
+message path at n = 1e5; ``--quick`` about 2 minutes); writes benchmarks/results/summation.json and summation.png (``--plot-only`` redraws
 the figure from the JSON).
 """
 
@@ -74,7 +74,7 @@ import numpy as np
 from _common import RESULTS, pin_one_core, write_result
 
 from shuffledp.analyzer.scalar_mean import estimate_mean
-from shuffledp.analyzer.summation import ScalarSumProtocol, scalar_rounding_variance
+from shuffledp.analyzer.summation import SummationProtocol, scalar_rounding_variance
 from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
 import shuffledp.engine as engine
 from shuffledp.engine import run_fast, run_messages
@@ -89,7 +89,7 @@ from shuffledp.protocol.wire_size import envelope_bytes
 EPSILON = 1.0
 DELTA = 1e-6
 NS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
-#: Runs per n at --trials-scale 1 (about 10 minutes in all on one core; see the module docstring).
+#: Runs per n at --trials-scale 1 (about 6 minutes of statistics on one core; see the module docstring).
 TRIALS = {1_000: 5000, 3_000: 4000, 10_000: 3000, 30_000: 1200, 100_000: 600, 300_000: 250, 1_000_000: 100}
 GRID_LEVELS = 4096
 CENTRAL_PRECISION = 2**20
@@ -299,7 +299,7 @@ def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float) -> tu
         # -- multi-message parameters
         choice = choose_scalar_sum(n, EPSILON, DELTA, 0.0, 1.0)
         params = choice.params
-        protocol = ScalarSumProtocol(params, EPSILON, DELTA)
+        protocol = SummationProtocol(params, EPSILON, DELTA)
         bbgn = messages_needed(n, params.modulus, math.log2((1.0 + math.exp(EPSILON)) / DELTA))
         summation_info[n] = {
             "messages_per_user": params.messages,
@@ -377,7 +377,7 @@ def targets(rows: dict, pooled: np.ndarray) -> dict:
 def message_path(n: int, t0: float) -> dict:
     values = user_values(n)
     choice = choose_scalar_sum(n, EPSILON, DELTA, 0.0, 1.0)
-    protocol = ScalarSumProtocol(choice.params, EPSILON, DELTA)
+    protocol = SummationProtocol(choice.params, EPSILON, DELTA)
     log(f"[{time.perf_counter() - t0:7.1f}s] message path: n={n}, {n * choice.params.messages} sealed envelopes "
         f"through the real client, shuffler and analyzer (in-process); this takes minutes")
     counts: dict[str, int] = {}

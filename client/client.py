@@ -150,7 +150,7 @@ class Client:
             raise RoundExpired(f"round {spec.round_id} closed at {spec.deadline}")
         if self.shuffler_signing_key is not None and spec.shuffler_signing_key != self.shuffler_signing_key:
             raise UntrustedRound("the spec names a shuffler other than the one this device pinned")
-        users = spec.min_batch // messages_per_user(spec.params)
+        users = -(-spec.min_batch // messages_per_user(spec.params))  # the fewest users that fill min_batch
         if users < self.min_batch_floor:
             raise UntrustedRound(f"the round's batch holds {users} users' reports, below this device's floor {self.min_batch_floor}")
         if not getattr(spec.params, "LOCAL_GUARANTEE", True) and not self.accept_central_only:

@@ -55,23 +55,28 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
     p.add_argument("--delta", type=float, default=None, help="central delta (default 1/n^1.1)")
     p.add_argument("--seed", type=int, default=0, help="simulation seed")
+    add_engine_arguments(p, default="messages")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, default: str) -> None:
+    """``--fast`` / ``--messages`` (which engine, ``shuffledp/engine.py``) and ``--broker``."""
     path = p.add_mutually_exclusive_group()
-    path.add_argument("--fast", dest="path", action="store_const", const="fast", help="vectorized, no messages")
+    path.add_argument("--fast", dest="path", action="store_const", const="fast", help="vectorized engine, no messages")
     path.add_argument(
         "--messages", dest="path", action="store_const", const="messages",
-        help="real clients, sealing, shuffler and analyzer over the in-process channel",
+        help="message engine: real clients, sealing, shuffler and analyzer (in-process, or over --broker)",
     )
-    p.set_defaults(path="messages")
+    p.set_defaults(path=default)
     p.add_argument(
         "--broker", metavar="HOST[:PORT]|DIR", default=None,
         help="carry the messages over this MQTT broker (each party its own connection) instead of in-process: "
         "HOST[:PORT] for an anonymous plaintext broker, or the directory of a broker made by "
         "'python -m shuffledp.broker DIR --run' (TLS, one password per role, ACLs)",
     )
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

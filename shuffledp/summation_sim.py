@@ -18,8 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shuffledp.analyzer.summation import (
-    ScalarSumProtocol,
-    VectorSumProtocol,
+    SummationProtocol,
     clipped_sum,
     scalar_clipped_sum,
     scalar_rounding_variance,
@@ -82,13 +81,13 @@ def run_summation(config: SummationConfig, progress: Progress | None = None) -> 
     if config.protocol == "sum":
         bound = config.population.bound
         choice = choose_scalar_sum(n, config.epsilon, config.delta, -bound, bound)
-        protocol = ScalarSumProtocol(choice.params, config.epsilon, config.delta)
+        protocol = SummationProtocol(choice.params, config.epsilon, config.delta)
         truth = scalar_clipped_sum(data, choice.params)
         variance = scalar_sum_variance(choice.params, config.epsilon, scalar_rounding_variance(data, choice.params))
     else:
         seed = int(np.random.SeedSequence([config.seed, 0x2077]).generate_state(1, np.uint64)[0] >> 1)
         choice = choose_vector_sum(n, config.epsilon, config.delta, data.shape[1], config.clip_radius, seed)
-        protocol = VectorSumProtocol(choice.params, config.epsilon, config.delta)
+        protocol = SummationProtocol(choice.params, config.epsilon, config.delta)
         truth = clipped_sum(data, config.clip_radius)
         variance = vector_sum_variance(choice.params, vector_rounding_variance(data, choice.params))
     if config.path == "fast":

@@ -13,6 +13,7 @@ import sys
 
 from shuffledp.client.vector_randomizer import VECTOR_MODES
 from shuffledp.progress import progress_bar, pyplot, save_figure
+from shuffledp.simulate_cli import add_engine_arguments
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.vector_population import VECTOR_KINDS, VectorPopulation
 from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
@@ -36,14 +37,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--mode", choices=VECTOR_MODES, default="sampled", help="range-round budget mode")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability of the radius")
     p.add_argument("--seed", type=int, default=0)
-    path = p.add_mutually_exclusive_group()
-    path.add_argument("--fast", dest="path", action="store_const", const="fast", help="vectorized, streamed (default)")
-    path.add_argument(
-        "--messages", dest="path", action="store_const", const="messages",
-        help="real clients, sealing, shuffler and analyzer (in-process, or over --broker)",
-    )
-    p.set_defaults(path="fast")
-    p.add_argument("--broker", metavar="HOST[:PORT]|DIR", default=None, help="with --messages: carry them over this MQTT broker")
+    add_engine_arguments(p, default="fast")  # --fast streams users block by block
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--output", metavar="JSON", default=None, help="also write the JSON result to this file")
     p.add_argument("--plot", metavar="PNG", default=None, help="plot error against n (with --sweep)")

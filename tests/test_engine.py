@@ -16,7 +16,7 @@ import pytest
 
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, drive
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
-from shuffledp.analyzer.summation import ScalarSumProtocol, VectorSumProtocol
+from shuffledp.analyzer.summation import SummationProtocol
 from shuffledp.analyzer.vector_mean import VectorMeanConfig, VectorMeanProtocol
 from shuffledp.engine import run_fast, run_messages, run_messages_on
 from shuffledp.protocol.channel import InProcessChannel
@@ -56,8 +56,8 @@ def _protocols():
     scalar = rng.normal(1.0, 1.0, n)
     vectors = rng.normal(0.1, 0.3, (n, 3))
     mean = ScalarMeanProtocol(ScalarMeanConfig(bound=8.0, tau=2.0, epsilon0=2.0, grid_levels=256))
-    total = ScalarSumProtocol(choose_scalar_sum(n, 1.0, 1e-6, -2.0, 4.0).params, 1.0, 1e-6)
-    vector = VectorSumProtocol(choose_vector_sum(n, 1.0, 1e-6, 3, 1.0, rotation_seed=8).params, 1.0, 1e-6)
+    total = SummationProtocol(choose_scalar_sum(n, 1.0, 1e-6, -2.0, 4.0).params, 1.0, 1e-6)
+    vector = SummationProtocol(choose_vector_sum(n, 1.0, 1e-6, 3, 1.0, rotation_seed=8).params, 1.0, 1e-6)
     vector_mean = VectorMeanProtocol(VectorMeanConfig(3, rotated_bound=2.0, rotated_tau=0.4, epsilon0=4.0, rotation_seed=2**64 - 5))
     paper = VectorMeanProtocol(VectorMeanConfig(3, rotated_bound=2.0, rotated_tau=0.4, epsilon0=8.0, mode="paper", rotation_seed=3))
     return [

@@ -17,8 +17,7 @@ import pytest
 
 from shuffledp.analyzer.summation import (
     IncompleteShares,
-    ScalarSumProtocol,
-    VectorSumProtocol,
+    SummationProtocol,
     clipped_sum,
     decode_scalar_sum,
     decode_vector_sum,
@@ -53,7 +52,7 @@ def test_scalar_sum_error_matches_its_exact_variance():
     n, runs = 2000, 2000
     x = np.random.default_rng(5).beta(2, 5, n) * 3.0 - 1.0  # some values outside [-1, 1]: clipped
     choice = choose_scalar_sum(n, EPS, DELTA, -1.0, 1.0)
-    protocol = ScalarSumProtocol(choice.params, EPS, DELTA)
+    protocol = SummationProtocol(choice.params, EPS, DELTA)
     truth = scalar_clipped_sum(x, choice.params)
     sd = math.sqrt(scalar_sum_variance(choice.params, EPS, scalar_rounding_variance(x, choice.params)))
     z = np.array([(run_fast(protocol, x, seed).result.estimate.sum - truth) / sd for seed in range(runs)])
@@ -65,7 +64,7 @@ def test_vector_sum_error_matches_its_exact_variance():
     rng = np.random.default_rng(6)
     x = rng.normal(0.2, 0.4, (n, 6))
     choice = choose_vector_sum(n, EPS, DELTA, 6, 1.0, rotation_seed=99)
-    protocol = VectorSumProtocol(choice.params, EPS, DELTA)
+    protocol = SummationProtocol(choice.params, EPS, DELTA)
     truth = clipped_sum(x, 1.0)
     expected = vector_sum_variance(choice.params, vector_rounding_variance(x, choice.params))
     ratios = np.array([np.sum((run_fast(protocol, x, seed).result.estimate.sum - truth) ** 2) / expected for seed in range(runs)])
@@ -183,7 +182,7 @@ def test_envelopes_of_a_summation_round_on_the_wire_have_one_size():
 
     channel = Recording()
     x = np.linspace(0.0, 1.0, n)
-    run = asyncio.run(run_messages_on(ScalarSumProtocol(params, EPS, DELTA), x, (channel, channel, channel), seed=2))
+    run = asyncio.run(run_messages_on(SummationProtocol(params, EPS, DELTA), x, (channel, channel, channel), seed=2))
     assert len(sizes) == n * params.messages and len(set(sizes)) == 1
     assert run.rounds[0].reports == n * params.messages and run.rounds[0].envelope_bytes == sum(sizes)
 

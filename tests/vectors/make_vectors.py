@@ -245,7 +245,7 @@ def multi_message_specs() -> list[tuple[str, m.RoundSpec]]:
     base = dict(session_id=SESSION, analyzer_key=range_spec.analyzer_key, shuffler_key=range_spec.shuffler_key,
                 shuffler_signing_key=range_spec.shuffler_signing_key, deadline=1_900_000_000.0)
     total = m.ModularSumParams(0.0, 1.0, 100, 2_000_003, 8, 10_000)  # min_batch = 10^4 users x 8 shares
-    vector_sum = m.VectorSumParams(3, 1.0, 200, 7, 4_000_037, 10, 10_000, 3.0e6)  # min_batch = 10^4 x 10 x 4
+    vector_sum = m.VectorSumParams(3, 1.0, 200, 7, 10_000_019, 10, 10_000, 3.0e6)  # min_batch = 10^4 x 10 x 4
     vector_range = m.VectorRangeParams(-4.0, 4.0, 0.5, 3, 2**64 - 1, "paper")
     vector_mean = m.VectorMeanParams(3, 2**64 - 1, (-1.5, -1.0, 0.0, 0.5), (1.5, 2.0, 3.0, 3.5), "laplace", 1024)
     return [
@@ -268,7 +268,7 @@ def example_messages(layers: dict) -> list[tuple[str, object]]:
         ("round-spec/projected-mean-gaussian", mean_spec),
         *multi_message_specs(),
         ("report/modular-sum", m.Report(2, "modular-sum", (1_999_999,))),
-        ("report/vector-sum", m.Report(3, "vector-sum", (3, 4_000_036))),
+        ("report/vector-sum", m.Report(3, "vector-sum", (3, 10_000_018))),
         ("report/vector-range", m.Report(4, "vector-range", (2, 11, -1))),
         ("report/vector-mean", m.Report(5, "vector-mean", (1, -7))),
         ("signed-round-spec", m.SignedRoundSpec(spec_bytes, signature)),
