@@ -1,0 +1,110 @@
+"""The shuffled audit: its event probabilities are the shipped randomizers', its bounds are valid and
+tight where the issue asks, and it catches a randomizer that keeps too often."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from shuffledp.audit_shuffled import (
+    audit_shuffled,
+    clopper_pearson_high,
+    clopper_pearson_low,
+    event_probabilities,
+)
+from shuffledp.client import krr
+from shuffledp.client.krr import randomize_krr
+from shuffledp.client.range_randomizer import randomize_range
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.hadamard import hadamard_entry
+from shuffledp.protocol.messages import HadamardRangeParams
+from shuffledp.protocol.randomness import SeededSource
+
+#: Two-sided level of the frequency checks: a correct randomizer fails one once in 10^5 runs.
+LEVEL = 1.0 - 1e-5 / 2
+
+
+def _within(hits: int, trials: int, p: float) -> bool:
+    return clopper_pearson_low(hits, trials, LEVEL) <= p <= clopper_pearson_high(hits, trials, LEVEL)
+
+
+@pytest.mark.parametrize("epsilon0", [0.5, 1.0, 4.0])
+def test_binary_rr_event_probabilities_are_the_shipped_randomizers(epsilon0):
+    a, b, _ = event_probabilities("binary-rr", epsilon0)
+    trials = 200_000
+    from_x = randomize_krr(np.zeros(trials, dtype=np.int64), 2, epsilon0, SeededSource(1))
+    from_x_prime = randomize_krr(np.ones(trials, dtype=np.int64), 2, epsilon0, SeededSource(2))
+    assert _within(int((from_x == 1).sum()), trials, a)
+    assert _within(int((from_x_prime == 1).sum()), trials, b)
+
+
+@pytest.mark.parametrize("epsilon0,bins", [(1.0, 2), (4.0, 16)])
+def test_hadamard_event_probabilities_are_the_shipped_randomizers(epsilon0, bins):
+    a, b, _ = event_probabilities("hadamard-range", epsilon0, bins)
+    params = HadamardRangeParams(0.0, 2.0 * bins, 1.0)  # bin v is [2v, 2v + 2)
+    trials = 200_000
+    for value, expected, seed in ((0.5, a, 3), (2.5, b, 4)):  # bin 0, then bin 1
+        rows, bits = randomize_range(np.full(trials, value), params, epsilon0, SeededSource(seed))
+        differ = hadamard_entry(rows, np.zeros_like(rows)) != hadamard_entry(rows, np.ones_like(rows))
+        in_event = differ & (bits == hadamard_entry(rows, np.ones_like(rows)))
+        assert _within(int(in_event.sum()), trials, expected)
+
+
+@pytest.mark.parametrize("n,epsilon0", [(100, 1.0), (100, 4.0), (1000, 1.0), (1000, 4.0)])
+def test_lower_bound_stays_below_the_exact_epsilon(n, epsilon0):
+    result = audit_shuffled("binary-rr", n, epsilon0, rounds=10**6, seed=n)
+    assert result.exact_epsilon is not None
+    assert result.lower_bound <= result.exact_epsilon <= result.claimed_epsilon * (1 + 1e-9)
+    assert result.passed
+
+
+def test_lower_bound_is_within_2x_of_exact_for_rr_at_n_1000():
+    """Issue 10's target: binary RR, n = 1000, eps0 = 4, 10^7 shuffled rounds per sample."""
+    result = audit_shuffled("binary-rr", 1000, 4.0, seed=7)
+    assert result.exact_epsilon / 2 <= result.lower_bound <= result.exact_epsilon
+
+
+def test_a_randomizer_that_keeps_too_often_is_caught(monkeypatch):
+    """At n = 100 and eps0 = 4 shuffling amplifies little, so a keep probability of eps0 + 0.25 shows.
+
+    (The Hadamard range randomizer's shuffled count statistic is too weak for this: half its rows
+    carry nothing. Its keep probability is audited locally, ``shuffledp/audit_local.py``.)"""
+    correct = audit_shuffled("binary-rr", 100, 4.0, rounds=10**6, seed=1)
+    assert correct.passed
+    original = krr.krr_keep_probability
+    monkeypatch.setattr(krr, "krr_keep_probability", lambda k, eps: original(k, eps + 0.25))
+    faulty = audit_shuffled("binary-rr", 100, 4.0, rounds=10**6, seed=1)
+    assert faulty.claimed_epsilon == correct.claimed_epsilon  # the accountant still claims eps0 = 4
+    assert not faulty.passed and faulty.lower_bound > correct.claimed_epsilon
+
+
+def test_an_understated_claim_fails_the_audit():
+    honest = audit_shuffled("binary-rr", 1000, 4.0, rounds=10**6, seed=2)
+    wrong = audit_shuffled("binary-rr", 1000, 4.0, rounds=10**6, seed=2, claim=(honest.lower_bound / 2, "planted", None))
+    assert honest.passed and not wrong.passed
+
+
+@pytest.mark.parametrize(
+    "kwargs,param",
+    [
+        (dict(n=1), "n"),
+        (dict(rounds=10), "rounds"),
+        (dict(confidence=1.0), "confidence"),
+        (dict(delta=1.0), "delta"),
+        (dict(mechanism="laplace"), "mechanism"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs, param):
+    args = dict(mechanism="binary-rr", n=100, epsilon0=1.0, rounds=1000)
+    args.update(kwargs)
+    with pytest.raises(InvalidParameter, match=param):
+        audit_shuffled(args.pop("mechanism"), args.pop("n"), args.pop("epsilon0"), **args)
+
+
+def test_clopper_pearson_edges():
+    assert clopper_pearson_low(0, 10, 0.975) == 0.0 and clopper_pearson_high(10, 10, 0.975) == 1.0
+    # 0 successes in N: the upper bound is 1 - (1 - level)^(1/N)
+    assert clopper_pearson_high(0, 1000, 0.975) == pytest.approx(1 - 0.025 ** (1 / 1000), rel=1e-9)
+    assert math.isclose(clopper_pearson_low(1000, 1000, 0.975), 0.025 ** (1 / 1000), rel_tol=1e-9)
