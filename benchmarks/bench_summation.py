@@ -49,11 +49,8 @@ Targets (computed and reported, not asserted):
 Message path (``--message-path``, on by default): summation at n = 1e5 (1e4 with
 ``--quick``) through the real parties -- every user seals its M envelopes with HPKE,
 the real shuffler admits and permutes them, the analyzer opens and decodes -- next to
-the fast engine on the same seed: the two sums must be equal exactly. The message
-engine draws all users from one block's seed, the fast engine from blocks of
-``FAST_BLOCK`` = 65536 users, so above that size the comparison runs the fast engine
-with one block (``shuffledp.engine.FAST_BLOCK`` raised for that call); the default
-fast run is recorded too.
+the fast engine on the same seed: the two sums must be equal exactly (both engines draw a
+round's reports with ``shuffledp.engine.draw_round``, block by block from the same seeds).
 
 Run: ``python benchmarks/bench_summation.py [--quick] [--trials-scale X] [--no-message-path]``
 (on one core of this 2-CPU machine: about 6 minutes for the statistics and 6 for the
@@ -76,7 +73,6 @@ from _common import RESULTS, pin_one_core, write_result
 from shuffledp.analyzer.scalar_mean import estimate_mean
 from shuffledp.analyzer.summation import SummationProtocol, scalar_rounding_variance
 from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
-import shuffledp.engine as engine
 from shuffledp.engine import run_fast, run_messages
 from shuffledp.progress import pyplot, save_figure
 from shuffledp.protocol.accounting import laplace_mean_guarantee, shuffled_round
@@ -395,40 +391,18 @@ def message_path(n: int, t0: float) -> dict:
     start = time.perf_counter()
     f = run_fast(protocol, values, seed=7)
     fast_seconds = time.perf_counter() - start
-    # The message engine draws all users' reports from ONE block's seed (seed, 0x5EED, round, 0);
-    # the fast engine draws blocks of FAST_BLOCK users from (seed, 0x5EED, round, b). The two
-    # therefore see the same reports only when n <= FAST_BLOCK. For the exact comparison the
-    # fast engine is run once more with one block of all n users (a module global, set for this
-    # call only; no file changes).
-    saved_block = engine.FAST_BLOCK
-    try:
-        engine.FAST_BLOCK = max(saved_block, n)
-        start = time.perf_counter()
-        f_one = run_fast(protocol, values, seed=7)
-        fast_one_block_seconds = time.perf_counter() - start
-    finally:
-        engine.FAST_BLOCK = saved_block
     rnd = m.rounds[0]
-    equal = bool(m.result.estimate.sum == f_one.result.estimate.sum)
-    equal_default = bool(m.result.estimate.sum == f.result.estimate.sum)
+    equal = bool(m.result.estimate.sum == f.result.estimate.sum)
     out = {
         "n": n,
         "messages_per_user": choice.params.messages,
-        "fast_block": saved_block,
         "sum_messages": float(m.result.estimate.sum),
-        "sum_fast_one_block": float(f_one.result.estimate.sum),
-        "sum_fast_default_blocks": float(f.result.estimate.sum),
+        "sum_fast": float(f.result.estimate.sum),
         "sums_equal_exactly": equal,
-        "encoded_total_equal": int(m.result.estimate.encoded_total) == int(f_one.result.estimate.encoded_total),
-        "sums_equal_with_default_blocks": equal_default,
-        "default_blocks_note": ("n <= FAST_BLOCK: one block on both engines" if n <= saved_block else
-                                f"n > FAST_BLOCK = {saved_block}: the default fast run draws {math.ceil(n / saved_block)} "
-                                "blocks from other seeds than the message engine's single block, so its sum "
-                                "is a different (equally valid) draw"),
+        "encoded_total_equal": int(m.result.estimate.encoded_total) == int(f.result.estimate.encoded_total),
         "true_sum": float(values.sum()),
         "messages_seconds": messages_seconds,
         "fast_seconds": fast_seconds,
-        "fast_one_block_seconds": fast_one_block_seconds,
         "messages_engine_users_per_s": n / messages_seconds,
         "messages_engine_envelopes_per_s": rnd.messages / messages_seconds,
         "round_messages": rnd.messages,
@@ -442,7 +416,7 @@ def message_path(n: int, t0: float) -> dict:
         "transport": m.transport,
     }
     log(f"[{time.perf_counter() - t0:7.1f}s] message path: {messages_seconds:.1f}s (fast engine {fast_seconds:.2f}s), "
-        f"sums equal exactly: {equal} (fast engine with its default blocks: {equal_default})")
+        f"sums equal exactly: {equal}")
     return out
 
 
@@ -541,9 +515,18 @@ def main() -> int:
     parser.add_argument("--message-path", action=argparse.BooleanOptionalAction, default=True,
                         help="run summation through the real parties once (default on)")
     parser.add_argument("--plot-only", action="store_true", help="redraw the figure from the existing JSON")
+    parser.add_argument("--message-path-only", action="store_true",
+                        help="rerun only the message path at n = 1e5 and update it in the existing JSON")
     args = parser.parse_args()
     if args.plot_only:
         plot(json.loads((RESULTS / "summation.json").read_text()), RESULTS / "summation.png")
+        return 0
+    if args.message_path_only:
+        pin_one_core()
+        payload = json.loads((RESULTS / "summation.json").read_text())
+        payload.pop("machine", None)
+        payload["message_path"] = message_path(100_000, time.perf_counter())
+        write_result("summation", payload)
         return 0
 
     pin_one_core()
@@ -607,8 +590,7 @@ def main() -> int:
         print(f"    n={r['n']:>8}: {r['ratio']:.3f} [{r['ratio_ci95'][0]:.3f}, {r['ratio_ci95'][1]:.3f}] {r['status']}")
     if msg:
         print(f"\nmessage path n={msg['n']}: {msg['messages_seconds']:.1f}s vs fast {msg['fast_seconds']:.2f}s; "
-              f"sums equal exactly: {msg['sums_equal_exactly']} (default fast blocks: "
-              f"{msg['sums_equal_with_default_blocks']}); {msg['round_messages']} envelopes, "
+              f"sums equal exactly: {msg['sums_equal_exactly']}; {msg['round_messages']} envelopes, "
               f"{msg['round_envelope_bytes_total']} bytes; rejected shuffler {msg['rejected_at_shuffler']}, "
               f"analyzer {msg['rejected_at_analyzer']}")
     print(f"\ntotal {payload['total_seconds']:.1f}s; wrote {out} and {RESULTS / 'summation.png'}")

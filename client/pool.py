@@ -23,6 +23,7 @@ from shuffledp.client.client import Client, verified_spec
 from shuffledp.client.mechanisms import randomize_reports
 from shuffledp.protocol.channel import Channel, reports_topic, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.protocol.messages import RoundSpec
 from shuffledp.protocol.randomness import RandomSource
 from shuffledp.protocol.sealing import Sealer
 
@@ -35,16 +36,20 @@ class ClientPool:
         channel: Channel,
         session_id: bytes,
         clients: Sequence[Client],
-        source: RandomSource | Callable[[int], RandomSource],
+        source: RandomSource | None,
         *,
+        draw: Callable[[RoundSpec, np.ndarray], np.ndarray] | None = None,
         on_progress: Callable[[int], None] | None = None,
     ) -> None:
         self.channel = channel
         self.session_id = session_id
         self.clients = list(clients)
-        #: One source for every round, or a function of the round id giving each round's
-        #: (simulations seed rounds separately, as the vectorized engine does).
+        #: The source of every round's draws, unless ``draw`` (spec, local data) -> reports is
+        #: given: the engines pass one, so both draw a round's reports the same way.
         self.source = source
+        self.draw = draw
+        if source is None and draw is None:
+            raise ValueError("a ClientPool needs a source or a draw function")
         self.on_progress = on_progress
         self.refused: Counter = Counter()
         self.answered_rounds: list[int] = []
@@ -71,8 +76,7 @@ class ClientPool:
         self.answered_rounds.append(spec.round_id)
         local_means = np.array([c.local_mean for c in self.clients])
         try:
-            source = self.source(spec.round_id) if callable(self.source) else self.source
-            values = randomize_reports(spec, local_means, source)
+            values = self.draw(spec, local_means) if self.draw is not None else randomize_reports(spec, local_means, self.source)
             sealer = Sealer(spec.analyzer_key)
         except ShuffleDPError as exc:  # a spec no client can answer: refused by all, the pool goes on
             self.refused[exc.reason] += len(self.clients)

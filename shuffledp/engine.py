@@ -12,10 +12,9 @@
   Over the in-process channel by default, or an MQTT broker.
 
 Randomness: round ``r``'s draws for users ``[b B, (b+1) B)`` come from the seed
-``(seed, 0x5EED, r, b)`` on both engines (the message engine's users form one
-block), so on one block the two engines' rounds are the *same multiset* of
-reports, and a protocol's result is the same up to the permutation, which no
-decoder depends on (``tests/test_engine.py``). The fast engine's permutation uses
+``(seed, 0x5EED, r, b)`` on both engines (:func:`draw_round`), so at any n the two
+engines' rounds are the *same multiset* of reports, and a protocol's result is the
+same up to the permutation, which no decoder depends on (``tests/test_engine.py``). The fast engine's permutation uses
 its own seed; the shuffler's comes from the OS CSPRNG.
 """
 
@@ -96,17 +95,25 @@ def _check_data(protocol: Protocol, local_data: np.ndarray) -> np.ndarray:
     return data
 
 
-def fast_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
-    """Every user's reports for one round, as the shuffler would forward them (rows permuted)."""
+def draw_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
+    """Every user's reports for one round, user by user: int64 ``(n, messages per user, width)``.
+
+    Users are drawn in blocks of :data:`FAST_BLOCK`, block ``b`` from ``round_source(seed,
+    round_index, b)``; both engines call this, so they draw the same reports at any n."""
     n = local_data.shape[0]
     parts = []
     for block, start in enumerate(range(0, n, FAST_BLOCK)):
         chunk = local_data[start : start + FAST_BLOCK]
-        values = randomize_round(plan.params, plan.epsilon0, plan.delta0, chunk, round_source(seed, round_index, block))
-        parts.append(values.reshape(-1, values.shape[-1]))
+        parts.append(randomize_round(plan.params, plan.epsilon0, plan.delta0, chunk, round_source(seed, round_index, block)))
         if progress:
             progress(f"round {round_index} ({plan.params.MECHANISM})", len(chunk))
-    rows = np.concatenate(parts)
+    return np.concatenate(parts)
+
+
+def fast_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
+    """Every user's reports for one round, as the shuffler would forward them (rows permuted)."""
+    values = draw_round(plan, local_data, seed, round_index, progress)
+    rows = values.reshape(-1, values.shape[-1])
     permutation = np.random.default_rng(np.random.SeedSequence([seed, 0x5F, round_index])).permutation(len(rows))
     return rows[permutation]
 
@@ -153,9 +160,10 @@ async def run_messages_on(
     central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public}
     clients = [deployment.client(row[None], PrivacyLedger(epsilon, delta), **central) for row in data]
     on_sealed = (lambda k: progress("sealed users", k)) if progress else None
-    pool = ClientPool(
-        pool_channel, coordinator.session_id, clients, lambda round_id: round_source(seed, round_id), on_progress=on_sealed
-    )
+    def draw(spec, local_means: np.ndarray) -> np.ndarray:
+        return draw_round(RoundPlan(spec.params, spec.epsilon0, spec.delta0), local_means, seed, spec.round_id)
+
+    pool = ClientPool(pool_channel, coordinator.session_id, clients, None, draw=draw, on_progress=on_sealed)
     shuffler = deployment.shuffler(shuffler_channel)
     shuffler_task = asyncio.create_task(shuffler.serve())
     pool_task = asyncio.create_task(pool.serve(rounds=1 << 30))

@@ -119,12 +119,12 @@ def test_engines_refuse_data_of_the_wrong_shape():
 
 def test_a_client_failure_surfaces_instead_of_waiting_for_the_deadline(monkeypatch):
     """If the clients cannot answer (a bug in the pool), the engine raises it at once, not after the round's hour."""
-    import shuffledp.client.pool as pool
+    import shuffledp.engine as engine
 
     def broken(*args, **kwargs):
         raise RuntimeError("randomizer bug")
 
-    monkeypatch.setattr(pool, "randomize_reports", broken)
+    monkeypatch.setattr(engine, "randomize_round", broken)  # what the clients' draw calls
     channel = InProcessChannel()
     protocol = _protocols()[1][1]
     with pytest.raises(RuntimeError, match="randomizer bug"):
@@ -152,3 +152,15 @@ def test_drive_sends_each_round_its_reports():
 
     assert drive(TwoRounds(), execute) == 4 * 1 + 4 * 2
     assert seen == [0.1, 0.2]
+
+
+def test_engines_agree_when_users_span_several_blocks(monkeypatch):
+    """Both engines draw block by block from the same seeds, so the reports agree at any n."""
+    import shuffledp.engine as engine
+
+    monkeypatch.setattr(engine, "FAST_BLOCK", 64)  # 150 users: three blocks
+    name, protocol, data = _protocols()[1]
+    fast, messages = Recording(protocol), Recording(protocol)
+    run_fast(fast, data, seed=5)
+    run_messages(messages, data, seed=5)
+    np.testing.assert_array_equal(fast.seen[0], messages.seen[0])
