@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "shuffledp.vector_cli",
     "shuffledp.distribution_cli",
     "shuffledp.account_cli",
+    "shuffledp.audit_cli",
     "shuffledp.services_cli",
 )
 
