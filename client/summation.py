@@ -60,8 +60,13 @@ def vector_grid_scale(params: VectorSumParams) -> float:
 def clip_to_ball(vectors: np.ndarray, radius: float) -> np.ndarray:
     """Each row scaled down to l2 norm at most ``radius`` (rows inside are unchanged)."""
     x = as_real_array(vectors, "vectors", ndim=2)
-    norms = np.linalg.norm(x, axis=1)
-    return x * np.minimum(1.0, radius / np.maximum(norms, np.finfo(float).tiny))[:, None]
+    largest = np.maximum(np.abs(x).max(axis=1, initial=0.0), np.finfo(float).tiny)
+    unit = x / largest[:, None]  # entries in [-1, 1]: the norm cannot overflow, even for entries near 1e308
+    relative = np.linalg.norm(unit, axis=1)  # ||x|| / largest, 0 for a zero row
+    with np.errstate(under="ignore"):
+        limit = radius / largest  # the radius in units of largest (subnormal for rows near 1e308: still exact enough)
+    scale = np.where(relative <= limit, largest, limit / np.where(relative > 0, relative, 1.0) * largest)
+    return unit * scale[:, None]
 
 
 def scaled_rotation(vectors: np.ndarray, params: VectorSumParams) -> np.ndarray:

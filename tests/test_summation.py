@@ -235,3 +235,15 @@ def test_the_device_floor_counts_users_not_reports():
         strict.answer(signed)
     ok = deployment.client(np.array([0.4]), PrivacyLedger(EPS, DELTA), min_batch_floor=1000, **_central(deployment))
     assert len(ok.answer(signed)) == params.messages
+
+
+def test_clipping_to_the_ball_is_exact_for_any_finite_vector():
+    """Rows near the largest double used to overflow the norm (and clip to zero instead of to the radius)."""
+    from shuffledp.client.summation import clip_to_ball
+
+    x = np.array([[1.7e308, 1.7e308, -1.7e308], [0.3, 0.4, 0.0], [0.0, 0.0, 0.0], [3.0, 4.0, 0.0], [1e-300, 0.0, 0.0]])
+    with np.errstate(over="raise", divide="raise", invalid="raise", under="ignore"):
+        y = clip_to_ball(x, 1.0)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=1), [1.0, 0.5, 0.0, 1.0, 1e-300], rtol=1e-12)
+    np.testing.assert_allclose(y[3], [0.6, 0.8, 0.0], rtol=1e-12)
+    np.testing.assert_allclose(y[0], np.array([1.0, 1.0, -1.0]) / np.sqrt(3.0), rtol=1e-12)
