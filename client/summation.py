@@ -65,7 +65,8 @@ def clip_to_ball(vectors: np.ndarray, radius: float) -> np.ndarray:
     relative = np.linalg.norm(unit, axis=1)  # ||x|| / largest, 0 for a zero row
     with np.errstate(under="ignore"):
         limit = radius / largest  # the radius in units of largest (subnormal for rows near 1e308: still exact enough)
-    scale = np.where(relative <= limit, largest, limit / np.where(relative > 0, relative, 1.0) * largest)
+    # inside the ball: x itself; outside: x / ||x|| * radius = unit / relative * radius
+    scale = np.where(relative <= limit, largest, radius / np.where(relative > 0, relative, 1.0))
     return unit * scale[:, None]
 
 
