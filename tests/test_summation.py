@@ -244,6 +244,7 @@ def test_clipping_to_the_ball_is_exact_for_any_finite_vector():
     x = np.array([[1.7e308, 1.7e308, -1.7e308], [0.3, 0.4, 0.0], [0.0, 0.0, 0.0], [3.0, 4.0, 0.0], [1e-300, 0.0, 0.0]])
     with np.errstate(over="raise", divide="raise", invalid="raise", under="ignore"):
         y = clip_to_ball(x, 1.0)
-    np.testing.assert_allclose(np.linalg.norm(y, axis=1), [1.0, 0.5, 0.0, 1.0, 1e-300], rtol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(y[:4], axis=1), [1.0, 0.5, 0.0, 1.0], rtol=1e-12)
+    np.testing.assert_array_equal(y[[1, 2, 4]], x[[1, 2, 4]])  # inside the ball: unchanged (tiny rows too)
     np.testing.assert_allclose(y[3], [0.6, 0.8, 0.0], rtol=1e-12)
     np.testing.assert_allclose(y[0], np.array([1.0, 1.0, -1.0]) / np.sqrt(3.0), rtol=1e-12)
