@@ -152,12 +152,18 @@ def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     elif rr_floor_applies(local):
         lower = rr_lower_epsilon(delta, n, e0)
     valid = {k: v for k, v in cand.items() if v is not None}
+    if lower is not None:
+        # A candidate below a proven lower bound is numerically wrong, not an upper bound: it is
+        # dropped (and shown as such in ``candidates``). Seen for FMT21's numerical pair at
+        # eps0 >= 28.5, where the clone probability e^-eps0 is below the evaluation's precision
+        # (28.4998 against an RR floor of 28.49997); ``local`` (eps0) always remains.
+        for name, value in list(valid.items()):
+            if name != "local" and value < lower * (1 - 1e-6) - 1e-9:
+                del valid[name]
+                cand[name] = None
+                cand[f"{name} (dropped: below the exact floor)"] = value
     best = min(valid.values())
     method = "local" if best >= e0 else next(k for k in BOUND_NAMES if valid.get(k) == best)
-    if lower is not None and best < lower * (1 - 1e-6) - 1e-9:
-        raise RuntimeError(  # pragma: no cover - would mean a bug in a bound
-            f"bound {method}={best} is below the exact RR floor {lower}"
-        )
     return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=lower)
 
 
