@@ -90,9 +90,9 @@ def format_audit(result: dict) -> str:
              f"{'PASSED' if result['passed'] else 'FAILED'} (seed {result['seed']}, {result['seconds']:.0f} s)"]
     if result["local"]:
         lines += ["", "local randomizers: empirical lower bound on eps0 (95 %, family-wise) vs the claim",
-                  f"  {'mechanism':<22} {'source':<8} {'eps0':>6} {'delta0':>8} {'lower bound':>12} {'ratio':>7}  verdict"]
+                  f"  {'mechanism':<24} {'source':<8} {'eps0':>6} {'delta0':>8} {'lower bound':>12} {'ratio':>7}  verdict"]
         for r in result["local"]:
-            lines.append(f"  {r['mechanism']:<22} {r['source']:<8} {r['epsilon0']:>6g} {r['delta0']:>8.2g} "
+            lines.append(f"  {r['mechanism']:<24} {r['source']:<8} {r['epsilon0']:>6g} {r['delta0']:>8.2g} "
                          f"{r['epsilon_lb']:>12.4f} {r['ratio']:>7.3f}  {'ok' if r['passed'] else 'VIOLATED'}")
     if result["shuffled"]:
         lines += ["", "shuffled rounds: empirical lower bound on the central eps vs the accountant's claim",
