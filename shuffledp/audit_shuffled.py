@@ -18,12 +18,11 @@ datasets (one user's whole contribution changed), run many times:
   real randomizer's report frequencies against ``a`` and ``b``, and the engines are
   shown equal in distribution by ``tests/test_engine.py``.
 * The event is a tail ``{C >= k}`` (favours ``D1``) or ``{C <= k}`` (favours ``D0``),
-  chosen on one half of the rounds and evaluated on a fresh half, so the choice costs
-  no confidence. With ``p = P_hi(E)`` and ``q = P_lo(E)`` the event's probabilities
-  under the two datasets, ``(eps, delta)``-DP requires ``p <= e^eps q + delta``, so
-  ``eps >= ln((p_low - delta) / q_high)`` with ``p_low``, ``q_high`` one-sided
-  Clopper-Pearson bounds, each at ``1 - (1 - confidence) / 2`` (Bonferroni: the bound
-  holds with probability at least ``confidence``).
+  chosen on one sample of rounds and evaluated on a fresh one, so the choice costs
+  no confidence. With ``p`` and ``q`` the event's probabilities under the two datasets,
+  ``(eps, delta)``-DP requires ``p <= e^eps q + delta``, so ``eps >= ln((p_low - delta) /
+  q_high)`` with Clopper-Pearson bounds (:func:`shuffledp.audit_local.epsilon_lower_bound`,
+  one estimator for both audits).
 
 The bound is compared with the accountant's claim (an upper bound) and, for binary
 randomized response at ``n <= RR_EXACT_MAX_N``, with the exact shuffled epsilon.
@@ -31,30 +30,19 @@ randomized response at ``n <= RR_EXACT_MAX_N``, with the exact shuffled epsilon.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
-from scipy import stats
 
+from shuffledp.audit_local import epsilon_lower_bound
 from shuffledp.protocol.errors import InvalidParameter
 
 Progress = Callable[[str, int], None]
 #: Rounds per chunk when sampling counts (bounds memory at 80 MB per side).
 CHUNK = 10**7
 AUDITED_MECHANISMS = ("binary-rr", "hadamard-range")
-
-
-def clopper_pearson_low(successes: int, trials: int, level: float) -> float:
-    """One-sided lower Clopper-Pearson bound at ``level`` (e.g. 0.975)."""
-    return 0.0 if successes <= 0 else float(stats.beta.ppf(1.0 - level, successes, trials - successes + 1))
-
-
-def clopper_pearson_high(successes: int, trials: int, level: float) -> float:
-    """One-sided upper Clopper-Pearson bound at ``level``."""
-    return 1.0 if successes >= trials else float(stats.beta.ppf(level, successes + 1, trials - successes))
 
 
 def event_probabilities(mechanism: str, epsilon0: float, num_bins: int = 2) -> tuple[float, float, str]:
@@ -103,33 +91,31 @@ def _tail_counts(h0: np.ndarray, h1: np.ndarray):
     return upper, lower
 
 
-def _bound(hit: int, other: int, rounds: int, delta: float, level: float) -> float:
-    p_low = clopper_pearson_low(int(hit), rounds, level)
-    q_high = clopper_pearson_high(int(other), rounds, level)
-    return max(0.0, math.log((p_low - delta) / q_high)) if p_low > delta else 0.0  # epsilon >= 0 always
+def _bound(hit: int, other: int, rounds: int, delta: float, confidence: float) -> float:
+    return epsilon_lower_bound(int(hit), rounds, int(other), rounds, delta, confidence)
 
 
-def best_event(h0: np.ndarray, h1: np.ndarray, rounds: int, delta: float, level: float) -> tuple[str, int, float]:
+def best_event(h0: np.ndarray, h1: np.ndarray, rounds: int, delta: float, confidence: float) -> tuple[str, int, float]:
     """The tail event with the largest bound on these histograms: ``(">=" or "<=", k, bound)``."""
     (up_hit, up_other), (low_hit, low_other) = _tail_counts(h0, h1)
     best = (">=", 0, 0.0)
     for k in range(len(h0)):
         if up_hit[k] > 0:
-            value = _bound(up_hit[k], up_other[k], rounds, delta, level)
+            value = _bound(up_hit[k], up_other[k], rounds, delta, confidence)
             if value > best[2]:
                 best = (">=", k, value)
         if low_hit[k] > 0:
-            value = _bound(low_hit[k], low_other[k], rounds, delta, level)
+            value = _bound(low_hit[k], low_other[k], rounds, delta, confidence)
             if value > best[2]:
                 best = ("<=", k, value)
     return best
 
 
-def evaluate_event(h0: np.ndarray, h1: np.ndarray, rounds: int, kind: str, k: int, delta: float, level: float) -> float:
+def evaluate_event(h0: np.ndarray, h1: np.ndarray, rounds: int, kind: str, k: int, delta: float, confidence: float) -> float:
     """The bound of one fixed event on fresh histograms."""
     if kind == ">=":
-        return _bound(h1[k:].sum(), h0[k:].sum(), rounds, delta, level)
-    return _bound(h0[: k + 1].sum(), h1[: k + 1].sum(), rounds, delta, level)
+        return _bound(h1[k:].sum(), h0[k:].sum(), rounds, delta, confidence)
+    return _bound(h0[: k + 1].sum(), h1[: k + 1].sum(), rounds, delta, confidence)
 
 
 @dataclass
@@ -207,10 +193,9 @@ def audit_shuffled(
         raise InvalidParameter("delta", f"must be in [0, 1), got {delta!r}")
     started = time.perf_counter()
     a, b, what = event_probabilities(mechanism, epsilon0, num_bins)
-    level = 1.0 - (1.0 - confidence) / 2.0
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA0D1, n]))
-    kind, k, _ = best_event(*count_histograms(n, a, b, rounds, rng), rounds, delta, level)
-    bound = evaluate_event(*count_histograms(n, a, b, rounds, rng), rounds, kind, k, delta, level)
+    kind, k, _ = best_event(*count_histograms(n, a, b, rounds, rng), rounds, delta, confidence)
+    bound = evaluate_event(*count_histograms(n, a, b, rounds, rng), rounds, kind, k, delta, confidence)
     claimed, method, exact = claim if claim is not None else claimed_central(mechanism, epsilon0, n, delta, num_bins)
     return ShuffledAudit(
         mechanism=mechanism,
