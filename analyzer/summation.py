@@ -23,7 +23,7 @@ from shuffledp.client.summation import clip_to_ball, scaled_rotation
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.messages import ModularSumParams, VectorSumParams
-from shuffledp.protocol.modular_sum import FixedPoint, centered, modular_sum
+from shuffledp.protocol.modular_sum import FixedPoint, centered, decode_estimate, modular_sum
 from shuffledp.protocol.rotation import RandomRotation
 
 
@@ -53,33 +53,19 @@ def decode_scalar_sum(values: np.ndarray, params: ModularSumParams) -> SumEstima
     """Sum of every share mod ``q``, centered and decoded (no wrap-around assumed: see the chooser)."""
     shares = np.asarray(values, dtype=np.int64).reshape(-1)
     users = _users(shares.size, params.messages)
-    total = centered(modular_sum(shares, params.modulus), params.modulus)
-    estimate = FixedPoint(params.lower, params.upper, params.precision).decode_sum(total, users)
-    return SumEstimate(users, estimate, estimate / users, total)
+    fixed_point = FixedPoint(params.lower, params.upper, params.precision)
+    decoded = decode_estimate(modular_sum(shares, params.modulus), users, fixed_point, params.modulus)
+    return SumEstimate(users, decoded.sum, decoded.mean, decoded.encoded_total)
 
 
 def coordinate_sums(values: np.ndarray, padded_dim: int, modulus: int) -> np.ndarray:
-    """Per-coordinate sums mod ``q`` of ``(coordinate, share)`` rows, as Python-int-exact int64 in ``[0, q)``.
-
-    Shares (< 2^62) are split into 31-bit halves summed per coordinate in int64
-    (exact for fewer than 2^31 shares per coordinate), then recombined mod ``q``.
-    """
+    """Per-coordinate sums mod ``q`` of ``(coordinate, share)`` rows, int64 in ``[0, q)``
+    (each coordinate's shares summed exactly by :func:`~shuffledp.protocol.modular_sum.modular_sum`)."""
     rows = np.asarray(values, dtype=np.int64)
-    coords, shares = rows[:, 0], np.mod(rows[:, 1], modulus)
-    low = np.bincount(coords, weights=None, minlength=padded_dim)  # counts, for the guard below
-    if low.max(initial=0) >= 1 << 31:
-        raise IncompleteShares("more than 2^31 shares on one coordinate")
-    out = np.empty(padded_dim, dtype=np.int64)
-    order = np.argsort(coords, kind="stable")
-    sorted_shares = shares[order]
-    bounds = np.searchsorted(coords[order], np.arange(padded_dim + 1))
-    mask = (1 << 31) - 1
-    for j in range(padded_dim):
-        part = sorted_shares[bounds[j] : bounds[j + 1]]
-        lo = int(np.sum(part & mask, dtype=np.int64))
-        hi = int(np.sum(part >> 31, dtype=np.int64))
-        out[j] = ((hi << 31) + lo) % modulus
-    return out
+    order = np.argsort(rows[:, 0], kind="stable")
+    shares = rows[order, 1]
+    bounds = np.searchsorted(rows[order, 0], np.arange(padded_dim + 1))
+    return np.array([modular_sum(shares[bounds[j] : bounds[j + 1]], modulus) for j in range(padded_dim)], dtype=np.int64)
 
 
 def decode_vector_sum(values: np.ndarray, params: VectorSumParams) -> SumEstimate:

@@ -66,19 +66,16 @@ from shuffledp.protocol.messages import (
     ModularSumParams,
     VectorSumParams,
 )
+from shuffledp.protocol.distributed_noise import DEVICE_MAX_MEAN  # Pólya alpha/(1-alpha), Skellam mu/n
 from shuffledp.protocol.hadamard import next_power_of_two
+from shuffledp.protocol.modular_sum import MAX_MODULUS, discrete_laplace_tail, wraparound_bound
 
 LOG2_E = math.log2(math.e)
-#: The distributed-noise samplers' device path needs a per-user mean below 2^16
-#: (``distributed_noise.DEVICE_MAX_MEAN``): Pólya ``alpha / (1 - alpha)``, Skellam ``mu / n``.
-DEVICE_MAX_MEAN = float(2**16)
 #: Most Poisson mean a device draws in one vector-sum round, over all coordinates (``D mu / users``):
 #: the exact sampler takes about 20 microseconds per unit, so this is a few seconds of device CPU.
 DEVICE_MAX_TOTAL_MEAN = float(2**18)
 #: Orders at which the Skellam RDP bound is evaluated (integers, as the bound requires).
 RDP_ORDERS = tuple(range(2, 257)) + tuple(range(264, 1025, 8)) + (1536, 2048, 4096, 8192)
-#: Largest modulus (shares < 2^62 keep sums of two in int64).
-MAX_MODULUS = 1 << 62
 
 
 # --------------------------------------------------------------------------
@@ -252,14 +249,6 @@ def prime_at_least(value: int) -> int:
     return candidate
 
 
-def discrete_laplace_tail(alpha: float, failure: float) -> int:
-    """Smallest ``t`` with ``P(|DLap(alpha)| > t) = 2 alpha^(t+1) / (1 + alpha) <= failure``."""
-    t = max(0, math.ceil(math.log(failure * (1.0 + alpha) / 2.0) / math.log(alpha)) - 1)
-    while 2.0 * alpha ** (t + 1) / (1.0 + alpha) > failure:
-        t += 1
-    return t
-
-
 def skellam_tail(mu: float, failure: float) -> int:
     """A ``t`` with ``P(|Skellam(mu)| >= t) <= failure``: Bernstein for a difference of Poisson
     sums (variance ``2 mu``, unit jumps): ``P(X >= t) <= exp(-t^2 / (2 (2 mu + t / 3)))``, twice."""
@@ -328,7 +317,7 @@ def choose_scalar_sum(
     p = precision if precision is not None else max(1, math.ceil(epsilon * math.sqrt(users / (8.0 * ROUNDING_SHARE))))
     alpha = math.exp(-epsilon / p)
     tail = discrete_laplace_tail(alpha, wrap_probability)
-    q = modulus if modulus is not None else prime_at_least(2 * (users * p + tail) + 1)
+    q = modulus if modulus is not None else prime_at_least(wraparound_bound(users, p, tail))
     if q > MAX_MODULUS:
         _refuse("modulus", f"{q} exceeds {MAX_MODULUS}: fewer users or a lower precision")
     m = messages if messages is not None else messages_needed(users, q, sigma_needed(epsilon, delta))
