@@ -68,8 +68,7 @@ class SummationConfig:
 def _local_data(config: SummationConfig) -> np.ndarray:
     pop = config.population
     if isinstance(pop, VectorPopulation):
-        parts = [pop.local_means(np.random.default_rng(seed), count)[0] for _, count, seed in pop.blocks(config.n, config.seed)]
-        return np.concatenate(parts)
+        return pop.block_local_means(pop.blocks(config.n, config.seed))[0]
     return np.concatenate([block_samples(pop, block).mean(axis=1) for block in user_blocks(pop, config.n, config.seed)])
 
 

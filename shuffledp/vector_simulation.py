@@ -103,9 +103,7 @@ def _chunks(blocks, chunk_blocks: int):
 
 
 def _block_data(population: VectorPopulation, group, rotation):
-    parts = [population.local_means(np.random.default_rng(seed), count) for _, count, seed in group]
-    means = np.concatenate([p[0] for p in parts])
-    total = sum(p[1] for p in parts)
+    means, total = population.block_local_means(group)
     return means, rotation.apply(means), total
 
 
@@ -171,9 +169,7 @@ def _run_on_messages(config: VectorSimulationConfig, progress: Progress | None) 
     started = time.perf_counter()
     protocol = config.protocol_config()
     population = config.population
-    parts = [population.local_means(np.random.default_rng(seed), count) for _, count, seed in population.blocks(config.n, config.seed)]
-    means = np.concatenate([p[0] for p in parts])
-    total = sum(p[1] for p in parts)
+    means, total = population.block_local_means(population.blocks(config.n, config.seed))
     outcome = run_messages(VectorMeanProtocol(protocol), means, config.seed, config.broker, progress).result
     ranges = outcome.ranges
     mean_acc = VectorMeanAccumulator(protocol, ranges)
