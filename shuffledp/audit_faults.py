@@ -1,10 +1,13 @@
-"""Planted faults for testing the local audit (:mod:`shuffledp.audit_local`). TEST ONLY.
+"""Planted faults for testing the audits (``shuffledp audit``). TEST ONLY.
 
-:func:`planted_fault` monkeypatches one function of the shipped randomizer code for the
+:func:`planted_fault` monkeypatches one function of the shipped code for the
 duration of a ``with`` block and restores it afterwards, so that the audit, which
 runs the real code, runs the faulty code instead. Each fault patches the name where
-the randomizer *looks it up at call time* (a module global), so every caller that
-goes through that module is affected:
+the code *looks it up at call time* (a module global, or a method on its class), so
+every caller that goes through it is affected.
+
+Randomizers and noise (caught by the local audit, :mod:`shuffledp.audit_local`, or
+the summation audit, :mod:`shuffledp.audit_summation`):
 
 * ``keep-too-high``: ``range_randomizer.keep_probability(eps)`` returns the keep
   probability of ``eps + 0.1``. ``randomize_range`` (hadamard-range, and vector-range
@@ -25,6 +28,23 @@ goes through that module is affected:
   ``eps + 0.1``; ``randomize_krr`` looks it up per call.
 * ``laplace-scale-too-small``: ``mean_randomizer.laplace_scale(params, eps)`` returns
   ``G / (eps + 0.1)``: the Laplace reports are ``(eps0 + 0.1)``-LDP.
+* ``nbinom-reversed``: ``distributed_noise.negative_binomial(shape, p)`` is given the
+  *failure* probability ``1 - p`` (scipy's and numpy's ``nbinom`` take the success
+  probability): the Pólya shares are drawn from ``NB(1/n, alpha)`` instead of
+  ``NB(1/n, 1 - alpha)`` and the summation noise all but vanishes.
+
+The shuffler and the wire (caught by the mechanics audit, :mod:`shuffledp.audit_mechanics`):
+
+* ``shuffler-arrival-order``: the shuffler's permutation is the identity for one
+  batch in :data:`ARRIVAL_ORDER_EVERY` (the 1st, 11th, 21st, ... call in this block):
+  those batches leave in arrival order.
+* ``small-batch-release``: ``service.batch_releasable`` lets any non-empty round go,
+  so a round below ``min_batch`` is released at its deadline.
+* ``padding-off``: ``ReportFormat.pad`` returns the encoded report unpadded, so the
+  sealed report's length (and the envelope's) depends on the reported values.
+* ``analyzer-gets-credentials``: the shuffler appends the client id of each admitted
+  envelope's credential to its sealed report, so the batch the analyzer receives
+  links every report to its client.
 
 Not for production use: patching module globals is not thread-safe.
 """
@@ -38,7 +58,7 @@ from fractions import Fraction
 
 from shuffledp.protocol.errors import InvalidParameter
 
-__all__ = ["FAULTS", "planted_fault"]
+__all__ = ["ARRIVAL_ORDER_EVERY", "FAULTS", "planted_fault"]
 
 #: Excess epsilon of the "too high" / "too small" faults.
 EXCESS = 0.1
@@ -75,12 +95,64 @@ def _laplace_scale_too_small(original: Callable) -> Callable:
     return laplace_scale
 
 
-#: name -> (module, attribute, wrapper factory taking the original function)
+def _nbinom_reversed(original: Callable) -> Callable:
+    def negative_binomial(shape, success_prob, size, source):
+        return original(shape, 1.0 - success_prob, size, source)
+
+    return negative_binomial
+
+
+#: One batch in this many leaves the faulty shuffler in arrival order.
+ARRIVAL_ORDER_EVERY = 10
+
+
+def _arrival_order(original: Callable) -> Callable:
+    calls = [0]
+
+    def secure_permutation(n: int):
+        import numpy as np
+
+        calls[0] += 1
+        if (calls[0] - 1) % ARRIVAL_ORDER_EVERY == 0:
+            return np.arange(n)
+        return original(n)
+
+    return secure_permutation
+
+
+def _small_batch_release(original: Callable) -> Callable:
+    def batch_releasable(admitted: int, spec) -> bool:
+        return admitted >= 1
+
+    return batch_releasable
+
+
+def _padding_off(original: Callable) -> Callable:
+    def pad(self, encoded_report: bytes) -> bytes:
+        return encoded_report
+
+    return pad
+
+
+def _analyzer_gets_credentials(original: Callable) -> Callable:
+    def _record(self, admitted) -> None:
+        original(self, admitted)
+        self.payloads[-1] = self.payloads[-1] + admitted.client_id
+
+    return _record
+
+
+#: name -> (module, attribute or Class.attribute, wrapper factory taking the original function)
 FAULTS: dict[str, tuple[str, str, Callable[[Callable], Callable]]] = {
     "keep-too-high": ("shuffledp.client.range_randomizer", "keep_probability", _keep_too_high),
     "classical-gaussian": ("shuffledp.client.mean_randomizer", "gaussian_sigma2", _classical_gaussian),
     "krr-keep-too-high": ("shuffledp.client.krr", "krr_keep_probability", _krr_keep_too_high),
     "laplace-scale-too-small": ("shuffledp.client.mean_randomizer", "laplace_scale", _laplace_scale_too_small),
+    "nbinom-reversed": ("shuffledp.protocol.distributed_noise", "negative_binomial", _nbinom_reversed),
+    "shuffler-arrival-order": ("shuffledp.shuffler.service", "secure_permutation", _arrival_order),
+    "small-batch-release": ("shuffledp.shuffler.service", "batch_releasable", _small_batch_release),
+    "padding-off": ("shuffledp.protocol.report_format", "ReportFormat.pad", _padding_off),
+    "analyzer-gets-credentials": ("shuffledp.shuffler.service", "RoundAdmission._record", _analyzer_gets_credentials),
 }
 
 
@@ -91,11 +163,14 @@ def planted_fault(name: str) -> Iterator[None]:
 
     if name not in FAULTS:
         raise InvalidParameter("name", f"must be one of {sorted(FAULTS)}, got {name!r}")
-    module_name, attribute, factory = FAULTS[name]
-    module = importlib.import_module(module_name)
-    original = getattr(module, attribute)
-    setattr(module, attribute, factory(original))
+    module_name, path, factory = FAULTS[name]
+    owner = importlib.import_module(module_name)
+    *classes, attribute = path.split(".")
+    for class_name in classes:
+        owner = getattr(owner, class_name)
+    original = getattr(owner, attribute)
+    setattr(owner, attribute, factory(original))
     try:
         yield
     finally:
-        setattr(module, attribute, original)
+        setattr(owner, attribute, original)

@@ -329,6 +329,14 @@ class _Pending:
         self.per_client[envelope.client_id] += 1
 
 
+def batch_releasable(admitted: int, spec: RoundSpec) -> bool:
+    """Whether a round holding ``admitted`` reports may be released: at least ``min_batch``.
+
+    A batch below the minimum would void the amplification the round was accounted
+    for (the accountant's ``n`` is the batch size), so it is never forwarded."""
+    return admitted >= spec.min_batch
+
+
 def batch_chunks(
     spec: RoundSpec, keys: ShufflerKeys, batch_id: bytes, payloads: list[bytes], chunk_size: int
 ) -> list[bytes]:
@@ -499,7 +507,7 @@ class Shuffler:
         finally:
             await reports.close()
         stats = admission.stats
-        if stats.admitted < spec.min_batch:
+        if not batch_releasable(stats.admitted, spec):
             stats.outcome = BatchTooSmall.reason
             self.spool.fail(spec.session_id, spec.round_id, BatchTooSmall.reason)
             await self._publish_outcome(spec, "failed", BatchTooSmall.reason, stats.admitted)
@@ -620,4 +628,4 @@ class Shuffler:
         }
 
 
-__all__ = ["RoundAdmission", "RoundStats", "Shuffler", "batch_chunks"]
+__all__ = ["RoundAdmission", "RoundStats", "Shuffler", "batch_chunks", "batch_releasable"]
