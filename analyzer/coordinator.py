@@ -48,7 +48,9 @@ class RoundRecord:
     released: ``opened`` merges them, ``batch_sizes`` gives each batch's number of
     valid reports (the amplification of a report depends on the size of *its*
     batch, so the accountant must use the smallest), and ``failed_instances`` counts
-    the instances whose signed outcome said they failed.
+    the instances whose signed outcome said they failed. ``signed_spec`` is the
+    encoded :class:`SignedRoundSpec` the coordinator announced (empty for a spec it
+    served without announcing): the bytes an auditor verifies the round's claim from.
     """
 
     spec: RoundSpec
@@ -59,6 +61,7 @@ class RoundRecord:
     batch_ids: tuple[bytes, ...] = ()
     batch_sizes: tuple[int, ...] = ()
     failed_instances: int = 0
+    signed_spec: bytes = b""
 
     @property
     def smallest_batch(self) -> int:
@@ -173,16 +176,18 @@ class Coordinator:
         for instance in range(spec.shuffler_instances):
             subscriptions.append(("batch", await self.channel.subscribe(batch_topic(spec.session_id, spec.round_id, instance))))
             subscriptions.append(("outcome", await self.channel.subscribe(outcome_topic(spec.session_id, spec.round_id, instance))))
+        signed_spec = b""
         try:
             if announce:
-                await self.channel.publish(announce_topic(spec.session_id), self.analyzer.sign_spec(spec), retain=True)
+                signed_spec = self.analyzer.sign_spec(spec)
+                await self.channel.publish(announce_topic(spec.session_id), signed_spec, retain=True)
             batches, failed = await self._collect_batches(spec, subscriptions)
         finally:
             for _, subscription in subscriptions:
                 await subscription.close()
         for batch in batches:
             await self.channel.publish(acks_topic(spec.session_id), self.analyzer.acknowledge(spec, batch.batch_id))
-        return _record(spec, batches, failed)
+        return _record(spec, batches, failed, signed_spec)
 
     async def _collect_batches(self, spec: RoundSpec, subscriptions) -> tuple[list[_Batch], int]:
         """Assemble and open the round's batches, signed by its shuffler, until every instance is heard from.
@@ -306,7 +311,7 @@ async def _pump(subscription, kind: str, inbox: asyncio.Queue) -> None:
         inbox.put_nowait((kind, await subscription.get()))
 
 
-def _record(spec: RoundSpec, batches: list[_Batch], failed: int) -> RoundRecord:
+def _record(spec: RoundSpec, batches: list[_Batch], failed: int, signed_spec: bytes = b"") -> RoundRecord:
     """One RoundRecord from the round's completed batches (merged values, per-batch sizes)."""
     values = np.concatenate([b.opened.values for b in batches]) if len(batches) > 1 else batches[0].opened.values
     rejected: Counter = Counter()
@@ -321,4 +326,5 @@ def _record(spec: RoundSpec, batches: list[_Batch], failed: int) -> RoundRecord:
         tuple(b.batch_id for b in batches),
         tuple(b.opened.size for b in batches),
         failed,
+        signed_spec,
     )

@@ -124,3 +124,11 @@ class WrongInstance(ShuffleDPError):
     """An envelope from a credential assigned to another shuffler instance of the round."""
 
     reason = "wrong-instance"
+
+
+class SessionFileError(ShuffleDPError):
+    """A deployment's session file (``analyzer run --output``) an auditor cannot take as it is:
+    missing, not JSON, a field missing or ill-typed, a signed round spec that does not verify
+    under the trusted analyzer key, or a round whose recorded fields disagree with its signed spec."""
+
+    reason = "session-file"

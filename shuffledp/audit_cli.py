@@ -1,17 +1,26 @@
 """``shuffledp audit``: check the privacy claims against the running code.
 
-Two parts, each an empirical *lower* bound set against the claimed *upper* bound:
+Parts (``--part``, default all):
 
 * **local**: every shipped randomizer (``shuffledp/audit_local.py``) on worst-case
   input pairs, both random sources, Clopper-Pearson at 95 % (family-wise);
 * **shuffled**: one shuffled round of binary randomized response and of Hadamard
   range reports at several n (``shuffledp/audit_shuffled.py``), against the
-  accountant's central epsilon (and the exact one for RR where it is computed).
+  accountant's central epsilon (and the exact one for RR where it is computed);
+* **summation**: the central epsilon of multi-message summation, on the decoded sum
+  of the real clients' shares (``shuffledp/audit_summation.py``);
+* **mechanics**: a running shuffler (in-process, or over ``--broker``) checked for
+  uniform output positions, constant lengths, a clean analyzer view, the minimum
+  batch, quotas and replays (``shuffledp/audit_mechanics.py``).
 
-The audit passes when no lower bound exceeds its claim; the table gives both and
-their ratio. ``--quick`` cuts the trials about 10x (about a minute); ``--json``
-prints every row; ``--plot`` draws the claimed epsilon and the lower bound against
-n for the shuffled rounds. Exit code 0: passed; 1: a claim was violated; 2: bad usage.
+The first three set an empirical *lower* bound against the claimed *upper* bound;
+the audit passes when no lower bound exceeds its claim and every mechanics check
+holds. ``--session FILE --keys DIR`` adds the claim of a deployment: each round of an
+``analyzer run --output`` file, its signed spec verified, accounted at the batch
+sizes delivered (``shuffledp/audit_claim.py``). ``--quick`` cuts the work about 10x
+(under a minute); ``--json`` prints every row; ``--plot`` draws the claimed epsilon
+and the lower bound against n. Exit code 0: passed; 1: a claim was violated or a
+check failed; 2: bad usage.
 """
 
 from __future__ import annotations
@@ -20,11 +29,15 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from shuffledp.progress import progress_bar, pyplot, save_figure
-from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 
 SHUFFLED_NS = (100, 1000, 10_000)
+PARTS = ("all", "local", "shuffled", "summation", "mechanics", "claim")
+#: Mechanics audit size (released batches, reports per batch): default and --quick.
+MECHANICS = {False: (100, 64), True: (20, 32)}
 SHUFFLED_EPSILONS = (1.0, 4.0)
 
 
@@ -34,7 +47,13 @@ def add_parser(subparsers) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="about 10x fewer trials (about a minute)")
-    p.add_argument("--part", choices=("all", "local", "shuffled"), default="all", help="which audits to run")
+    p.add_argument("--part", choices=PARTS, default="all", help="which audit to run (default: all of them)")
+    p.add_argument("--session", default=None, metavar="FILE",
+                   help="a deployment's session file (analyzer run --output): audit its rounds' claims (needs --keys)")
+    p.add_argument("--keys", default=None, metavar="DIR|HEX",
+                   help="the analyzer signing key the auditor trusts: a keys directory (public.json) or 64 hex digits")
+    p.add_argument("--broker", default=None, metavar="BROKER",
+                   help="run the mechanics audit over this MQTT broker (HOST[:PORT] or a broker directory)")
     p.add_argument("--delta", type=float, default=1e-6, help="central delta of the shuffled audits")
     p.add_argument("--seed", type=int, default=0, help="audit seed (reported)")
     p.add_argument("--json", action="store_true", help="print every row as JSON")
@@ -53,6 +72,9 @@ def run_audit(
     local_options: dict | None = None,
     shuffled_rounds: int | None = None,
     ns: tuple[int, ...] = SHUFFLED_NS,
+    broker: str | None = None,
+    session: str | None = None,
+    keys: str | None = None,
 ) -> dict:
     """Run the audits; return ``{"local": [...], "shuffled": [...], "passed": bool, ...}``.
 
@@ -60,10 +82,22 @@ def run_audit(
     or 10x fewer trials with ``quick``); ``shuffled_rounds`` per sample (default 10^7, 10^6 quick)."""
     from shuffledp.audit_shuffled import audit_shuffled
 
-    if part not in ("all", "local", "shuffled"):
-        raise InvalidParameter("part", f"must be all, local or shuffled, got {part!r}")
+    if part not in PARTS:
+        raise InvalidParameter("part", f"must be one of {', '.join(PARTS)}, got {part!r}")
+    if (session is None) != (keys is None):
+        raise InvalidParameter("session", "--session and --keys go together (the file, and the analyzer key to verify it with)")
+    if part == "claim" and session is None:
+        raise InvalidParameter("session", "--part claim needs --session FILE and --keys DIR")
     started = time.perf_counter()
-    out: dict = {"quick": quick, "seed": seed, "local": [], "shuffled": []}
+    out: dict = {"quick": quick, "seed": seed, "local": [], "shuffled": [], "summation": [], "mechanics": None, "claim": None}
+    if session is not None and part in ("all", "claim"):  # first: a bad file is refused before minutes of work
+        from shuffledp.audit_claim import claim_report, load_session, trusted_analyzer_key
+        from shuffledp.keys import load_public
+
+        key = trusted_analyzer_key(keys)
+        session_id = load_public(keys).session_id if Path(keys).is_dir() else None
+        out["claim"] = claim_report(load_session(session, key), key, delta, lower_rounds=10**5 if quick else 10**6,
+                                    seed=seed, progress=progress, session_id=session_id)
     if part in ("all", "local"):
         from shuffledp.audit_local import audit_local
 
@@ -80,7 +114,16 @@ def run_audit(
                     out["shuffled"].append(row)
                     if progress:
                         progress(f"shuffled {mechanism} n={n}", 1)
-    out["passed"] = all(r["passed"] for r in out["local"] + out["shuffled"])
+    if part in ("all", "mechanics"):
+        from shuffledp.audit_mechanics import audit_mechanics
+
+        batches, batch_size = MECHANICS[quick]
+        out["mechanics"] = audit_mechanics(
+            broker=broker, batches=batches, batch_size=batch_size, seed=seed, progress=progress
+        ).as_dict()
+    mechanics_ok = out["mechanics"] is None or out["mechanics"]["passed"]
+    claim_ok = out["claim"] is None or out["claim"]["passed"]
+    out["passed"] = mechanics_ok and claim_ok and all(r["passed"] for r in out["local"] + out["shuffled"] + out["summation"])
     out["seconds"] = time.perf_counter() - started
     return out
 
@@ -88,6 +131,10 @@ def run_audit(
 def format_audit(result: dict) -> str:
     lines = [f"shuffledp audit{' --quick' if result['quick'] else ''}: "
              f"{'PASSED' if result['passed'] else 'FAILED'} (seed {result['seed']}, {result['seconds']:.0f} s)"]
+    if result.get("claim"):
+        from shuffledp.audit_claim import format_claim
+
+        lines += ["", format_claim(result["claim"])]
     if result["local"]:
         lines += ["", "local randomizers: empirical lower bound on eps0 (95 %, family-wise) vs the claim",
                   f"  {'mechanism':<24} {'source':<8} {'eps0':>6} {'delta0':>8} {'lower bound':>12} {'ratio':>7}  verdict"]
@@ -102,9 +149,18 @@ def format_audit(result: dict) -> str:
             ratio = r["lower_over_claim"]
             lines.append(f"  {r['mechanism']:<15} {r['n']:>7,} {r['epsilon0']:>5g} {r['claimed_epsilon']:>9.4f} "
                          f"{exact:>8} {r['lower_bound']:>8.4f} {ratio:>11.3f}  {'ok' if r['passed'] else 'VIOLATED'}")
-    failed = [r for r in result["local"] + result["shuffled"] if not r["passed"]]
+    mechanics = result.get("mechanics")
+    if mechanics:
+        lines += ["", f"shuffler mechanics ({mechanics['transport']}; {mechanics['batches']} released batches of "
+                      f"{mechanics['batch_size']}, {mechanics['seconds']:.0f} s)"]
+        for c in mechanics["checks"]:
+            status = "FAILED" if c["status"] == "failed" else c["status"]
+            lines.append(f"  {c['name']:<20} {status:<8} {c['detail']}")
+    failed = [r for r in result["local"] + result["shuffled"] + result.get("summation", []) if not r["passed"]]
     if failed:
         lines += ["", f"{len(failed)} claim(s) violated: the code leaks more than it claims (see the rows marked VIOLATED)"]
+    if mechanics and mechanics["failed"]:
+        lines += ["", f"shuffler mechanics failed: {', '.join(mechanics['failed'])}"]
     return "\n".join(lines)
 
 
@@ -137,9 +193,13 @@ def plot_audit(result: dict, path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         with progress_bar(None, quiet=args.quiet, unit="audit") as step:
-            result = run_audit(args.quick, args.part, args.delta, args.seed, progress=step)
+            result = run_audit(args.quick, args.part, args.delta, args.seed, progress=step, broker=args.broker,
+                               session=args.session, keys=args.keys)
     except InvalidParameter as exc:
         print(f"shuffledp audit: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    except ShuffleDPError as exc:  # a session file refused (altered, unsigned, unreadable), a key file unreadable
+        print(f"shuffledp audit: {exc.reason}: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2, default=float) if args.json else format_audit(result))
     if args.plot and result["shuffled"]:

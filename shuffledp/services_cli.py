@@ -721,10 +721,14 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
             "batch_bytes": record.batch_bytes,
             "rejected_reports": dict(sorted(record.opened.rejected.items())),
             "rejected_batch_messages": rejections,
+            # The bytes the analyzer announced: `shuffledp audit --session` verifies the round's claim from them.
+            "signed_spec": record.signed_spec.hex(),
         })
     result = {
         "protocol": args.protocol,
         "session_id": side.session_id.hex(),
+        # For information only: an auditor verifies the signed specs against a key it trusts (public.json).
+        "analyzer_signing_key": side.analyzer_keys.signing_public.hex(),
         "min_batch": min_batch,
         "parameters": {"bound": config.bound, "tau": config.tau, "epsilon0": config.epsilon0, "delta0": config.delta0,
                        "noise": config.noise, "grid_levels": config.grid_levels},

@@ -39,3 +39,22 @@ def test_cli_json_and_bad_usage(capsys):
         main(["audit", "--part", "nothing"])
     assert main(["audit", "--quick", "--part", "shuffled", "--json", "-q", "--delta", "2.0"]) == 2
     assert "delta" in capsys.readouterr().err
+
+
+def test_claim_part_reads_a_signed_session_file_and_refuses_an_altered_one(tmp_path, capsys):
+    import json
+
+    from test_audit_claim import MEAN_BATCHES, MEAN_SPEC, RANGE_BATCHES, RANGE_SPEC, KEY, round_entry, write_session
+
+    good = write_session(tmp_path / "s.json", [round_entry(RANGE_SPEC, RANGE_BATCHES), round_entry(MEAN_SPEC, MEAN_BATCHES)])
+    result = run_audit(True, "claim", 1e-6, 0, session=str(good), keys=KEY.hex())
+    assert result["passed"] and result["claim"]["passed"] and not result["local"] and result["mechanics"] is None
+    assert "claim" in format_audit(result)
+    doc = json.loads(good.read_text())
+    doc["rounds"][0]["epsilon0"] = 0.1  # a file that says the round was more private than its signed spec
+    altered = tmp_path / "altered.json"
+    altered.write_text(json.dumps(doc))
+    assert main(["audit", "--part", "claim", "--session", str(altered), "--keys", KEY.hex(), "-q"]) == 2
+    assert "session-file" in capsys.readouterr().err
+    assert main(["audit", "--part", "claim", "-q"]) == 2  # no session file
+    assert main(["audit", "--part", "claim", "--session", str(good), "-q"]) == 2  # no key to verify it with

@@ -21,7 +21,7 @@ from shuffledp.audit_mechanics import (
 )
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.shuffler.permutation import secure_permutation
-from tests.parties import make_spec
+from parties import make_spec
 
 QUICK = {"batches": 12, "batch_size": 32}
 

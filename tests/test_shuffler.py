@@ -374,6 +374,10 @@ async def test_round_forwards_exactly_the_valid_reports():
     ]
     assert Counter(map(tuple, record.opened.values.tolist())) == Counter(reports)
     assert record.spec == spec
+    # the record keeps the exact signed spec announced (the session file's proof for an auditor)
+    from shuffledp.protocol.onion import verified_spec
+
+    assert verified_spec(record.signed_spec, deployment.analyzer_signing_key) == spec
 
 
 async def test_round_below_min_batch_fails_and_says_so():

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from shuffledp.keys import init_keys
+from shuffledp.audit_claim import claim_report, load_session
+from shuffledp.keys import init_keys, load_public
+from shuffledp.protocol.onion import verified_spec
 
 pytestmark = pytest.mark.mqtt
 
@@ -107,6 +109,19 @@ def test_up_runs_a_whole_deployment_and_prints_the_estimate(tmp_path):
     result = json.loads((directory / "result.json").read_text())
     assert [r["reports"] for r in result["rounds"]] == [300, 300]
     assert float(estimate.group(1)) == pytest.approx(result["estimate"], abs=1e-6)
+    # Each round records the spec it announced, signed: it verifies under the keys directory's analyzer
+    # key (not the key the file names), and the claim audit recomputes the published central epsilon.
+    public = load_public(directory / "keys")
+    assert result["analyzer_signing_key"] == public.analyzer_signing_public.hex()
+    for r in result["rounds"]:
+        spec = verified_spec(bytes.fromhex(r["signed_spec"]), public.analyzer_signing_public)
+        assert (spec.round_id, spec.mechanism, spec.epsilon0, spec.min_batch) == (r["round_id"], r["mechanism"], r["epsilon0"], r["min_batch"])
+        assert spec.session_id == public.session_id
+    session = load_session(directory / "result.json", public.analyzer_signing_public)
+    claim = claim_report(session, public.analyzer_signing_public, result["central"]["delta"], lower_rounds=None,
+                         session_id=public.session_id)
+    assert claim["passed"] and claim["analyzer_claim"]["covers"] is True
+    assert claim["session"]["epsilon"] == pytest.approx(result["central"]["epsilon"], rel=1e-9)
     stats = json.loads((directory / "shuffler-stats.json").read_text())
     assert stats["acknowledged_batches"] == 2 and stats["admitted_total"] == 600
     for secret in (directory / "secrets").iterdir():
