@@ -114,6 +114,10 @@ def run_audit(
                     out["shuffled"].append(row)
                     if progress:
                         progress(f"shuffled {mechanism} n={n}", 1)
+    if part in ("all", "summation"):
+        from shuffledp.audit_summation import summation_rows
+
+        out["summation"] = summation_rows(quick, seed, progress, delta=delta)
     if part in ("all", "mechanics"):
         from shuffledp.audit_mechanics import audit_mechanics
 
@@ -149,6 +153,13 @@ def format_audit(result: dict) -> str:
             ratio = r["lower_over_claim"]
             lines.append(f"  {r['mechanism']:<15} {r['n']:>7,} {r['epsilon0']:>5g} {r['claimed_epsilon']:>9.4f} "
                          f"{exact:>8} {r['lower_bound']:>8.4f} {ratio:>11.3f}  {'ok' if r['passed'] else 'VIOLATED'}")
+    if result.get("summation"):
+        lines += ["", "multi-message summation: empirical lower bound on the central eps (decoded sum) vs the claim",
+                  f"  {'mechanism':<15} {'n':>7} {'target':>6} {'claimed':>9} {'noise':>8} {'lower':>8} {'lower/claim':>11}  verdict"]
+        for r in result["summation"]:
+            lines.append(f"  {r['mechanism']:<15} {r['n']:>7,} {r['epsilon0']:>6g} {r['claimed_epsilon']:>9.4f} "
+                         f"{r['exact_epsilon']:>8.4f} {r['lower_bound']:>8.4f} {r['lower_over_claim']:>11.3f}  "
+                         f"{'ok' if r['passed'] else 'VIOLATED'}")
     mechanics = result.get("mechanics")
     if mechanics:
         lines += ["", f"shuffler mechanics ({mechanics['transport']}; {mechanics['batches']} released batches of "
@@ -165,17 +176,19 @@ def format_audit(result: dict) -> str:
 
 
 def plot_audit(result: dict, path: str) -> None:
-    """Claimed central epsilon and the empirical lower bound against n, one panel per mechanism."""
+    """Claimed central epsilon and the empirical lower bound against n, one panel per mechanism
+    (the shuffled rounds and multi-message summation)."""
     plt = pyplot()
-    mechanisms = sorted({r["mechanism"] for r in result["shuffled"]})
+    shuffled = result["shuffled"] + result.get("summation", [])
+    mechanisms = sorted({r["mechanism"] for r in shuffled})
     fig, axes = plt.subplots(1, max(1, len(mechanisms)), figsize=(5.5 * max(1, len(mechanisms)), 4), squeeze=False)
     for ax, mechanism in zip(axes[0], mechanisms):
-        for i, epsilon0 in enumerate(sorted({r["epsilon0"] for r in result["shuffled"]})):
-            rows = sorted((r for r in result["shuffled"] if r["mechanism"] == mechanism and r["epsilon0"] == epsilon0),
+        for i, epsilon0 in enumerate(sorted({r["epsilon0"] for r in shuffled})):
+            rows = sorted((r for r in shuffled if r["mechanism"] == mechanism and r["epsilon0"] == epsilon0),
                           key=lambda r: r["n"])
             ns = [r["n"] for r in rows]
             color = f"C{i}"
-            ax.plot(ns, [r["claimed_epsilon"] for r in rows], "-o", color=color, label=f"claimed, ε0 = {epsilon0:g}")
+            ax.plot(ns, [r["claimed_epsilon"] for r in rows], "-o", color=color, label=f"claimed, ε0 (target) = {epsilon0:g}")
             ax.plot(ns, [r["lower_bound"] for r in rows], "--s", color=color, label=f"empirical lower bound, ε0 = {epsilon0:g}")
             exact = [(r["n"], r["exact_epsilon"]) for r in rows if r["exact_epsilon"] is not None]
             if exact:
@@ -183,7 +196,7 @@ def plot_audit(result: dict, path: str) -> None:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("n (users in the shuffled round)")
-        ax.set_ylabel("central ε at δ = %.0e" % result["shuffled"][0]["delta"])
+        ax.set_ylabel("central ε at δ = %.0e" % shuffled[0]["delta"])
         ax.set_title(f"{mechanism}: claim vs audit")
         ax.legend(fontsize=7)
     fig.suptitle(f"shuffledp audit: {'PASSED' if result['passed'] else 'FAILED'}")
@@ -202,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"shuffledp audit: {exc.reason}: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2, default=float) if args.json else format_audit(result))
-    if args.plot and result["shuffled"]:
+    if args.plot and (result["shuffled"] or result.get("summation")):
         plot_audit(result, args.plot)
         if not args.json:
             print(f"plot written to {args.plot}")

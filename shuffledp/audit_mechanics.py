@@ -75,8 +75,11 @@ Progress = Callable[[str, int], None]
 
 #: Bins of the output / arrival / client position in the chi-square tests (G).
 POSITION_BINS = 8
-#: Family-wise false-alarm rate of the statistical checks on a correct shuffler.
-STATISTICAL_ALPHA = 0.01
+#: Family-wise false-alarm rate of the statistical checks on a correct shuffler. Small, because
+#: the audit's false alarms add up over its parts (``scripts/audit_false_alarms.py`` measures
+#: them): at 0.01 it measured 2 in 100 quick audits. The deterministic ``arrival-order-kept``
+#: check, not these, is what catches a shuffler leaving whole batches in order.
+STATISTICAL_ALPHA = 0.001
 STATISTICAL_CHECKS = ("position-vs-arrival", "position-vs-client", "rank-correlation")
 CHECKS = (
     "constant-lengths",

@@ -58,3 +58,17 @@ def test_claim_part_reads_a_signed_session_file_and_refuses_an_altered_one(tmp_p
     assert "session-file" in capsys.readouterr().err
     assert main(["audit", "--part", "claim", "-q"]) == 2  # no session file
     assert main(["audit", "--part", "claim", "--session", str(good), "-q"]) == 2  # no key to verify it with
+
+
+def test_mechanics_part_json_and_a_planted_shuffler_fault_exits_1(capsys):
+    import json
+
+    from shuffledp.audit_faults import planted_fault
+
+    assert main(["audit", "--part", "mechanics", "--quick", "--json", "-q"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] and doc["mechanics"]["passed"] and doc["mechanics"]["transport"] == "in-process"
+    with planted_fault("small-batch-release"):
+        assert main(["audit", "--part", "mechanics", "--quick", "-q"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "shuffler mechanics failed: min-batch" in out
