@@ -157,8 +157,9 @@ def format_audit(result: dict) -> str:
         lines += ["", "multi-message summation: empirical lower bound on the central eps (decoded sum) vs the claim",
                   f"  {'mechanism':<15} {'n':>7} {'target':>6} {'claimed':>9} {'noise':>8} {'lower':>8} {'lower/claim':>11}  verdict"]
         for r in result["summation"]:
+            noise = f"{r['exact_epsilon']:.4f}" if r.get("exact_epsilon") is not None else "-"
             lines.append(f"  {r['mechanism']:<15} {r['n']:>7,} {r['epsilon0']:>6g} {r['claimed_epsilon']:>9.4f} "
-                         f"{r['exact_epsilon']:>8.4f} {r['lower_bound']:>8.4f} {r['lower_over_claim']:>11.3f}  "
+                         f"{noise:>8} {r['lower_bound']:>8.4f} {r['lower_over_claim']:>11.3f}  "
                          f"{'ok' if r['passed'] else 'VIOLATED'}")
     mechanics = result.get("mechanics")
     if mechanics:
