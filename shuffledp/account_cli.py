@@ -18,6 +18,7 @@ from typing import Any
 
 BOUND_LABELS = {
     "rr-exact": "exact shuffled binary RR (all datasets)",
+    "rr-exact-smaller-n": "exact shuffled binary RR at n = 1,500 (valid for larger n)",
     "variation-ratio": "variation-ratio, corrected (Wang et al. 2024)",
     "strong-clone": "stronger clone (Feldman et al. 2023)",
     "fmt21-numerical": "clones, numerical (Feldman et al. 2021, Thm 3.2)",

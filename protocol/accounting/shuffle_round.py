@@ -47,6 +47,7 @@ from shuffledp.protocol.errors import InvalidParameter
 #: Order in which bounds are listed (and tie-broken).
 BOUND_NAMES = (
     "rr-exact",
+    "rr-exact-smaller-n",
     "variation-ratio",
     "strong-clone",
     "fmt21-numerical",
@@ -128,6 +129,26 @@ def rr_floor_applies(local: LocalGuarantee) -> bool:
     return local.mechanism in ("generic", "laplace-mean", "binary-rr")
 
 
+def rr_exact_at_largest_n(delta: float, epsilon0: float, best: float) -> float | None:
+    """The exact epsilon of shuffled binary RR at ``RR_EXACT_MAX_N`` users, a valid bound at every larger n;
+    None when it cannot beat ``best`` (so the exact maximisation, seconds of work, is skipped).
+
+    Monotonicity in n (post-processing): take neighbouring datasets of ``n' > n`` users
+    differing in user 1, and drop ``n' - n`` of the *other* users: what is left is a
+    neighbouring pair of ``n``-user datasets. The ``n'``-user shuffled view is a fixed
+    randomized map of the ``n``-user one (append the dropped users' reports, drawn by
+    their own randomizers from their own inputs, the same under both datasets, and
+    shuffle uniformly), so ``delta_{n'}(eps) <= delta_n(eps)`` for every eps (Dwork &
+    Roth 2014, Prop. 2.1). Hence the exact value at ``RR_EXACT_MAX_N`` bounds every
+    larger batch, and the reported epsilon does not jump up where the exact computation
+    stops. The fixed-pair lower bound at ``RR_EXACT_MAX_N`` is cheap and no larger than
+    the exact value, so when ``best`` is already below it the exact value cannot help.
+    """
+    if best <= rr_lower_epsilon(delta, RR_EXACT_MAX_N, epsilon0):
+        return None
+    return rr_exact_epsilon(delta, RR_EXACT_MAX_N, epsilon0)
+
+
 def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     """Central ``(epsilon, delta)`` of one round shuffling ``n`` reports of ``local``.
 
@@ -151,6 +172,8 @@ def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
         lower = cand["rr-exact"]
     elif rr_floor_applies(local):
         lower = rr_lower_epsilon(delta, n, e0)
+    if local.mechanism == "binary-rr" and n > RR_EXACT_MAX_N:
+        cand["rr-exact-smaller-n"] = rr_exact_at_largest_n(delta, e0, min(v for v in cand.values() if v is not None))
     valid = {k: v for k, v in cand.items() if v is not None}
     if lower is not None:
         # A candidate below a proven lower bound is numerically wrong, not an upper bound: it is
