@@ -34,6 +34,7 @@ from shuffledp.analyzer.decoders import (
     mean_from_reports,
 )
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
+from shuffledp.analyzer.range_check import RangeCheck, check_range_round
 from shuffledp.client.mean_randomizer import decode_values
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
@@ -108,11 +109,14 @@ def theorem1_mse_bound(config: ScalarMeanConfig, n: int) -> float:
 
 @dataclass(frozen=True)
 class ScalarMeanOutcome:
-    """Algorithm 1's result: the range round 1 found, and round 2's mean over it."""
+    """Algorithm 1's result: the range round 1 found, the analyzer's check of that round
+    (:mod:`~shuffledp.analyzer.range_check`: a warning means the range may hold none of
+    the users and the estimate be far off), and round 2's mean over the range."""
 
     found_range: RangeEstimate
     mean: MeanEstimate
     mean_params: ProjectedMeanParams
+    range_check: RangeCheck | None = None
 
 
 class ScalarMeanProtocol(Protocol):
@@ -133,6 +137,7 @@ class ScalarMeanProtocol(Protocol):
         config = self.config
         first = yield RoundPlan(config.range_params(), config.round_epsilon)
         found = estimate_range(first[:, 0], first[:, 1], config)
+        check = check_range_round(found.frequencies, found.bin, len(first), config.round_epsilon)
         mean_params = config.mean_params(found)
         second = yield RoundPlan(mean_params, config.round_epsilon, config.delta0)
-        return ScalarMeanOutcome(found, estimate_mean(second[:, 0], mean_params), mean_params)
+        return ScalarMeanOutcome(found, estimate_mean(second[:, 0], mean_params), mean_params, check)

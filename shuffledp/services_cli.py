@@ -642,6 +642,10 @@ def format_analyzer_result(result: dict[str, Any]) -> str:
         )
     lo, hi = result["range"]
     lines.append(f"  range found   [{lo:.4f}, {hi:.4f}]")
+    if result.get("range_check"):
+        from shuffledp.analyzer.range_check import format_range_check
+
+        lines.append(f"  range check   {format_range_check(result['range_check'])}")
     lines.append(f"  estimate      {result['estimate']:.6f}   (standard error {result['standard_error']:.6f}, n = {result['reports']:,})")
     central = result.get("central")
     if central is not None:
@@ -736,6 +740,7 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
         "standard_error": outcome.mean.standard_error,
         "reports": outcome.mean.n,
         "range": [outcome.found_range.lower, outcome.found_range.upper],
+        "range_check": outcome.range_check.as_dict() if outcome.range_check else None,
         "rounds": rounds,
         "seconds": time.time() - started,
     }

@@ -55,6 +55,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
     p.add_argument("--delta", type=float, default=None, help="central delta (default 1/n^1.1)")
     p.add_argument("--seed", type=int, default=0, help="simulation seed")
+    p.add_argument("--seeds", type=int, default=None, metavar="K",
+                   help="mean: run K seeds (from --seed) on the fast engine and report how often the range round "
+                   "failed and how often the analyzer's check warned or missed it")
     add_engine_arguments(p, default="messages")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
@@ -102,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     except InvalidParameter as exc:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
         return 2
+    if args.seeds is not None:
+        return _run_range_study(args, config)
     units = (5 if config.path == "messages" else 3) * config.n  # generate, then per round: seal+open or randomize
     try:
         with progress_bar(units, quiet=args.quiet, unit="user-step") as step:
@@ -113,6 +118,22 @@ def run(args: argparse.Namespace) -> int:
         _print_and_plot(args, result)
     except BrokenPipeError:  # e.g. piped into `head`
         sys.stderr.close()
+    return 0
+
+
+def _run_range_study(args: argparse.Namespace, config: SimulationConfig) -> int:
+    """``--seeds K``: the range round's failures against the analyzer's warnings (``shuffledp/range_check_study.py``)."""
+    import json
+
+    from shuffledp.range_check_study import format_study, range_study
+
+    try:
+        with progress_bar(args.seeds, quiet=args.quiet, unit="seed") as step:
+            study = range_study(config, args.seeds, args.seed, progress=step)
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(study.as_dict(), indent=2, default=float) if args.json else format_study(study))
     return 0
 
 
@@ -181,6 +202,8 @@ def _fmt_bytes(count: int) -> str:
 
 
 def format_result(result: SimulationResult) -> str:
+    from shuffledp.analyzer.range_check import format_range_check
+
     c = result.config
     pop = c["population"]
     lines = [
@@ -202,6 +225,7 @@ def format_result(result: SimulationResult) -> str:
         f"  range found                  [{result.range_found[0]:.4f}, {result.range_found[1]:.4f}]"
         f"   contains true mean: {'yes' if result.range_contains_true_mean else 'NO'};"
         f" users inside: {100 * result.fraction_users_in_range:.2f}%",
+        f"  range check (analyzer's own)  {format_range_check(result.range_check)}",
     ]
     for i, r in enumerate(result.rounds, 1):
         lines.append(

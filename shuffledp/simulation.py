@@ -114,6 +114,9 @@ class SimulationResult:
     range_found: tuple[float, float]
     range_contains_true_mean: bool
     fraction_users_in_range: float
+    #: The analyzer's own check of the range round (``analyzer/range_check.py``): what it
+    #: can tell without the truth. ``range_contains_true_mean`` is what only a simulation knows.
+    range_check: dict[str, Any]
     rounds: list[dict[str, Any]]
     local_epsilon: float
     local_delta: float
@@ -304,6 +307,7 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
         range_found=(found.lower, found.upper),
         range_contains_true_mean=bool(found.lower <= true_mean <= found.upper),
         fraction_users_in_range=in_range,
+        range_check=run.result.range_check.as_dict(),
         rounds=rounds,
         local_epsilon=config.epsilon0,
         local_delta=config.delta0,

@@ -1,0 +1,79 @@
+"""The range round's failures against the analyzer's own warnings, over many seeds and a sweep of n.
+
+The regime the range round struggles in: few users, a wide domain (B = 200, so about 300
+bins of width 2 tau) and a small budget (eps0 = 0.5, eps0 / 2 per round). For each n, the
+scalar range -> mean protocol runs on the vectorized engine with ``--seeds`` seeds
+(:func:`shuffledp.range_check_study.range_study`), and each run is classified by the
+truth (did the announced range hold the true mean?) and by the analyzer's check
+(``analyzer/range_check.py``: did it warn?). Reported per n, with Clopper–Pearson 95 %
+intervals: the failure rate, the warning rate, misses (failed, not warned; the check
+bounds them by alpha = 0.01 per run) and false warnings (held, but warned), and the
+a-priori requirement ``users_needed``. The default regime (B = 20, n = 20,000) is the
+last row: nothing fails and nothing is warned about.
+
+Run: ``python benchmarks/bench_range_check.py`` (about a minute; ``--seeds 50`` for a
+quick look); writes benchmarks/results/range_check.json and range_check.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from _common import RESULTS, write_result  # noqa: E402
+
+NS = (500, 1000, 1500, 2000, 3000, 5000, 10_000)
+BOUND, EPSILON0 = 200.0, 0.5
+
+
+def main(argv: list[str] | None = None) -> int:
+    from shuffledp.analyzer.range_check import users_needed
+    from shuffledp.population import Population
+    from shuffledp.progress import progress_bar, pyplot, save_figure
+    from shuffledp.range_check_study import format_study, range_study
+    from shuffledp.simulation import SimulationConfig
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=200)
+    args = parser.parse_args(argv)
+    settings = [(n, BOUND, EPSILON0) for n in NS] + [(20_000, 20.0, 1.0)]
+    rows = []
+    with progress_bar(args.seeds * len(settings), unit="run") as step:
+        for n, bound, epsilon0 in settings:
+            config = SimulationConfig(Population("gaussian", 1.7, 1.0, bound, 50), n=n, epsilon0=epsilon0)
+            study = range_study(config, args.seeds, progress=step)
+            row = study.as_dict()
+            bins = config.protocol_config().range_params().num_bins
+            row["users_needed"] = users_needed(epsilon0 / 2, bins)
+            row["bins"] = bins
+            rows.append(row)
+            print(format_study(study), file=sys.stderr)
+    path = write_result("range_check", {"seeds": args.seeds, "rows": rows})
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    sweep = [r for r in rows if r["config"]["bound"] == BOUND]
+    ns = [r["config"]["n"] for r in sweep]
+    for name, label, style in (("failed", "range missed the true mean", "-o"), ("warned", "analyzer warned", "-s"),
+                               ("missed", "missed (failed, no warning)", "-x"),
+                               ("false_warnings", "false warnings (held, warned)", "--^")):
+        rates = [r[f"{name}_rate"]["rate"] for r in sweep]
+        lows = [r[f"{name}_rate"]["rate"] - r[f"{name}_rate"]["ci95"][0] for r in sweep]
+        highs = [r[f"{name}_rate"]["ci95"][1] - r[f"{name}_rate"]["rate"] for r in sweep]
+        ax.errorbar(ns, rates, yerr=[lows, highs], fmt=style, capsize=3, label=label)
+    ax.axvline(sweep[0]["users_needed"], color="grey", ls=":", label=f"users needed ({sweep[0]['users_needed']:,})")
+    ax.set_xscale("log")
+    ax.set_xlabel("n (users)")
+    ax.set_ylabel(f"fraction of {args.seeds} seeds")
+    ax.set_title(f"range round, B = {BOUND:g}, eps0 = {EPSILON0:g}: failures and the analyzer's warnings")
+    ax.legend(fontsize=8)
+    save_figure(fig, str(RESULTS / "range_check.png"))
+    print(f"wrote {path} and {RESULTS / 'range_check.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
