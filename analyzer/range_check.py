@@ -131,12 +131,62 @@ def check_range_round(
     return RangeCheck(status, announced, threshold, int(n), needed, alpha, beta, tuple(reasons))
 
 
+@dataclass(frozen=True)
+class CoordinateRangeCheck:
+    """The check of a vector range round: one :class:`RangeCheck` per rotated coordinate, each at
+    ``alpha / D`` (Bonferroni), so an empty announced bin passes in *some* coordinate with
+    probability at most ``alpha``."""
+
+    status: str
+    coordinates: int
+    warned: tuple[int, ...]
+    checks: tuple[RangeCheck, ...] = field(repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def as_dict(self) -> dict[str, Any]:
+        lowest = min(self.checks, key=lambda c: c.announced_frequency - c.threshold)
+        return {
+            "status": self.status,
+            "coordinates": self.coordinates,
+            "warned_coordinates": list(self.warned),
+            "alpha": lowest.alpha * self.coordinates,
+            "fewest_reports": min(c.users for c in self.checks),
+            "users_needed": lowest.users_needed,
+            "smallest_margin": lowest.announced_frequency - lowest.threshold,
+        }
+
+
+def check_coordinate_ranges(
+    frequencies: np.ndarray, announced_bins: np.ndarray, reports: np.ndarray, epsilon: float,
+    *, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA,
+) -> CoordinateRangeCheck:
+    """:func:`check_range_round` for every coordinate of a ``(D, K)`` vector range round (``reports``
+    per coordinate, each at ``epsilon``), at ``alpha / D`` and ``beta / D`` each."""
+    freqs = np.asarray(frequencies, dtype=np.float64)
+    dim = freqs.shape[0]
+    checks = tuple(
+        check_range_round(freqs[j], int(announced_bins[j]), int(reports[j]), epsilon, alpha=alpha / dim, beta=beta / dim)
+        for j in range(dim)
+    )
+    warned = tuple(j for j, c in enumerate(checks) if not c.ok)
+    return CoordinateRangeCheck("warning" if warned else "ok", dim, warned, checks)
+
+
 def format_range_check(check: dict[str, Any]) -> str:
     """One line for a :meth:`RangeCheck.as_dict`, then one ``!`` line per reason (the CLIs' output)."""
+    if "coordinates" in check:
+        head = "OK" if check["status"] == "ok" else "WARNING"
+        line = (f"{head}: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates' announced bins not "
+                f"shown to hold users (alpha {check['alpha']:g} overall); fewest reports per coordinate "
+                f"{check['fewest_reports']:,}, {check['users_needed']:,} needed")
+        return line if check["status"] == "ok" else line + "\n      ! those coordinates' ranges may hold none of the users"
     line = (f"{'OK' if check['status'] == 'ok' else 'WARNING'}: announced bin's estimate "
             f"{check['announced_frequency']:.3f} vs {check['threshold']:.3f} needed; "
             f"n = {check['users']:,}, {check['users_needed']:,} needed")
     return line + "".join(f"\n      ! {reason}" for reason in check["reasons"])
 
 
-__all__ = ["DEFAULT_ALPHA", "DEFAULT_BETA", "RangeCheck", "check_range_round", "detection_threshold", "format_range_check", "users_needed"]
+__all__ = ["DEFAULT_ALPHA", "DEFAULT_BETA", "CoordinateRangeCheck", "RangeCheck", "check_coordinate_ranges", "check_range_round", "detection_threshold", "format_range_check", "users_needed"]

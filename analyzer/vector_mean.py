@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shuffledp.analyzer.range_check import CoordinateRangeCheck, check_coordinate_ranges
 from shuffledp.analyzer.decoders import hadamard_scale
 from shuffledp.analyzer.scalar_mean import paper_noise_variance
 from shuffledp.client.mean_randomizer import PerUserGrid, decode_values, noise_variance, rounding_variance
@@ -107,12 +108,20 @@ class VectorRangeAccumulator:
         scale = hadamard_scale(self.config.range_epsilon) / self.counts[:, None]
         return fwht(self.histogram) * scale
 
+    def announced_bins(self) -> np.ndarray:
+        """The arg-max bin of every coordinate."""
+        return np.argmax(self.frequencies()[:, : self.params.num_bins], axis=1)
+
     def ranges(self) -> np.ndarray:
         """``(D, 2)``: ``[a_max - 3 tau', a_max + 3 tau']`` per coordinate (Algorithm 3 step 8)."""
         p = self.params
-        best = np.argmax(self.frequencies()[:, : p.num_bins], axis=1)
-        centers = p.low + p.tau * (2 * best + 1)
+        centers = p.low + p.tau * (2 * self.announced_bins() + 1)
         return np.stack([centers - 3 * p.tau, centers + 3 * p.tau], axis=1)
+
+    def check(self) -> CoordinateRangeCheck:
+        """The analyzer's check of every coordinate's range round (``analyzer/range_check.py``)."""
+        freqs = self.frequencies()[:, : self.params.num_bins]
+        return check_coordinate_ranges(freqs, freqs.argmax(axis=1), self.counts, self.config.range_epsilon)
 
 
 @dataclass
@@ -187,6 +196,8 @@ class VectorMeanOutcome:
     reports: int
     #: Per rotated coordinate, the sum of decoded mean reports (what the estimate scales and rotates back).
     rotated_sums: np.ndarray
+    #: The analyzer's check of the range round, per coordinate (a warning: some range may hold no user).
+    range_check: CoordinateRangeCheck | None = None
 
 
 class VectorMeanProtocol(Protocol):
@@ -219,4 +230,4 @@ class VectorMeanProtocol(Protocol):
         coords = second[:, 0]
         grid = PerUserGrid(announced[coords, 0], announced[coords, 1], c.noise, c.grid_levels)
         accumulator.add(CoordinateReports(coords, (second[:, 1],)), grid)
-        return VectorMeanOutcome(announced, accumulator.estimate(), len(second), accumulator.sums)
+        return VectorMeanOutcome(announced, accumulator.estimate(), len(second), accumulator.sums, ranges.check())

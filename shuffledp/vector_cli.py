@@ -87,10 +87,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"shuffledp vector: Algorithm 5, {args.mode} mode, d = {args.dim}, m = {args.samples}, "
               f"{args.kind} data, eps0 = {args.epsilon}, {args.path} path")
-        print(f"{'n':>10} {'l2 error':>10} {'RMSE theory':>12} {'Thm 2 bound':>12} {'ranges hit':>11} {'seconds':>8}")
+        print(f"{'n':>10} {'l2 error':>10} {'RMSE theory':>12} {'Thm 2 bound':>12} {'ranges hit':>11} {'seconds':>8}  range check")
         for r in results:
+            check = r.range_check
+            verdict = "-" if not check else ("ok" if check["status"] == "ok" else
+                                              f"WARNING: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates")
             print(f"{r.config['n']:>10,} {r.l2_error:>10.4g} {r.mse_theory ** 0.5:>12.4g} "
-                  f"{r.theorem2_mse_bound ** 0.5:>12.4g} {100 * r.fraction_coordinates_ranges_hit:>10.2f}% {r.seconds:>8.2f}")
+                  f"{r.theorem2_mse_bound ** 0.5:>12.4g} {100 * r.fraction_coordinates_ranges_hit:>10.2f}% {r.seconds:>8.2f}  {verdict}")
+        warned = [r for r in results if r.range_check and r.range_check["status"] != "ok"]
+        if warned:
+            from shuffledp.analyzer.range_check import format_range_check
+
+            print(f"range check at n = {warned[0].config['n']:,}: {format_range_check(warned[0].range_check)}")
     if args.plot:
         plot_sweep(results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)

@@ -87,6 +87,8 @@ class VectorSimulationResult:
     tv_error: float | None
     fraction_coordinates_ranges_hit: float
     seconds: float
+    #: The analyzer's own check of the range round, per coordinate (``analyzer/range_check.py``).
+    range_check: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -137,6 +139,7 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
         if progress:
             progress("range round", sum(c for _, c, _ in group))
     ranges = range_acc.ranges()
+    check = range_acc.check()
     mean_acc = VectorMeanAccumulator(protocol, ranges)
     total = np.zeros(population.dim)
     inside = 0
@@ -158,7 +161,7 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
         mean_acc.add_truth(rotated)
         if progress:
             progress("mean round", sum(c for _, c, _ in group))
-    return _result(config, protocol, mean_acc, total / (config.n * population.m), sq_norm, inside, started)
+    return _result(config, protocol, mean_acc, total / (config.n * population.m), sq_norm, inside, started, check)
 
 
 def _run_on_messages(config: VectorSimulationConfig, progress: Progress | None) -> VectorSimulationResult:
@@ -179,10 +182,10 @@ def _run_on_messages(config: VectorSimulationConfig, progress: Progress | None) 
     mean_acc.n = outcome.reports
     inside = int(((rotated >= ranges[:, 0]) & (rotated <= ranges[:, 1])).sum())
     sq_norm = float((np.clip(rotated, ranges[:, 0], ranges[:, 1]) ** 2).sum())
-    return _result(config, protocol, mean_acc, total / (config.n * population.m), sq_norm, inside, started)
+    return _result(config, protocol, mean_acc, total / (config.n * population.m), sq_norm, inside, started, outcome.range_check)
 
 
-def _result(config, protocol, mean_acc: VectorMeanAccumulator, true_mean, sq_norm: float, inside: int, started: float):
+def _result(config, protocol, mean_acc: VectorMeanAccumulator, true_mean, sq_norm: float, inside: int, started: float, check=None):
     population = config.population
     estimate = mean_acc.estimate()
     error = estimate - true_mean
@@ -204,4 +207,5 @@ def _result(config, protocol, mean_acc: VectorMeanAccumulator, true_mean, sq_nor
         tv_error=float(0.5 * np.abs(error).sum()) if population.kind == "categorical" else None,
         fraction_coordinates_ranges_hit=inside / (config.n * protocol.padded_dim),
         seconds=time.perf_counter() - started,
+        range_check=check.as_dict() if check is not None else {},
     )

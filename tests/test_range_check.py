@@ -94,3 +94,16 @@ def test_simulate_reports_the_check_and_the_study(capsys):
     assert main(["simulate", "-n", "500", "-B", "200", "-e", "0.5", "--seeds", "10", "--json", "-q"]) == 0
     study = json.loads(capsys.readouterr().out)
     assert study["runs"] == 10 and study["missed"] == 0 and "missed_rate" in study
+
+
+def test_the_vector_range_round_is_checked_per_coordinate(capsys):
+    # B = 200 with n = 2,000 users spread over 16 coordinates (about 125 reports each, against the
+    # 1,000s a coordinate needs): every coordinate's range misses, and every one is warned about.
+    assert main(["vector", "-n", "2000", "-B", "200", "-e", "1", "-d", "16", "--json", "-q"]) == 0
+    hard = json.loads(capsys.readouterr().out)
+    assert hard["fraction_coordinates_ranges_hit"] < 0.5
+    assert hard["range_check"]["status"] == "warning" and hard["range_check"]["coordinates"] == 16
+    assert len(hard["range_check"]["warned_coordinates"]) >= 8
+    assert main(["vector", "-n", "20000", "-d", "16", "--json", "-q"]) == 0
+    easy = json.loads(capsys.readouterr().out)
+    assert easy["fraction_coordinates_ranges_hit"] > 0.99 and easy["range_check"]["status"] == "ok"
