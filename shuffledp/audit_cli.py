@@ -54,6 +54,9 @@ def add_parser(subparsers) -> None:
                    help="the analyzer signing key the auditor trusts: a keys directory (public.json) or 64 hex digits")
     p.add_argument("--broker", default=None, metavar="BROKER",
                    help="run the mechanics audit over this MQTT broker (HOST[:PORT] or a broker directory)")
+    p.add_argument("--shuffler-service", action="store_true",
+                   help="mechanics: audit the shuffler service already serving the session of --keys DIR over --broker "
+                   "(an audit deployment: the auditor reads every party's key) instead of starting one")
     p.add_argument("--delta", type=float, default=1e-6, help="central delta of the shuffled audits")
     p.add_argument("--seed", type=int, default=0, help="audit seed (reported)")
     p.add_argument("--json", action="store_true", help="print every row as JSON")
@@ -75,6 +78,7 @@ def run_audit(
     broker: str | None = None,
     session: str | None = None,
     keys: str | None = None,
+    service: bool = False,
 ) -> dict:
     """Run the audits; return ``{"local": [...], "shuffled": [...], "passed": bool, ...}``.
 
@@ -84,8 +88,12 @@ def run_audit(
 
     if part not in PARTS:
         raise InvalidParameter("part", f"must be one of {', '.join(PARTS)}, got {part!r}")
-    if (session is None) != (keys is None):
-        raise InvalidParameter("session", "--session and --keys go together (the file, and the analyzer key to verify it with)")
+    if session is not None and keys is None:
+        raise InvalidParameter("session", "--session needs --keys (the analyzer key to verify it with)")
+    if keys is not None and session is None and not service:
+        raise InvalidParameter("keys", "--keys goes with --session FILE (the claim) or --shuffler-service (the mechanics)")
+    if service and (keys is None or broker is None or not Path(keys).is_dir()):
+        raise InvalidParameter("shuffler-service", "needs --keys DIR (the deployment) and --broker (where it serves)")
     if part == "claim" and session is None:
         raise InvalidParameter("session", "--part claim needs --session FILE and --keys DIR")
     started = time.perf_counter()
@@ -123,7 +131,8 @@ def run_audit(
 
         batches, batch_size = MECHANICS[quick]
         out["mechanics"] = audit_mechanics(
-            broker=broker, batches=batches, batch_size=batch_size, seed=seed, progress=progress
+            broker=broker, batches=batches, batch_size=batch_size, seed=seed, progress=progress,
+            keys=keys if service else None,
         ).as_dict()
     mechanics_ok = out["mechanics"] is None or out["mechanics"]["passed"]
     claim_ok = out["claim"] is None or out["claim"]["passed"]
@@ -208,14 +217,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         with progress_bar(None, quiet=args.quiet, unit="audit") as step:
             result = run_audit(args.quick, args.part, args.delta, args.seed, progress=step, broker=args.broker,
-                               session=args.session, keys=args.keys)
+                               session=args.session, keys=args.keys, service=args.shuffler_service)
     except InvalidParameter as exc:
         print(f"shuffledp audit: invalid parameter {exc}", file=sys.stderr)
         return 2
     except ShuffleDPError as exc:  # a session file refused (altered, unsigned, unreadable), a key file unreadable
         print(f"shuffledp audit: {exc.reason}: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2, default=float) if args.json else format_audit(result))
+    try:
+        print(json.dumps(result, indent=2, default=float) if args.json else format_audit(result))
+    except BrokenPipeError:  # e.g. piped into `head`: the verdict is still the exit code
+        sys.stderr.close()
     if args.plot and (result["shuffled"] or result.get("summation")):
         plot_audit(result, args.plot)
         if not args.json:

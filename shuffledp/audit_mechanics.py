@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -373,26 +374,33 @@ def check_quota_and_replay(view: RoundView | None, attacks: dict[str, bytes] | N
 class _Auditor:
     """Drives rounds against a running shuffler and records what each party would see."""
 
-    def __init__(self, channels: tuple, round_timeout: float, seed: int) -> None:
+    def __init__(self, channels: tuple, round_timeout: float, seed: int, deployment=None) -> None:
         from shuffledp.deployment import Deployment
 
         self.analyzer_channel, self.shuffler_channel, self.client_channel = channels
-        self.deployment = Deployment()
+        #: A deployment's keys (``--keys``): audit the shuffler service already serving its
+        #: session; None: a fresh deployment and a shuffler of our own on ``shuffler_channel``.
+        self.external = deployment is not None
+        self.deployment = deployment if deployment is not None else Deployment()
         self.analyzer = self.deployment.analyzer()
         self.round_timeout = round_timeout
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x3EC4]))
-        self.next_round = 0
+        # A running service never re-opens a round it served: an audit of one starts at a fresh,
+        # random round id (2^40 up), clear of the session's own rounds and of earlier audits.
+        self.next_round = (1 << 40) + int.from_bytes(os.urandom(4), "big") * 1024 if self.external else 0
         self.shuffler = None
         self.task = None
 
     async def __aenter__(self) -> "_Auditor":
-        self.shuffler = self.deployment.shuffler(self.shuffler_channel)
-        self.task = asyncio.create_task(self.shuffler.serve())
+        if not self.external:
+            self.shuffler = self.deployment.shuffler(self.shuffler_channel)
+            self.task = asyncio.create_task(self.shuffler.serve())
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
         self.analyzer.close()
 
     def clients(self, count: int) -> list:
@@ -519,8 +527,11 @@ async def audit_mechanics_on(
     seed: int = 0,
     progress: Progress | None = None,
     transport: str = "in-process",
+    deployment=None,
 ) -> MechanicsAudit:
-    """Run the mechanics checks against a shuffler served on ``channels`` = (analyzer, shuffler, clients)."""
+    """Run the mechanics checks against a shuffler served on ``channels`` = (analyzer, shuffler, clients):
+    one of our own, or with ``deployment`` (:func:`deployment_from_keys`) the service already serving
+    that deployment's session."""
     from shuffledp.client.client import Client
     from shuffledp.client.ledger import PrivacyLedger
     from shuffledp.deployment import Deployment
@@ -532,7 +543,7 @@ async def audit_mechanics_on(
         raise InvalidParameter("batch_size", f"must be a multiple of {POSITION_BINS} of at least {2 * POSITION_BINS}, got {batch_size!r}")
     started = time.perf_counter()
     alpha = STATISTICAL_ALPHA / len(STATISTICAL_CHECKS)
-    async with _Auditor(channels, round_timeout, seed) as auditor:
+    async with _Auditor(channels, round_timeout, seed, deployment) as auditor:
         population = auditor.clients(batch_size)
         views: list[RoundView] = []
         for _ in range(batches):
@@ -604,20 +615,40 @@ async def audit_mechanics_on(
     return MechanicsAudit(transport, len(released), batch_size, checks, time.perf_counter() - started)
 
 
+def deployment_from_keys(directory: str):
+    """The :class:`~shuffledp.deployment.Deployment` in a keys directory (``shuffledp keys init``):
+    the analyzer's keys (to sign the audit's rounds), the issuer's (to enrol its clients) and the
+    shuffler's (to open outer layers and so know which report each client sent). An audit
+    deployment: the auditor holds every party's key, so use one made for auditing."""
+    from shuffledp.deployment import Deployment
+    from shuffledp.keys import load_analyzer, load_shuffler
+
+    analyzer, shuffler = load_analyzer(directory), load_shuffler(directory)
+    return Deployment(analyzer.analyzer_keys, shuffler.shuffler_keys, shuffler.issuer, shuffler.session_id)
+
+
 def audit_mechanics(
     *, broker: str | None = None, batches: int = 100, batch_size: int = 64, seed: int = 0,
     progress: Progress | None = None, round_timeout: float = 30.0, short_deadline: float = 1.0,
+    keys: str | None = None,
 ) -> MechanicsAudit:
     """:func:`audit_mechanics_on` a fresh in-process channel, or over the MQTT ``broker``
-    (``HOST[:PORT]`` or a broker directory, as ``shuffledp simulate --broker``)."""
+    (``HOST[:PORT]`` or a broker directory, as ``shuffledp simulate --broker``). With ``keys`` (a
+    keys directory; needs ``broker``), audit the shuffler service already running for that
+    deployment (``shuffledp shuffler serve``) instead of starting one."""
     from shuffledp.simulation import party_channels
+
+    if keys is not None and broker is None:
+        raise InvalidParameter("keys", "auditing a running shuffler service needs the broker it serves on (--broker)")
+    deployment = deployment_from_keys(keys) if keys is not None else None
+    where = f"mqtt {broker}" if broker else "in-process"
 
     async def main() -> MechanicsAudit:
         async with party_channels(broker) as channels:
             return await audit_mechanics_on(
                 channels, batches=batches, batch_size=batch_size, seed=seed, progress=progress,
-                round_timeout=round_timeout, short_deadline=short_deadline,
-                transport=f"mqtt {broker}" if broker else "in-process",
+                round_timeout=round_timeout, short_deadline=short_deadline, deployment=deployment,
+                transport=f"{where}, the running shuffler service of {keys}" if keys else where,
             )
 
     return asyncio.run(main())
@@ -638,5 +669,6 @@ __all__ = [
     "audit_mechanics",
     "audit_mechanics_on",
     "chi_square_positions",
+    "deployment_from_keys",
     "format_mechanics",
 ]
