@@ -32,6 +32,11 @@ the summation audit, :mod:`shuffledp.audit_summation`):
   *failure* probability ``1 - p`` (scipy's and numpy's ``nbinom`` take the success
   probability): the Pólya shares are drawn from ``NB(1/n, alpha)`` instead of
   ``NB(1/n, 1 - alpha)`` and the summation noise all but vanishes.
+* ``skellam-mu-too-small``: the vector client's ``skellam_shares(mu, users, ...)`` draws the
+  shares of ``Skellam(mu / 100)``: every coordinate's noise has a tenth of the claimed standard
+  deviation. ``client.summation`` imports ``skellam_shares`` into its own namespace, so that is
+  where ``randomize_vector_sum`` looks it up at call time (and where the fault is planted;
+  patching ``distributed_noise.skellam_shares`` would not reach the client).
 
 The shuffler and the wire (caught by the mechanics audit, :mod:`shuffledp.audit_mechanics`):
 
@@ -58,7 +63,7 @@ from fractions import Fraction
 
 from shuffledp.protocol.errors import InvalidParameter
 
-__all__ = ["ARRIVAL_ORDER_EVERY", "FAULTS", "planted_fault"]
+__all__ = ["ARRIVAL_ORDER_EVERY", "FAULTS", "SKELLAM_MU_DIVISOR", "planted_fault"]
 
 #: Excess epsilon of the "too high" / "too small" faults.
 EXCESS = 0.1
@@ -93,6 +98,17 @@ def _laplace_scale_too_small(original: Callable) -> Callable:
         return original(params, epsilon + EXCESS)
 
     return laplace_scale
+
+
+#: Factor by which ``skellam-mu-too-small`` divides the Skellam ``mu``.
+SKELLAM_MU_DIVISOR = 100.0
+
+
+def _skellam_mu_too_small(original: Callable) -> Callable:
+    def skellam_shares(mu_total, users, size, source):
+        return original(mu_total / SKELLAM_MU_DIVISOR, users, size, source)
+
+    return skellam_shares
 
 
 def _nbinom_reversed(original: Callable) -> Callable:
@@ -149,6 +165,7 @@ FAULTS: dict[str, tuple[str, str, Callable[[Callable], Callable]]] = {
     "krr-keep-too-high": ("shuffledp.client.krr", "krr_keep_probability", _krr_keep_too_high),
     "laplace-scale-too-small": ("shuffledp.client.mean_randomizer", "laplace_scale", _laplace_scale_too_small),
     "nbinom-reversed": ("shuffledp.protocol.distributed_noise", "negative_binomial", _nbinom_reversed),
+    "skellam-mu-too-small": ("shuffledp.client.summation", "skellam_shares", _skellam_mu_too_small),
     "shuffler-arrival-order": ("shuffledp.shuffler.service", "secure_permutation", _arrival_order),
     "small-batch-release": ("shuffledp.shuffler.service", "batch_releasable", _small_batch_release),
     "padding-off": ("shuffledp.protocol.report_format", "ReportFormat.pad", _padding_off),
