@@ -43,14 +43,15 @@ Approximate-DP randomizers are refused (:class:`AmplificationNotClaimed`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from shuffledp.protocol.accounting._numerics import binom_cdf_le
+from shuffledp.protocol.accounting.cache import cached
 from shuffledp.protocol.accounting.clones import ClonePair
 from shuffledp.protocol.accounting.guarantees import LocalGuarantee
 from shuffledp.protocol.accounting.rdp import (
@@ -260,10 +261,24 @@ class SessionAccountant:
         if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)) or not 0 < delta < 1:
             raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
         self._check_ready()
-        eps_pld = float(self.pld().get_epsilon_for_delta(float(delta)))
+        question = {
+            "groups": [
+                {"local": dataclasses.asdict(g.local), "n": g.n, "sampling_rate": g.sampling_rate, "sampling": g.sampling,
+                 "count": g.count}
+                for g in self._groups
+            ],
+            "discretization": self._fixed_d,
+            "orders": list(self._orders),
+            "reference_delta": self._reference_delta,
+            "delta": float(delta),
+        }
+        return cached("session_epsilon", question, lambda: self._epsilon_breakdown(float(delta)))
+
+    def _epsilon_breakdown(self, delta: float) -> dict[str, float]:
+        eps_pld = float(self.pld().get_epsilon_for_delta(delta))
         orders, rdp = self.rdp()
-        eps_rdp = rdp_epsilon(orders, rdp, float(delta))
-        return {"pld": eps_pld, "rdp": eps_rdp}
+        eps_rdp = rdp_epsilon(orders, rdp, delta)
+        return {"pld": eps_pld, "rdp": float(eps_rdp)}
 
     def epsilon(self, delta: float) -> float:
         """Central epsilon of the whole session at ``delta`` (an upper bound)."""

@@ -16,9 +16,12 @@ distribution for composition.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
+
+from shuffledp.protocol.accounting.cache import cached
 
 from shuffledp.protocol.accounting.clones import (
     ClonePair,
@@ -153,12 +156,19 @@ def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     """Central ``(epsilon, delta)`` of one round shuffling ``n`` reports of ``local``.
 
     Raises :class:`InvalidParameter` on bad input and :class:`AmplificationNotClaimed`
-    for approximate-DP randomizers.
+    for approximate-DP randomizers. Answers are kept in the on-disk cache
+    (:mod:`.cache`: keyed on the parameters and on the accountant's source).
     """
     n = _check_round(local, n)
     if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)) or not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
     delta = float(delta)
+    question = {"local": dataclasses.asdict(local), "n": n, "delta": delta}
+    return RoundBound(**cached("shuffled_round", question, lambda: _shuffled_round(local, n, delta).as_dict()))
+
+
+def _shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
+    """:func:`shuffled_round` on checked arguments, computed."""
     e0 = float(local.epsilon0)
     cand: dict[str, float | None] = {name: None for name in BOUND_NAMES}
     cand["local"] = e0
