@@ -149,11 +149,19 @@ def format_audit(result: dict) -> str:
 
         lines += ["", format_claim(result["claim"])]
     if result["local"]:
-        lines += ["", "local randomizers: empirical lower bound on eps0 (95 %, family-wise) vs the claim",
-                  f"  {'mechanism':<24} {'source':<8} {'eps0':>6} {'delta0':>8} {'lower bound':>12} {'ratio':>7}  verdict"]
+        lines += ["", "local randomizers: empirical lower bounds on eps0 (95 %, family-wise) vs the claim",
+                  "  event: assumption-free (one event, Clopper-Pearson); gaussian: parametric, Gaussian reports only,",
+                  "  assumes discrete-Gaussian noise of unknown scale (checked by a fit test; '-' where withheld)",
+                  f"  {'mechanism':<24} {'source':<8} {'eps0':>6} {'delta0':>8} {'event':>8} {'gaussian':>8} "
+                  f"{'ratio':>7} {'from':<10}  verdict"]
         for r in result["local"]:
+            param = r.get("epsilon_param")
+            param_text = "" if param is None and not r.get("detail") else ("-" if param is None else f"{param:.4f}")
             lines.append(f"  {r['mechanism']:<24} {r['source']:<8} {r['epsilon0']:>6g} {r['delta0']:>8.2g} "
-                         f"{r['epsilon_lb']:>12.4f} {r['ratio']:>7.3f}  {'ok' if r['passed'] else 'VIOLATED'}")
+                         f"{r['epsilon_lb']:>8.4f} {param_text:>8} {r['ratio']:>7.3f} {r.get('ratio_method', 'event'):<10}  "
+                         f"{'ok' if r['passed'] else 'VIOLATED'}")
+            if param is None and r.get("detail"):
+                lines.append(f"      {r['detail']}")
     if result["shuffled"]:
         lines += ["", "shuffled rounds: empirical lower bound on the central eps vs the accountant's claim",
                   f"  {'mechanism':<15} {'n':>7} {'eps0':>5} {'claimed':>9} {'exact':>8} {'lower':>8} {'lower/claim':>11}  verdict"]
