@@ -1,0 +1,241 @@
+"""User-level private SGD (Girgis, Data & Diggavi, Algorithm 6 / Theorem 5) in the shuffle model.
+
+1. **Accuracy against session epsilon** (synthetic logistic task, 100,000 users x 10 samples,
+   15 features + intercept): ULDP-SGD (vector mean protocol, shuffled, joint Poisson
+   subsampling accounted over T steps), central user-level DP-SGD (Gaussian, dp-accounting)
+   at the same (eps, delta = 1e-5), and non-private training; same cohort, steps, learning rate.
+2. **Headline**: the eps <= 2 run timed end to end (calibrating eps0, training, accounting
+   the run) and its gap to non-private training, over 3 seeds.
+3. **Accuracy against m** (samples per user) at a fixed number of users n = 20,000, eps = 2.
+4. **Real data**: the Wisconsin breast-cancer table shipped with scikit-learn (no download;
+   skipped if scikit-learn is missing), one row per user, the 10 "mean" features.
+
+Run: ``python benchmarks/bench_uldp_sgd.py [--quick]``; writes benchmarks/results/uldp_sgd.json
+and benchmarks/results/uldp_sgd.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from _common import RESULTS, write_result
+
+from shuffledp.learning_data import breast_cancer_users, real_dataset_available, synthetic_logistic
+from shuffledp.progress import progress_bar, pyplot, save_figure
+from shuffledp.uldp_sgd import (
+    TrainingConfig,
+    calibrate_epsilon0,
+    calibrate_noise_multiplier,
+    train,
+    uldp_privacy,
+)
+
+DELTA = 1e-5
+#: Synthetic task: users, samples per user, features; optimizer shared by all methods.
+SYNTHETIC = dict(users=100_000, samples_per_user=10, features=15)
+SCHEDULE = dict(steps=1000, cohort=2000, learning_rate=1.0, clip=0.25, momentum=0.0, tail_average=0.5)
+EPSILONS = (0.5, 1.0, 2.0, 4.0)
+HEADLINE_EPSILON = 2.0
+M_SWEEP_USERS = 20_000
+M_VALUES = (1, 2, 5, 10, 20, 50)
+M_SCHEDULE = dict(steps=400, cohort=1000, learning_rate=1.0, clip=0.25, momentum=0.0, tail_average=0.5)
+REAL_EPSILONS = (1.0, 2.0, 4.0, 8.0)
+REAL_SCHEDULE = dict(steps=30, cohort=455, learning_rate=2.0, clip=0.5, momentum=0.0, tail_average=0.5)
+REAL_SEEDS = 10
+
+
+def _row(result) -> dict:
+    d = result.as_dict()
+    d.pop("theta")
+    d.pop("accuracy_trace")
+    return d
+
+
+def epsilon_sweep(data, schedule: dict, epsilons, step) -> dict:
+    cfg = TrainingConfig(**schedule)
+    nonprivate = train(data, cfg, "nonprivate", progress=step)
+    rows = []
+    for eps in epsilons:
+        t0 = time.perf_counter()
+        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA)
+        calib = time.perf_counter() - t0
+        uldp = train(data, cfg, "uldp-shuffle", epsilon0=e0, progress=step)
+        t0 = time.perf_counter()
+        sigma = calibrate_noise_multiplier(eps, cfg.cohort / data.users, cfg.steps, DELTA)
+        sigma_calib = time.perf_counter() - t0
+        central = train(data, cfg, "central", noise_multiplier=sigma, progress=step)
+        rows.append({
+            "target_epsilon": eps,
+            "uldp": {**_row(uldp), "calibration_seconds": calib},
+            "central": {**_row(central), "calibration_seconds": sigma_calib},
+        })
+        print(f"  eps={eps:<4} eps0={e0:.3f} (session {uldp.privacy['epsilon']:.3f})  ULDP {uldp.accuracy:.4f}  "
+              f"central(sigma={sigma:.3f}) {central.accuracy:.4f}  non-private {nonprivate.accuracy:.4f}", flush=True)
+    return {"nonprivate": _row(nonprivate), "rows": rows}
+
+
+def headline(data, schedule: dict, seeds: int, step) -> dict:
+    """The eps <= 2 run, end to end: calibrate eps0, train, account the run."""
+    runs = []
+    for seed in range(seeds):
+        cfg = TrainingConfig(**schedule, seed=seed)
+        started = time.perf_counter()
+        e0 = calibrate_epsilon0(HEADLINE_EPSILON, data.users, cfg.cohort, cfg.steps, DELTA)
+        uldp = train(data, cfg, "uldp-shuffle", epsilon0=e0, progress=step)  # accounts the run too
+        total = time.perf_counter() - started
+        nonprivate = train(data, cfg, "nonprivate", account=False, progress=step)
+        runs.append({
+            "seed": seed, "epsilon0": e0, "session_epsilon": uldp.privacy["epsilon"], "delta": DELTA,
+            "uldp_accuracy": uldp.accuracy, "nonprivate_accuracy": nonprivate.accuracy,
+            "gap_points": 100 * (nonprivate.accuracy - uldp.accuracy),
+            "seconds_total": total, "seconds_training": uldp.seconds,
+        })
+        print(f"  seed {seed}: eps0={e0:.3f} session eps={uldp.privacy['epsilon']:.3f}  ULDP {uldp.accuracy:.4f}  "
+              f"non-private {nonprivate.accuracy:.4f}  gap {runs[-1]['gap_points']:.2f} pts  {total:.1f} s", flush=True)
+    return {
+        "runs": runs,
+        "max_gap_points": max(r["gap_points"] for r in runs),
+        "max_seconds_total": max(r["seconds_total"] for r in runs),
+        "within_2_points": all(r["gap_points"] <= 2.0 for r in runs),
+        "under_2_minutes": all(r["seconds_total"] <= 120.0 for r in runs),
+        "session_epsilon_at_most_2": all(r["session_epsilon"] <= 2.0 for r in runs),
+    }
+
+
+def m_sweep(m_values, users: int, schedule: dict, eps: float, step) -> dict:
+    cfg = TrainingConfig(**schedule)
+    e0 = calibrate_epsilon0(eps, users, cfg.cohort, cfg.steps, DELTA)  # the accounting does not depend on m
+    sigma = calibrate_noise_multiplier(eps, cfg.cohort / users, cfg.steps, DELTA)
+    rows = []
+    for m in m_values:
+        data = synthetic_logistic(users, m, SYNTHETIC["features"], seed=10 + m)
+        r = {
+            "m": m,
+            "uldp": train(data, cfg, "uldp-shuffle", epsilon0=e0, account=False, progress=step).accuracy,
+            "central": train(data, cfg, "central", noise_multiplier=sigma, account=False, progress=step).accuracy,
+            "nonprivate": train(data, cfg, "nonprivate", account=False, progress=step).accuracy,
+        }
+        rows.append(r)
+        print(f"  m={m:<3} ULDP {r['uldp']:.4f}  central {r['central']:.4f}  non-private {r['nonprivate']:.4f}", flush=True)
+    return {"users": users, "epsilon": eps, "epsilon0": e0, "noise_multiplier": sigma,
+            "privacy": uldp_privacy(e0, users, cfg.cohort, cfg.steps, DELTA), "schedule": schedule, "rows": rows}
+
+
+def real(epsilons, seeds: int, step) -> dict:
+    data = breast_cancer_users(samples_per_user=1, columns="mean")
+    rows = []
+    nonprivate = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "nonprivate", account=False).accuracy for s in range(seeds)]
+    for eps in epsilons:
+        cfg = TrainingConfig(**REAL_SCHEDULE)
+        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, rtol=0.02)
+        sigma = calibrate_noise_multiplier(eps, min(1.0, cfg.cohort / data.users), cfg.steps, DELTA)
+        uldp = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "uldp-shuffle", epsilon0=e0, account=False, progress=step).accuracy
+                for s in range(seeds)]
+        central = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "central", noise_multiplier=sigma, account=False).accuracy
+                   for s in range(seeds)]
+        privacy = uldp_privacy(e0, data.users, cfg.cohort, cfg.steps, DELTA)
+        rows.append({"target_epsilon": eps, "session_epsilon": privacy["epsilon"], "epsilon0": e0, "noise_multiplier": sigma,
+                     "uldp_mean": float(np.mean(uldp)), "uldp_sd": float(np.std(uldp)), "uldp": uldp,
+                     "central_mean": float(np.mean(central)), "central_sd": float(np.std(central))})
+        print(f"  eps={eps:<4} (session {privacy['epsilon']:.3f}, eps0 {e0:.3f})  ULDP {np.mean(uldp):.4f} ± {np.std(uldp):.4f}  "
+              f"central {np.mean(central):.4f}  non-private {np.mean(nonprivate):.4f}", flush=True)
+    return {"dataset": data.describe(), "schedule": REAL_SCHEDULE, "seeds": seeds,
+            "nonprivate_mean": float(np.mean(nonprivate)), "rows": rows}
+
+
+def _ticks(ax, values) -> None:
+    ax.set_xticks(list(values))
+    ax.set_xticklabels([f"{v:g}" for v in values])
+    ax.minorticks_off()
+
+
+def plot(out: dict, path) -> None:
+    plt = pyplot()
+    panels = 3 if out.get("real") else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.0 * panels, 4.0))
+    sweep = out["epsilon_sweep"]
+    eps = [r["target_epsilon"] for r in sweep["rows"]]
+    ax = axes[0]
+    ax.semilogx(eps, [r["uldp"]["accuracy"] for r in sweep["rows"]], "o-", label="ULDP-SGD (shuffle)")
+    ax.semilogx(eps, [r["central"]["accuracy"] for r in sweep["rows"]], "s--", label="central user-level DP-SGD")
+    ax.axhline(sweep["nonprivate"]["accuracy"], color="k", ls=":", label="non-private")
+    _ticks(ax, eps)
+    ax.set_xlabel("session ε (δ = 1e-5)")
+    ax.set_ylabel("test accuracy")
+    d = sweep["nonprivate"]["config"]["dataset"]
+    ax.set_title(f"synthetic: n={d['users']:,}, m={d['samples_per_user']}, p={d['dim']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ms = out["m_sweep"]
+    ax = axes[1]
+    m = [r["m"] for r in ms["rows"]]
+    ax.semilogx(m, [r["uldp"] for r in ms["rows"]], "o-", label="ULDP-SGD (shuffle)")
+    ax.semilogx(m, [r["central"] for r in ms["rows"]], "s--", label="central DP-SGD")
+    ax.semilogx(m, [r["nonprivate"] for r in ms["rows"]], "k:", label="non-private")
+    _ticks(ax, m)
+    ax.set_xlabel("samples per user m")
+    ax.set_title(f"n = {ms['users']:,} users, ε = {ms['epsilon']}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    if out.get("real"):
+        rl = out["real"]
+        ax = axes[2]
+        e = [r["session_epsilon"] for r in rl["rows"]]
+        ax.errorbar(e, [r["uldp_mean"] for r in rl["rows"]], yerr=[r["uldp_sd"] for r in rl["rows"]], fmt="o-", label="ULDP-SGD (shuffle)")
+        ax.errorbar(e, [r["central_mean"] for r in rl["rows"]], yerr=[r["central_sd"] for r in rl["rows"]], fmt="s--", label="central DP-SGD")
+        ax.axhline(rl["nonprivate_mean"], color="k", ls=":", label="non-private")
+        ax.set_xscale("log")
+        _ticks(ax, [r["target_epsilon"] for r in rl["rows"]])
+        ax.set_xlabel("session ε (δ = 1e-5)")
+        ax.set_title(f"breast cancer: {rl['dataset']['users']} users, mean ± sd over {rl['seeds']} seeds")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    save_figure(fig, str(path))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sweeps (minutes -> seconds)")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON already written")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args()
+    if args.plot_only:
+        name = "uldp_sgd_quick" if args.quick else "uldp_sgd"
+        plot(json.loads((RESULTS / f"{name}.json").read_text()), RESULTS / f"{name}.png")
+        return
+    epsilons = (1.0, 2.0) if args.quick else EPSILONS
+    m_values = (1, 10) if args.quick else M_VALUES
+    seeds = 1 if args.quick else 3
+    real_eps = (2.0, 8.0) if args.quick else REAL_EPSILONS
+    real_seeds = 3 if args.quick else REAL_SEEDS
+    started = time.perf_counter()
+    data = synthetic_logistic(**SYNTHETIC, seed=0)
+    total = SCHEDULE["steps"] * (1 + 2 * len(epsilons) + 2 * seeds) + M_SCHEDULE["steps"] * 3 * len(m_values)
+    total += REAL_SCHEDULE["steps"] * real_seeds * len(real_eps) if real_dataset_available() else 0
+    out: dict = {"synthetic": data.describe(), "schedule": SCHEDULE, "delta": DELTA}
+    with progress_bar(total, quiet=args.quiet, unit="step") as step:
+        print("headline (eps <= 2, timed end to end):", flush=True)
+        out["headline"] = headline(data, SCHEDULE, seeds, step)
+        print("accuracy against session epsilon:", flush=True)
+        out["epsilon_sweep"] = epsilon_sweep(data, SCHEDULE, epsilons, step)
+        print(f"accuracy against m at n = {M_SWEEP_USERS:,}:", flush=True)
+        out["m_sweep"] = m_sweep(m_values, M_SWEEP_USERS, M_SCHEDULE, HEADLINE_EPSILON, step)
+        if real_dataset_available():
+            print("real data (breast cancer, scikit-learn):", flush=True)
+            out["real"] = real(real_eps, real_seeds, step)
+        else:
+            out["real"] = None
+            print("real data skipped: scikit-learn is not installed (pip install 'shuffledp[learning]')")
+    out["seconds"] = time.perf_counter() - started
+    name = "uldp_sgd_quick" if args.quick else "uldp_sgd"
+    path = write_result(name, out)
+    plot(out, RESULTS / f"{name}.png")
+    print(f"wrote {path} and {RESULTS / f'{name}.png'} in {out['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
