@@ -31,11 +31,14 @@ import sys
 import time
 from pathlib import Path
 
+from shuffledp.audit_mechanics import STATISTICAL_ALPHA
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 
 SHUFFLED_NS = (100, 1000, 10_000)
 PARTS = ("all", "local", "shuffled", "summation", "mechanics", "claim")
+#: The whole audit's false-alarm budget on correct code: every lower bound of every part, together.
+AUDIT_ALPHA = 0.05
 #: Mechanics audit size (released batches, reports per batch): default and --quick.
 MECHANICS = {False: (100, 64), True: (20, 32)}
 SHUFFLED_EPSILONS = (1.0, 4.0)
@@ -97,7 +100,13 @@ def run_audit(
     if part == "claim" and session is None:
         raise InvalidParameter("session", "--part claim needs --session FILE and --keys DIR")
     started = time.perf_counter()
-    out: dict = {"quick": quick, "seed": seed, "local": [], "shuffled": [], "summation": [], "mechanics": None, "claim": None}
+    # One false-alarm budget for the whole audit (Bonferroni): AUDIT_ALPHA, split evenly over
+    # the parts with lower bounds that run, then over each part's bounds.
+    bounded = [p for p in ("local", "shuffled", "summation") if part in ("all", p)]
+    share = AUDIT_ALPHA / max(1, len(bounded))
+    out: dict = {"quick": quick, "seed": seed, "local": [], "shuffled": [], "summation": [], "mechanics": None, "claim": None,
+                 "false_alarm_budget": {"total": AUDIT_ALPHA if bounded else 0.0, **{p: share for p in bounded},
+                                        "mechanics": STATISTICAL_ALPHA if part in ("all", "mechanics") else 0.0}}
     if session is not None and part in ("all", "claim"):  # first: a bad file is refused before minutes of work
         from shuffledp.audit_claim import claim_report, load_session, trusted_analyzer_key
         from shuffledp.keys import load_public
@@ -110,22 +119,24 @@ def run_audit(
         from shuffledp.audit_local import audit_local
 
         options = local_options if local_options is not None else ({"trials": 10**5, "system_trials": 2000} if quick else {})
+        options = {"confidence": 1.0 - share, **options}
         out["local"] = [r.as_dict() for r in audit_local(seed=seed, progress=progress, **options)]
     if part in ("all", "shuffled"):
         rounds = shuffled_rounds if shuffled_rounds is not None else (10**6 if quick else 10**7)
-        for mechanism, bins in (("binary-rr", 2), ("hadamard-range", 16)):
-            for epsilon0 in SHUFFLED_EPSILONS:
-                for n in ns:
-                    result = audit_shuffled(mechanism, n, epsilon0, delta, rounds=rounds, num_bins=bins, seed=seed)
-                    row = result.as_dict()
-                    row["num_bins"] = bins
-                    out["shuffled"].append(row)
-                    if progress:
-                        progress(f"shuffled {mechanism} n={n}", 1)
+        rows = [(m, b, e, n) for m, b in (("binary-rr", 2), ("hadamard-range", 16)) for e in SHUFFLED_EPSILONS for n in ns]
+        confidence = 1.0 - share / len(rows)
+        for mechanism, bins, epsilon0, n in rows:
+            result = audit_shuffled(mechanism, n, epsilon0, delta, rounds=rounds, num_bins=bins, seed=seed,
+                                    confidence=confidence)
+            row = result.as_dict()
+            row["num_bins"] = bins
+            out["shuffled"].append(row)
+            if progress:
+                progress(f"shuffled {mechanism} n={n}", 1)
     if part in ("all", "summation"):
         from shuffledp.audit_summation import summation_rows
 
-        out["summation"] = summation_rows(quick, seed, progress, delta=delta)
+        out["summation"] = summation_rows(quick, seed, progress, delta=delta, family_alpha=share)
     if part in ("all", "mechanics"):
         from shuffledp.audit_mechanics import audit_mechanics
 

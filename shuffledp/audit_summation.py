@@ -718,15 +718,16 @@ def summation_rows(
     settings: tuple[tuple[int, float] | tuple[int, float, int], ...] = SUMMATION_SETTINGS,
     rounds: int | None = None,
     familywise: bool = True,
+    family_alpha: float = 0.05,
 ) -> list[dict[str, Any]]:
     """The summation audit's rows for ``shuffledp audit``: one :func:`audit_summation` per ``(n, epsilon)``
     and one :func:`audit_vector_summation` per ``(n, epsilon, dim)``.
 
     Rounds per sample: :func:`summation_rounds` / :func:`vector_summation_rounds`
     (``quick``: about a tenth), or ``rounds``. With ``familywise`` each row runs at
-    confidence ``1 - 0.05 / rows``, so a correct implementation fails the whole table with
-    probability at most 5 % (the scalar claim is tight: module docstring); otherwise 95 %
-    per row. Each row is :meth:`~shuffledp.audit_shuffled.ShuffledAudit.as_dict`
+    confidence ``1 - family_alpha / rows``, so a correct implementation fails the whole table
+    with probability at most ``family_alpha`` (the scalar claim is tight: module docstring;
+    ``shuffledp audit`` passes its share of the audit's budget); otherwise 95 % per row. Each row is :meth:`~shuffledp.audit_shuffled.ShuffledAudit.as_dict`
     (``epsilon0`` is the round's central target, ``exact_epsilon`` the scalar noise's own
     epsilon or the vector statistic's exact epsilon) plus the round's ``precision`` (vector:
     ``levels``, grid units per radius), ``modulus`` and ``messages`` (vector: per
@@ -737,7 +738,9 @@ def summation_rows(
     for setting in settings:
         if not isinstance(setting, tuple) or len(setting) not in (2, 3):
             raise InvalidParameter("settings", f"each must be (n, epsilon) or (n, epsilon, dim), got {setting!r}")
-    confidence = 1.0 - 0.05 / len(settings) if familywise else 0.95
+    if not 0.0 < family_alpha < 0.5:
+        raise InvalidParameter("family_alpha", f"must be in (0, 0.5), got {family_alpha!r}")
+    confidence = 1.0 - family_alpha / len(settings) if familywise else 0.95
     out: list[dict[str, Any]] = []
     for setting in settings:
         if len(setting) == 2:
