@@ -24,3 +24,8 @@ def test_simulate_and_plot(tmp_path):
 def test_device_client():
     out = run("device_client.py", "--devices", "150")
     assert "150 devices" in out and "('released', 'released')" in out and "batches [150, 150]" in out
+
+
+def test_train_uldp_sgd():
+    out = run("train_uldp_sgd.py", "--quick")
+    assert "session (eps, delta) = (1.98" in out and "test accuracy: ULDP-SGD 0." in out
