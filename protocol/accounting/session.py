@@ -210,9 +210,7 @@ class SessionAccountant:
         grid = np.unique(np.concatenate([np.linspace(0.0, e_top, CURVE_POINTS), [e_max]]))
         deltas = round_delta_curve(g.local, n_in, grid)
         deltas[grid >= e_max] = 0.0
-        # subsampling (advanced joint convexity), then the extra tail mass
-        eps_p = np.log1p(gamma * np.expm1(grid))
-        del_p = np.minimum(1.0, gamma * deltas + tail)
+        eps_p, del_p = subsampled_curve(grid, deltas, gamma, tail)
         pld = _pld_from_curve(eps_p, del_p, self._discretization())
         g._pld = pld.self_compose(g.count) if g.count > 1 else pld
         return g._pld
@@ -228,12 +226,7 @@ class SessionAccountant:
             if isinstance(pair, ClonePair) and pair.a2 == 0.0 and pair.scale == 1.0:
                 inner = np.minimum(inner, clone_pair_rdp(pair, orders))
         if gamma < 1.0:
-            sub = wor_subsampled_rdp(inner, orders, gamma, eps_inf=e0)
-            if tail > 0:  # Poisson: outside the batch window the round is still eps0-DP
-                o = np.asarray(orders, dtype=np.float64)
-                worst = pure_dp_rdp(e0, orders)
-                sub = np.logaddexp(math.log1p(-tail) + (o - 1) * sub, math.log(tail) + (o - 1) * worst) / (o - 1)
-            inner = np.minimum(sub, pure_dp_rdp(e0, orders))
+            inner = subsampled_rdp(inner, orders, gamma, tail, e0)
         g._rdp = g.count * inner
         return g._rdp
 
@@ -316,6 +309,29 @@ class SessionAccountant:
                 }
             )
         return rows
+
+
+def subsampled_curve(grid: np.ndarray, deltas: np.ndarray, gamma: float, tail: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(eps', delta')`` of a mechanism with curve ``delta(eps)`` on ``grid`` run on a subsample that
+    holds a given user with probability at most ``gamma``: advanced joint convexity (Balle, Barthe &
+    Gaboardi, NeurIPS 2018, Thm. 2), ``eps' = log(1 + gamma (e^eps - 1))``, ``delta' = gamma delta``,
+    plus ``tail``, the Poisson batch-size mass outside the window (``_poisson_window``)."""
+    eps_p = np.log1p(gamma * np.expm1(grid))
+    del_p = np.minimum(1.0, gamma * np.asarray(deltas) + tail)
+    return eps_p, del_p
+
+
+def subsampled_rdp(inner: np.ndarray, orders, gamma: float, tail: float, eps_inf: float) -> np.ndarray:
+    """RDP of a pure ``eps_inf``-DP mechanism with RDP ``inner`` on a subsample that holds a user with
+    probability at most ``gamma`` (Wang, Balle & Kasiviswanathan, AISTATS 2019, Thm. 9), mixed with the
+    pure-DP bound on the Poisson ``tail`` outside the batch window (where it is still ``eps_inf``-DP),
+    and never above the pure-DP bound itself."""
+    worst = pure_dp_rdp(eps_inf, orders)
+    sub = wor_subsampled_rdp(inner, orders, gamma, eps_inf=eps_inf)
+    if tail > 0:
+        o = np.asarray(orders, dtype=np.float64)
+        sub = np.logaddexp(math.log1p(-tail) + (o - 1) * sub, math.log(tail) + (o - 1) * worst) / (o - 1)
+    return np.minimum(sub, worst)
 
 
 def _pld_from_curve(eps: np.ndarray, deltas: np.ndarray, d: float) -> "PrivacyLossDistribution":

@@ -38,15 +38,20 @@ session is exactly :class:`SessionAccountant` with every round added ``T`` times
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from shuffledp.protocol.accounting.guarantees import LocalGuarantee
-from shuffledp.protocol.accounting.rdp import pure_dp_rdp, rdp_epsilon, wor_subsampled_rdp
-from shuffledp.protocol.accounting.session import SessionAccountant, _pld_from_curve, _poisson_window
+from shuffledp.protocol.accounting.rdp import rdp_epsilon
+from shuffledp.protocol.accounting.session import (
+    SessionAccountant,
+    _pld_from_curve,
+    _poisson_window,
+    subsampled_curve,
+    subsampled_rdp,
+)
 from shuffledp.protocol.errors import InvalidParameter
 
 if TYPE_CHECKING:
@@ -129,9 +134,7 @@ class SubsampledStepAccountant:
         deltas = np.asarray(inner.get_delta_for_epsilon(grid), dtype=np.float64)
         grid = np.append(grid, e_total)
         deltas = np.append(deltas, 0.0)  # the step is pure e_total-DP
-        eps_p = np.log1p(gamma * np.expm1(grid))
-        del_p = np.minimum(1.0, gamma * deltas + tail)
-        return eps_p, del_p
+        return subsampled_curve(grid, deltas, gamma, tail)
 
     def _discretization(self, eps_p: np.ndarray, del_p: np.ndarray) -> float:
         if self.value_discretization_interval is not None:
@@ -160,13 +163,7 @@ class SubsampledStepAccountant:
             else:
                 N, k_lo, k_hi, tail = self.window()
                 orders, inner = self._session(k_lo, 1).rdp()
-                e_total = self.step_epsilon0
-                sub = wor_subsampled_rdp(inner, orders, k_hi / N, eps_inf=e_total)
-                worst = pure_dp_rdp(e_total, orders)
-                if tail > 0:  # outside the window the step is still e_total-DP
-                    o = np.asarray(orders, dtype=np.float64)
-                    sub = np.logaddexp(math.log1p(-tail) + (o - 1) * sub, math.log(tail) + (o - 1) * worst) / (o - 1)
-                self._rdp = (tuple(orders), self.steps * np.minimum(sub, worst))
+                self._rdp = (tuple(orders), self.steps * subsampled_rdp(inner, orders, k_hi / N, tail, self.step_epsilon0))
         return self._rdp
 
     def epsilon_breakdown(self, delta: float) -> dict[str, float]:
