@@ -315,20 +315,25 @@ def round_guarantee(spec: RoundSpec):
       split-and-mix analysis and the noise (``protocol/summation_params.py``: Balle, Bell,
       Gascón & Nissim 2019 Thm. 1; Agarwal, Kairouz & Liu 2021 for Skellam): None.
     """
+    return plan_guarantee(spec.params, spec.epsilon0)
+
+
+def plan_guarantee(params, epsilon0: float):
+    """:func:`round_guarantee` of a round given by its mechanism ``params`` and local ``epsilon0``
+    (a signed spec, or a round an engine ran)."""
     from shuffledp.protocol.accounting import generic_guarantee, hadamard_response_guarantee, laplace_mean_guarantee
 
-    params = spec.params
     if isinstance(params, HadamardRangeParams):
-        return hadamard_response_guarantee(spec.epsilon0, max(2, params.padded_bins))
+        return hadamard_response_guarantee(epsilon0, max(2, params.padded_bins))
     if isinstance(params, ProjectedMeanParams):
-        return laplace_mean_guarantee(spec.epsilon0) if params.noise == "laplace" else None
+        return laplace_mean_guarantee(epsilon0) if params.noise == "laplace" else None
     if isinstance(params, VectorRangeParams):
-        return generic_guarantee(spec.epsilon0)
+        return generic_guarantee(epsilon0)
     if isinstance(params, VectorMeanParams):
-        return generic_guarantee(spec.epsilon0) if params.noise == "laplace" else None
+        return generic_guarantee(epsilon0) if params.noise == "laplace" else None
     if isinstance(params, (ModularSumParams, VectorSumParams)):
         return None
-    raise InvalidParameter("mechanism", f"no accounting rule for {spec.mechanism!r}")
+    raise InvalidParameter("mechanism", f"no accounting rule for {getattr(params, 'MECHANISM', type(params).__name__)!r}")
 
 
 def _unamplified_claim(spec: RoundSpec, smallest: int) -> tuple[float | None, float | None, str]:
@@ -587,6 +592,7 @@ __all__ = [
     "claim_report",
     "format_claim",
     "load_session",
+    "plan_guarantee",
     "round_guarantee",
     "trusted_analyzer_key",
     "verify_session",

@@ -31,7 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-from shuffledp.audit_mechanics import STATISTICAL_ALPHA
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 
@@ -99,6 +98,8 @@ def run_audit(
         raise InvalidParameter("shuffler-service", "needs --keys DIR (the deployment) and --broker (where it serves)")
     if part == "claim" and session is None:
         raise InvalidParameter("session", "--part claim needs --session FILE and --keys DIR")
+    from shuffledp.audit_mechanics import STATISTICAL_ALPHA
+
     started = time.perf_counter()
     # One false-alarm budget for the whole audit (Bonferroni): AUDIT_ALPHA, split evenly over
     # the parts with lower bounds that run, then over each part's bounds.

@@ -487,16 +487,15 @@ class _Auditor:
                 except TimeoutError:
                     break
                 view.chunks.append(data)
-                try:
-                    chunk = decode_verified(data, ShuffledBatch, spec.shuffler_signing_key)
+                try:  # as the analyzer reads it: the fixed layout, then the shuffler's signature
+                    chunk = read_signed_chunk(data, spec)
                 except ShuffleDPError as exc:
                     view.chunk_errors.append(f"{exc.reason}: {exc}")
-                    continue
-                try:
-                    read_signed_chunk(data, spec)
-                except ShuffleDPError as exc:
-                    view.chunk_errors.append(f"{exc.reason}: {exc}")
-                pieces[chunk.chunk] = chunk.payloads
+                    try:  # still place what a faulty shuffler signed, for the other checks
+                        chunk = decode_verified(data, ShuffledBatch, spec.shuffler_signing_key)
+                    except ShuffleDPError:
+                        continue
+                pieces[chunk.chunk] = list(chunk.payloads)
                 expected = chunk.chunks
             view.batch = [p for i in sorted(pieces) for p in pieces[i]]
             if view.outcome.outcome == "released":

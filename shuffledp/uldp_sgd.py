@@ -67,7 +67,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -168,10 +167,10 @@ def step_guarantees(epsilon0: float) -> list[LocalGuarantee]:
 
 
 def executed_guarantees(run: EngineRun) -> list[LocalGuarantee | None]:
-    """:func:`~shuffledp.audit_claim.round_guarantee` of each round a run actually executed."""
-    from shuffledp.audit_claim import round_guarantee
+    """:func:`~shuffledp.audit_claim.plan_guarantee` of each round a run actually executed."""
+    from shuffledp.audit_claim import plan_guarantee
 
-    return [round_guarantee(SimpleNamespace(params=r.plan.params, epsilon0=r.plan.epsilon0, delta0=r.plan.delta0)) for r in run.rounds]
+    return [plan_guarantee(r.plan.params, r.plan.epsilon0) for r in run.rounds]
 
 
 # ------------------------------------------------------------------ accounting
