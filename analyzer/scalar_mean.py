@@ -35,6 +35,7 @@ from shuffledp.analyzer.decoders import (
 )
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
 from shuffledp.analyzer.range_check import RangeCheck, check_range_round
+from shuffledp.analyzer.robust import RobustOptions, RobustSummary, robust_mean_round, robust_range_round
 from shuffledp.client.mean_randomizer import decode_values
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
@@ -117,17 +118,23 @@ class ScalarMeanOutcome:
     mean: MeanEstimate
     mean_params: ProjectedMeanParams
     range_check: RangeCheck | None = None
+    #: Set only with ``ScalarMeanProtocol(config, robust=...)`` (``analyzer/robust.py``).
+    robust: RobustSummary | None = None
 
 
 class ScalarMeanProtocol(Protocol):
     """Algorithm 1 (Girgis, Data & Diggavi 2022): Hadamard range round at ``eps0/2``, then
     the projected mean round at ``eps0/2`` (plus ``delta0`` for Gaussian noise) over the
-    range the first round announced."""
+    range the first round announced.
+
+    ``robust`` (default off): the analyzer's robust decoding against corrupted users
+    (``analyzer/robust.py``), post-processing of the same reports, so no privacy cost."""
 
     name = "mean"
 
-    def __init__(self, config: ScalarMeanConfig) -> None:
+    def __init__(self, config: ScalarMeanConfig, robust: RobustOptions | None = None) -> None:
         self.config = config
+        self.robust = robust
 
     @property
     def budget(self) -> tuple[float, float]:
@@ -138,6 +145,11 @@ class ScalarMeanProtocol(Protocol):
         first = yield RoundPlan(config.range_params(), config.round_epsilon)
         found = estimate_range(first[:, 0], first[:, 1], config)
         check = check_range_round(found.frequencies, found.bin, len(first), config.round_epsilon)
+        if self.robust is not None:
+            found = robust_range_round(found, config.range_params(), len(first), config.round_epsilon, self.robust)
         mean_params = config.mean_params(found)
         second = yield RoundPlan(mean_params, config.round_epsilon, config.delta0)
+        if self.robust is not None:
+            mean, summary = robust_mean_round(second[:, 0], found, mean_params, config.round_epsilon, self.robust, len(first))
+            return ScalarMeanOutcome(found, mean, mean_params, check, summary)
         return ScalarMeanOutcome(found, estimate_mean(second[:, 0], mean_params), mean_params, check)
