@@ -18,14 +18,24 @@ from shuffledp.client.mean_randomizer import randomize_mean, report_range
 from shuffledp.client.range_randomizer import randomize_range
 from shuffledp.protocol.errors import InvalidParameter, ValueOutOfRange
 from shuffledp.client.local_data import as_real_array
-from shuffledp.client.summation import randomize_modular_sum, randomize_vector_sum
+from shuffledp.client.quantile_randomizer import randomize_coordinate_tree, randomize_shifted_norm
+from shuffledp.client.summation import (
+    randomize_local_vector,
+    randomize_modular_sum,
+    randomize_shifted_vector_sum,
+    randomize_vector_sum,
+)
 from shuffledp.client.vector_randomizer import randomize_vector_mean, randomize_vector_range, rotation_of
 from shuffledp.protocol.messages import (
+    CoordinateTreeParams,
     HadamardRangeParams,
+    LocalVectorParams,
     MechanismParams,
     ModularSumParams,
     ProjectedMeanParams,
     RoundSpec,
+    ShiftedNormParams,
+    ShiftedVectorSumParams,
     VectorMeanParams,
     VectorRangeParams,
     VectorSumParams,
@@ -74,8 +84,16 @@ def randomize_round(
         return np.stack([reports.coords, reports.values[0]], axis=1).astype(np.int64)[:, None, :]
     if isinstance(params, ModularSumParams):
         return randomize_modular_sum(local_data, params, epsilon0, source)
+    if isinstance(params, ShiftedVectorSumParams):  # before its base class
+        return randomize_shifted_vector_sum(local_data, params, source)
     if isinstance(params, VectorSumParams):
         return randomize_vector_sum(local_data, params, source)
+    if isinstance(params, CoordinateTreeParams):
+        return randomize_coordinate_tree(local_data, params, epsilon0, source)[:, None, :]
+    if isinstance(params, ShiftedNormParams):
+        return randomize_shifted_norm(local_data, params, epsilon0, source)[:, None, :]
+    if isinstance(params, LocalVectorParams):
+        return randomize_local_vector(local_data, params, source)
     raise InvalidParameter("params", f"unsupported mechanism {getattr(params, 'MECHANISM', type(params).__name__)}")
 
 
@@ -93,7 +111,11 @@ def report_ranges(spec: RoundSpec) -> tuple[ValueRange, ...]:
     * ``vector-mean``: a rotated coordinate, then as ``projected-mean`` (the range in grid
       units depends only on the grid size, the noise and the budget, not on the interval).
     * ``modular-sum``: a share in ``[0, q)``.
-    * ``vector-sum``: a coordinate in ``[0, D)``, then a share in ``[0, q)``.
+    * ``vector-sum`` and ``shifted-vector-sum``: a coordinate in ``[0, D)``, then a share in ``[0, q)``.
+    * ``coordinate-tree``: a group in ``[0, D * levels)``, then as ``hadamard-range``. A node
+      index past a level's width cannot be sent (the row is uniform, the bit a sign).
+    * ``shifted-norm``: as ``hadamard-range``.
+    * ``local-vector``: a rotated coordinate, then a value in ``[-bound, bound]``.
 
     A share mod ``q`` can be any residue, so for summation this bounds nothing: one
     client's shares can move the sum anywhere mod ``q`` (summation has no input
@@ -111,8 +133,14 @@ def report_ranges(spec: RoundSpec) -> tuple[ValueRange, ...]:
         return ValueRange(0, params.padded_dim - 1), ValueRange(*report_range(proxy, spec.epsilon0, spec.delta0))
     if isinstance(params, ModularSumParams):
         return (ValueRange(0, params.modulus - 1),)
-    if isinstance(params, VectorSumParams):
+    if isinstance(params, VectorSumParams):  # and ShiftedVectorSumParams
         return ValueRange(0, params.padded_dim - 1), ValueRange(0, params.modulus - 1)
+    if isinstance(params, CoordinateTreeParams):
+        return ValueRange(0, params.groups - 1), ValueRange(0, params.scalar.padded_bins - 1), ValueRange(-1, 1, 2)
+    if isinstance(params, ShiftedNormParams):
+        return ValueRange(0, params.scalar.padded_bins - 1), ValueRange(-1, 1, 2)
+    if isinstance(params, LocalVectorParams):
+        return ValueRange(0, params.padded_dim - 1), ValueRange(-params.bound, params.bound)
     raise InvalidParameter("spec.params", f"unsupported mechanism {spec.mechanism}")
 
 

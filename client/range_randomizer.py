@@ -58,9 +58,16 @@ def randomize_range(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 4 for a batch of users: returns ``(rows, bits)``, int64 and int8 (+1/-1)."""
     y = as_real_array(local_means, "local_means")
-    n = y.shape[0]
-    nu = bin_index(y, params)
-    rows = source.integers(params.padded_bins, n)
+    return hadamard_response(bin_index(y, params), params.padded_bins, epsilon, source)
+
+
+def hadamard_response(nu: np.ndarray, padded_bins: int, epsilon: float, source: RandomSource) -> tuple[np.ndarray, np.ndarray]:
+    """Hadamard response of the input indices ``nu`` (each in ``[0, padded_bins)``): a uniform
+    row ``j`` of the ``K x K`` Sylvester–Hadamard matrix and ``H[j, nu]``, kept with probability
+    ``e^eps / (e^eps + 1)`` and flipped otherwise. Pure ``eps``-LDP for any input index.
+    Returns ``(rows, bits)``, int64 and int8 (+1/-1)."""
+    n = nu.shape[0]
+    rows = source.integers(padded_bins, n)
     keep = source.bernoulli(keep_probability(epsilon), n)
     true_sign = hadamard_entry(rows, nu)
     bits = np.where(keep, true_sign, -true_sign).astype(np.int8)

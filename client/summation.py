@@ -30,7 +30,7 @@ import numpy as np
 
 from shuffledp.client.local_data import as_real_array
 from shuffledp.protocol.distributed_noise import polya_shares, skellam_shares
-from shuffledp.protocol.messages import ModularSumParams, VectorSumParams
+from shuffledp.protocol.messages import LocalVectorParams, ModularSumParams, ShiftedVectorSumParams, VectorSumParams
 from shuffledp.protocol.modular_sum import FixedPoint, split
 from shuffledp.protocol.randomness import RandomSource
 from shuffledp.protocol.rotation import RandomRotation
@@ -96,3 +96,27 @@ def randomize_vector_sum(vectors: np.ndarray, params: VectorSumParams, source: R
     shares = split(noisy.ravel(), params.modulus, params.messages, source).reshape(n, dim * params.messages)
     coords = np.repeat(np.arange(dim, dtype=np.int64), params.messages)
     return np.stack([np.broadcast_to(coords, shares.shape), shares], axis=2)
+
+
+def randomize_local_vector(vectors: np.ndarray, params: LocalVectorParams, source: RandomSource) -> np.ndarray:
+    """Local reports of a batch of users: int64 ``(n, D, 2)``, rows ``(coordinate, value)``.
+
+    ``x - center`` encoded as vector summation encodes (clip, rotate, scale, round at
+    random), plus ``Skellam(mu)`` per coordinate from this user alone, clamped to
+    ``[-bound, bound]`` (post-processing of the noisy value: no privacy cost; the clamp
+    binds with probability below ``2^-64`` per value). The Skellam RDP bound of Agarwal,
+    Kairouz & Liu (NeurIPS 2021) at the encoding's sensitivities makes one report
+    ``(eps0, delta0)``-LDP (:meth:`LocalVectorParams.check_budget`).
+    """
+    shifted = as_real_array(vectors, "vectors", ndim=2) - np.asarray(params.center, dtype=np.float64)[None, :]
+    encoded = encode_vectors(shifted, params, source)
+    n, dim = encoded.shape
+    noisy = np.clip(encoded + skellam_shares(params.mu, 1, (n, dim), source), -params.bound, params.bound)
+    coords = np.broadcast_to(np.arange(dim, dtype=np.int64), (n, dim))
+    return np.stack([coords, noisy], axis=2)
+
+
+def randomize_shifted_vector_sum(vectors: np.ndarray, params: ShiftedVectorSumParams, source: RandomSource) -> np.ndarray:
+    """:func:`randomize_vector_sum` of ``x - center`` (a public shift: the same guarantee)."""
+    shifted = as_real_array(vectors, "vectors", ndim=2) - np.asarray(params.center, dtype=np.float64)[None, :]
+    return randomize_vector_sum(shifted, params, source)

@@ -316,6 +316,105 @@ class VectorRangeParams:
 
 
 @dataclass(frozen=True)
+class CoordinateTreeParams:
+    """Public parameters of a per-coordinate dyadic range tree after a random rotation
+    (Huang, Liang & Yi, NeurIPS 2021, Sec. 5 step 2: the private per-coordinate median,
+    local and shuffle versions; hierarchical local range counting after Cormode,
+    Kulkarni & Srivastava, VLDB 2019).
+
+    ``[low, high]`` is cut into ``K = padded_bins`` leaves of width ``2 tau`` (the
+    padding leaves lie past ``high`` and hold no user); the tree over them has
+    ``levels = log2 K`` levels below the root. A user rotates its vector with the
+    randomized Hadamard transform of ``rotation_seed``, draws one rotated coordinate
+    ``l`` and one level ``h`` in ``1..levels`` uniformly, and answers Hadamard response
+    (the ``K``-row matrix, as :class:`HadamardRangeParams`) for its node at level ``h``,
+    the leaf index shifted right by ``levels - h``. A report is ``(group, row, bit)``
+    with ``group = l * levels + h - 1``.
+
+    Guarantee: pure ``epsilon0``-LDP. The group is drawn independently of the data and
+    Hadamard response is ``epsilon0``-LDP for any input index (every output has
+    probability ``p/K`` or ``(1-p)/K``).
+    """
+
+    MECHANISM: ClassVar[str] = "coordinate-tree"
+    VALUES_PER_REPORT: ClassVar[int] = 3
+    low: float
+    high: float
+    tau: float
+    dim: int
+    rotation_seed: int
+
+    def __post_init__(self) -> None:
+        scalar = HadamardRangeParams(self.low, self.high, self.tau)  # the same interval and bin checks
+        _require(scalar.num_bins >= 2, "tau", "a tree needs at least two leaves: tau must be below (high - low) / 2")
+        _count(self.dim, "dim", 1, MAX_VECTOR_DIM)
+        _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
+
+    @property
+    def scalar(self) -> HadamardRangeParams:
+        return HadamardRangeParams(self.low, self.high, self.tau)
+
+    @property
+    def padded_dim(self) -> int:
+        return next_power_of_two(self.dim)
+
+    @property
+    def levels(self) -> int:
+        return self.scalar.padded_bins.bit_length() - 1
+
+    @property
+    def groups(self) -> int:
+        """``padded_dim * levels``: one (coordinate, level) pair per group."""
+        return self.padded_dim * self.levels
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Pure: ``delta0`` must be 0."""
+        self.scalar.check_budget(epsilon, delta)
+
+
+@dataclass(frozen=True)
+class ShiftedNormParams:
+    """Public parameters of the norm round of the instance-optimal mean (Huang, Liang & Yi,
+    NeurIPS 2021, Sec. 5 step 3: the clipping threshold is a quantile of the shifted norms).
+
+    A user computes ``log2 ||x - center||`` (``center`` in the original coordinates; a
+    zero distance counts as ``low``), maps it to one of the bins of width ``2 tau`` over
+    ``[low, high]`` (values outside are clamped) and answers Hadamard response for that
+    bin, exactly as :class:`HadamardRangeParams`. A report is ``(row, bit)``.
+
+    Guarantee: pure ``epsilon0``-LDP (Hadamard response of a function of the data).
+    """
+
+    MECHANISM: ClassVar[str] = "shifted-norm"
+    VALUES_PER_REPORT: ClassVar[int] = 2
+    center: tuple[float, ...]
+    low: float
+    high: float
+    tau: float
+
+    def __post_init__(self) -> None:
+        HadamardRangeParams(self.low, self.high, self.tau)
+        _require(isinstance(self.center, tuple) and 1 <= len(self.center) <= MAX_VECTOR_DIM, "center", f"must hold 1 to {MAX_VECTOR_DIM} coordinates")
+        for value in self.center:
+            _finite(value, "center")
+        _require(
+            self.high <= 1000.0 and self.low >= -1000.0, "high", "the log2-norm grid must lie in [-1000, 1000] (norms of doubles)"
+        )
+
+    @property
+    def dim(self) -> int:
+        return len(self.center)
+
+    @property
+    def scalar(self) -> HadamardRangeParams:
+        return HadamardRangeParams(self.low, self.high, self.tau)
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Pure: ``delta0`` must be 0."""
+        self.scalar.check_budget(epsilon, delta)
+
+
+@dataclass(frozen=True)
 class VectorMeanParams:
     """Public parameters of the vector protocol's mean round (Girgis et al. 2022, Alg. 5 lines 11-14).
 
@@ -493,12 +592,121 @@ class VectorSumParams:
         check_vector_sum(self, epsilon, delta)
 
 
+def _check_center(center: tuple[float, ...], dim: int) -> None:
+    _require(isinstance(center, tuple) and len(center) == dim, "center", f"must give one coordinate per input dimension ({dim})")
+    for value in center:
+        _finite(value, "center")
+
+
+@dataclass(frozen=True)
+class ShiftedVectorSumParams(VectorSumParams):
+    """Vector multi-message summation of ``x - center`` (Huang, Liang & Yi, NeurIPS 2021,
+    Sec. 5 step 4, shuffle version: the clipped mean of the shifted vectors).
+
+    Every field and every check of :class:`VectorSumParams`; a user first subtracts the
+    public ``center`` (original coordinates), so the clipping ball of ``radius`` is
+    centred there. The analyzer adds ``users * center`` back. Subtracting a public
+    vector changes no sensitivity: the round's central guarantee is
+    :class:`VectorSumParams`'.
+    """
+
+    MECHANISM: ClassVar[str] = "shifted-vector-sum"
+    center: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_center(self.center, self.dim)
+
+
+@dataclass(frozen=True)
+class LocalVectorParams:
+    """A clipped, shifted vector with local Skellam noise (Huang, Liang & Yi, NeurIPS 2021,
+    Sec. 5 step 4, local version, with the discrete Skellam noise of Agarwal, Kairouz &
+    Liu, NeurIPS 2021, in place of the continuous Gaussian).
+
+    A user subtracts ``center``, clips to the l2 ball of ``radius``, rotates with the
+    randomized Hadamard transform of ``rotation_seed``, scales by ``levels / radius``
+    and rounds every coordinate at random to an integer (the encoding of
+    :class:`VectorSumParams`), then adds ``Skellam(mu)`` to every coordinate and clamps
+    to ``[-bound, bound]`` (post-processing, see :attr:`bound`). It sends ``D`` reports
+    ``(coordinate, value)``.
+
+    Guarantee: ``(epsilon0, delta0)``-LDP with ``epsilon0`` from the Skellam RDP bound at
+    the encoding's l1 and l2 sensitivities (``protocol/summation_params.py``), checked
+    by :meth:`check_budget`. Not pure: no amplification by shuffling is claimed.
+    """
+
+    MECHANISM: ClassVar[str] = "local-vector"
+    VALUES_PER_REPORT: ClassVar[int] = 2
+    dim: int
+    radius: float
+    levels: int
+    rotation_seed: int
+    mu: float
+    center: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        _count(self.dim, "dim", 1, MAX_VECTOR_DIM)
+        _finite(self.radius, "radius")
+        _require(self.radius > 0, "radius", f"must be > 0, got {short_repr(self.radius)}")
+        _count(self.levels, "levels", 1, 1 << 32)
+        _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
+        _finite(self.mu, "mu")
+        _require(1.0 <= self.mu <= MAX_NOISE_SCALE**2, "mu", f"must be in [1, {MAX_NOISE_SCALE**2:.3g}], got {short_repr(self.mu)}")
+        _check_center(self.center, self.dim)
+
+    @property
+    def padded_dim(self) -> int:
+        return next_power_of_two(self.dim)
+
+    @property
+    def messages_per_user(self) -> int:
+        return self.padded_dim
+
+    @property
+    def bound(self) -> int:
+        """Largest magnitude a report value takes: the encoding's ``levels + 1`` plus a Skellam
+        tail exceeded with probability below ``2^-64`` per value (the clamp is post-processing)."""
+        from shuffledp.protocol.summation_params import skellam_tail
+
+        return self.levels + 1 + skellam_tail(self.mu, 2.0**-64)
+
+    def check_budget(self, epsilon: float, delta: float) -> None:
+        """Refuse ``mu`` whose Skellam noise does not give ``(epsilon, delta)`` for one user's report."""
+        from shuffledp.protocol.summation_params import skellam_epsilon
+
+        check_epsilon_delta(epsilon, delta)
+        _require(delta > 0, "delta0", "must be > 0: Skellam noise is not pure DP")
+        achieved = skellam_epsilon(self.mu, self.levels, self.padded_dim, delta)
+        _require(achieved <= epsilon, "mu", f"Skellam noise mu = {self.mu:.6g} gives eps {achieved:.4g} > {epsilon:.4g} at delta {delta:.3g}")
+
+
 MechanismParams = Union[
-    HadamardRangeParams, ProjectedMeanParams, VectorRangeParams, VectorMeanParams, ModularSumParams, VectorSumParams
+    HadamardRangeParams,
+    ProjectedMeanParams,
+    VectorRangeParams,
+    VectorMeanParams,
+    ModularSumParams,
+    VectorSumParams,
+    CoordinateTreeParams,
+    ShiftedNormParams,
+    ShiftedVectorSumParams,
+    LocalVectorParams,
 ]
 MECHANISMS: dict[str, type] = {
     cls.MECHANISM: cls
-    for cls in (HadamardRangeParams, ProjectedMeanParams, VectorRangeParams, VectorMeanParams, ModularSumParams, VectorSumParams)
+    for cls in (
+        HadamardRangeParams,
+        ProjectedMeanParams,
+        VectorRangeParams,
+        VectorMeanParams,
+        ModularSumParams,
+        VectorSumParams,
+        CoordinateTreeParams,
+        ShiftedNormParams,
+        ShiftedVectorSumParams,
+        LocalVectorParams,
+    )
 }
 
 

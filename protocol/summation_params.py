@@ -349,7 +349,7 @@ def scalar_sum_variance(params: ModularSumParams, epsilon: float, rounding_varia
     return (2.0 * alpha / (1.0 - alpha) ** 2 + rounding_variance_encoded) * step**2
 
 
-def _smallest_mu(levels: int, padded_dim: int, epsilon: float, delta: float) -> float:
+def smallest_skellam_mu(levels: int, padded_dim: int, epsilon: float, delta: float) -> float:
     """Smallest ``mu`` (to 0.1 %) whose Skellam noise gives ``eps <= epsilon`` at ``delta``."""
     lo, hi = 1e-6, 1.0
     while skellam_epsilon(hi, levels, padded_dim, delta) > epsilon:
@@ -394,10 +394,10 @@ def choose_vector_sum(
     padded = next_power_of_two(dim)
     noise_delta = delta / 2.0
     level = levels if levels is not None else max(16, math.ceil(100.0 * math.sqrt(padded)))
-    mu = _smallest_mu(level, padded, epsilon, noise_delta)
+    mu = smallest_skellam_mu(level, padded, epsilon, noise_delta)
     while levels is None and users / 4.0 > ROUNDING_SHARE * 2.0 * mu:
         level *= 2
-        mu = _smallest_mu(level, padded, epsilon, noise_delta)
+        mu = smallest_skellam_mu(level, padded, epsilon, noise_delta)
     beta = wrap_probability / 2.0
     flat = users * level * math.sqrt(2.0 * math.log(2.0 * padded / beta) / padded)
     bound = math.ceil(flat) + users + skellam_tail(mu, beta / padded)

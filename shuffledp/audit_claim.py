@@ -62,9 +62,12 @@ import numpy as np
 from shuffledp.protocol.errors import InvalidParameter, SessionFileError, ShuffleDPError
 from shuffledp.protocol.messages import (
     ED25519_KEY_BYTES,
+    CoordinateTreeParams,
     HadamardRangeParams,
+    LocalVectorParams,
     ModularSumParams,
     ProjectedMeanParams,
+    ShiftedNormParams,
     RoundSpec,
     VectorMeanParams,
     VectorRangeParams,
@@ -313,7 +316,14 @@ def round_guarantee(spec: RoundSpec):
     * ``modular-sum``, ``vector-sum`` (``LOCAL_GUARANTEE = False``): one user's shares
       reveal its value; the round's ``(eps0, delta0)`` is its central guarantee, from the
       split-and-mix analysis and the noise (``protocol/summation_params.py``: Balle, Bell,
-      Gascón & Nissim 2019 Thm. 1; Agarwal, Kairouz & Liu 2021 for Skellam): None.
+      Gascón & Nissim 2019 Thm. 1; Agarwal, Kairouz & Liu 2021 for Skellam): None. The same
+      for ``shifted-vector-sum`` (a public shift first).
+    * ``coordinate-tree``: a coordinate and a tree level drawn independently of the data,
+      then Hadamard response of a node: pure eps0-LDP, the generic guarantee (no
+      mechanism-specific bound is claimed for the mixture).
+    * ``shifted-norm``: Hadamard response over the padded bins of ``log2 ||x - centre||``,
+      as ``hadamard-range``.
+    * ``local-vector``: local Skellam noise, ``(eps0, delta0)``-LDP only: None.
     """
     return plan_guarantee(spec.params, spec.epsilon0)
 
@@ -331,8 +341,12 @@ def plan_guarantee(params, epsilon0: float):
         return generic_guarantee(epsilon0)
     if isinstance(params, VectorMeanParams):
         return generic_guarantee(epsilon0) if params.noise == "laplace" else None
-    if isinstance(params, (ModularSumParams, VectorSumParams)):
+    if isinstance(params, (ModularSumParams, VectorSumParams, LocalVectorParams)):
         return None
+    if isinstance(params, CoordinateTreeParams):
+        return generic_guarantee(epsilon0)
+    if isinstance(params, ShiftedNormParams):
+        return hadamard_response_guarantee(epsilon0, max(2, params.scalar.padded_bins))
     raise InvalidParameter("mechanism", f"no accounting rule for {getattr(params, 'MECHANISM', type(params).__name__)!r}")
 
 

@@ -68,7 +68,15 @@ from shuffledp.protocol.messages import (
     SignedRoundSpec,
 )
 from shuffledp.protocol.messages import MECHANISMS as MESSAGE_MECHANISMS
-from shuffledp.protocol.messages import VectorMeanParams, VectorRangeParams, messages_per_user
+from shuffledp.protocol.messages import (
+    CoordinateTreeParams,
+    LocalVectorParams,
+    ShiftedNormParams,
+    ShiftedVectorSumParams,
+    VectorMeanParams,
+    VectorRangeParams,
+    messages_per_user,
+)
 from shuffledp.protocol.onion import ShufflerKeys, envelope_format, signed
 from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum
 from shuffledp.protocol.report_format import VALUE_LIMIT, report_format
@@ -371,7 +379,17 @@ def example_params(mechanism: str):
         return VectorMeanParams(3, 1, (0.0,) * 4, (1.0,) * 4), 1.0, 0.0
     if mechanism == "modular-sum":
         return choose_scalar_sum(1000, 1.0, 1e-6, 0.0, 1.0).params, 1.0, 1e-6
-    return choose_vector_sum(1000, 1.0, 1e-6, 3, 1.0, 1).params, 1.0, 1e-6
+    if mechanism == "coordinate-tree":
+        return CoordinateTreeParams(-8.0, 8.0, 0.25, 3, 1), 2.0, 0.0
+    if mechanism == "shifted-norm":
+        return ShiftedNormParams((1.0, -2.0, 0.5), -20.0, 4.0, 0.125), 2.0, 0.0
+    if mechanism == "local-vector":
+        return LocalVectorParams(3, 1.0, 200, 1, 500_000.0, (1.0, -2.0, 0.5)), 2.0, 1e-6
+    vector_sum = choose_vector_sum(1000, 1.0, 1e-6, 3, 1.0, 1).params
+    if mechanism == "shifted-vector-sum":
+        fields = {f.name: getattr(vector_sum, f.name) for f in dataclasses.fields(vector_sum)}
+        return ShiftedVectorSumParams(**fields, center=(1.0, -2.0, 0.5)), 1.0, 1e-6
+    return vector_sum, 1.0, 1e-6
 
 
 def g_shuffler_keys(r: Rng) -> tuple[bytes, bytes]:

@@ -248,6 +248,10 @@ def multi_message_specs() -> list[tuple[str, m.RoundSpec]]:
     vector_sum = m.VectorSumParams(3, 1.0, 200, 7, 10_000_019, 10, 10_000, 3.0e6)  # min_batch = 10^4 x 10 x 4
     vector_range = m.VectorRangeParams(-4.0, 4.0, 0.5, 3, 2**64 - 1, "paper")
     vector_mean = m.VectorMeanParams(3, 2**64 - 1, (-1.5, -1.0, 0.0, 0.5), (1.5, 2.0, 3.0, 3.5), "laplace", 1024)
+    coordinate_tree = m.CoordinateTreeParams(-50.0, 50.0, 50.0 / 64, 3, 12345)  # 64 leaves: 6 levels x 4 coordinates
+    shifted_norm = m.ShiftedNormParams((4.5, -1.25, 0.0), -32.0, 8.0, 0.125)  # log2 bins of a quarter octave
+    shifted_sum = m.ShiftedVectorSumParams(3, 2.5, 200, 7, 10_000_019, 10, 10_000, 3.0e6, "skellam", (4.5, -1.25, 0.0))
+    local_vector = m.LocalVectorParams(3, 2.5, 200, 7, 500_000.0, (4.5, -1.25, 0.0))
     return [
         ("round-spec/modular-sum", m.RoundSpec(round_id=2, params=total, epsilon0=1.0, delta0=1e-6, min_batch=80_000,
                                                max_batch=80_000, messages_per_user=8, **base)),
@@ -256,6 +260,12 @@ def multi_message_specs() -> list[tuple[str, m.RoundSpec]]:
         ("round-spec/vector-range-paper", m.RoundSpec(round_id=4, params=vector_range, epsilon0=2.0, min_batch=4000,
                                                       messages_per_user=4, **base)),
         ("round-spec/vector-mean", m.RoundSpec(round_id=5, params=vector_mean, epsilon0=2.0, min_batch=1000, **base)),
+        ("round-spec/coordinate-tree", m.RoundSpec(round_id=6, params=coordinate_tree, epsilon0=3.0, min_batch=1000, **base)),
+        ("round-spec/shifted-norm", m.RoundSpec(round_id=7, params=shifted_norm, epsilon0=4.0, min_batch=1000, **base)),
+        ("round-spec/shifted-vector-sum", m.RoundSpec(round_id=8, params=shifted_sum, epsilon0=1.0, delta0=1e-6,
+                                                      min_batch=400_000, max_batch=400_000, messages_per_user=40, **base)),
+        ("round-spec/local-vector", m.RoundSpec(round_id=9, params=local_vector, epsilon0=2.0, delta0=1e-6, min_batch=4000,
+                                                messages_per_user=4, **base)),
     ]
 
 
@@ -271,6 +281,10 @@ def example_messages(layers: dict) -> list[tuple[str, object]]:
         ("report/vector-sum", m.Report(3, "vector-sum", (3, 10_000_018))),
         ("report/vector-range", m.Report(4, "vector-range", (2, 11, -1))),
         ("report/vector-mean", m.Report(5, "vector-mean", (1, -7))),
+        ("report/coordinate-tree", m.Report(6, "coordinate-tree", (23, 40, 1))),
+        ("report/shifted-norm", m.Report(7, "shifted-norm", (159, -1))),
+        ("report/shifted-vector-sum", m.Report(8, "shifted-vector-sum", (0, 5))),
+        ("report/local-vector", m.Report(9, "local-vector", (2, -1017))),
         ("signed-round-spec", m.SignedRoundSpec(spec_bytes, signature)),
         ("report/hadamard-range", m.Report(0, "hadamard-range", (17, -1))),
         ("report/projected-mean", m.Report(1, "projected-mean", (-123456,))),

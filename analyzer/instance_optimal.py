@@ -1,0 +1,329 @@
+"""The instance-optimal clipped mean in the local and shuffle models, analyzer side
+(Huang, Liang & Yi, "Instance-optimal Mean Estimation Under Differential Privacy",
+NeurIPS 2021, Section 5).
+
+Three rounds, each user holding one vector (its local mean: user-level privacy):
+
+1. **Centre** (``coordinate-tree``). A public random rotation ``U = H D / sqrt(D)``;
+   each user reports, for one rotated coordinate and one level of the dyadic tree
+   over ``[-radius, radius]`` (both drawn at random), Hadamard response of its node.
+   For every coordinate the analyzer descends the tree from the root, going left
+   when the noisy count of the left child holds the remaining rank: PrivQuant's
+   binary search over noisy range counts (Sec. 3.2), run on the local counts.
+   The medians ``c`` give the centre ``U^{-1} c``.
+2. **Clipping threshold** (``shifted-norm``). Each user reports Hadamard response of
+   the bin of ``log2 ||x - centre||`` (bins of ``1 / bins_per_octave`` octave). The
+   threshold ``C`` is the lowest bin edge above which the noisy count of larger norms
+   is not clearly over ``t = max(k, 2 sd)``: ``k`` is the final round's noise in l2 per
+   unit of ``C`` (for the central Gaussian of Sec. 3.1, ``k = sqrt(2 d / rho)``, the
+   paper's ``n - sqrt(2 d / rho)``-th quantile), ``sd`` the count's own noise (the
+   paper's rank error ``tau``: ``max{sqrt(2d/rho), tau}``).
+3. **Clipped mean**: ``x - centre`` clipped to the ball of radius ``C``, then
+   * shuffle: multi-message vector summation (``shifted-vector-sum``: Lemma 5 with
+     Skellam noise, central ``(eps, delta)``);
+   * local: every user adds ``Skellam(mu)`` noise to its own encoding (``local-vector``),
+     the discrete counterpart of the local Gaussian reports of Theorem 7.
+
+Budget (``split``, default 1/4, 1/4, 1/2 of the session's epsilon; the paper gives
+the quantile steps rho/4 each): in the shuffle model rounds 1 and 2 get the largest
+local ``eps0`` whose amplified central epsilon (``protocol/accounting``) is within
+their share at ``delta / 4`` each, and the summation gets ``(eps / 2, delta / 2)``;
+the session is their basic composition (Dwork & Roth, Thm 3.16), at most
+``(eps, delta)``. In the local model the shares are the rounds' local guarantees.
+
+Deviations from the paper, decided here: (i) coordinates and levels are *sampled*
+per user rather than composed over, so each (coordinate, level) count comes from
+``n / (D levels)`` users at the full round budget (the shuffle model then amplifies
+one eps0-LDP report per user; composing ``D levels`` reports would not); (ii) the
+norm quantile is read on a log2 grid (``C`` within a factor ``2^(1/bins_per_octave)``),
+because shifted norms span unknown scales; (iii) the local mean round uses Skellam
+rather than continuous Gaussian noise (exact sampling on devices, the same RDP
+analysis as the summation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from shuffledp.analyzer.decoders import hadamard_frequencies, hadamard_scale
+from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
+from shuffledp.analyzer.summation import decode_vector_sum
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.hadamard import fwht, next_power_of_two
+from shuffledp.protocol.messages import (
+    CoordinateTreeParams,
+    LocalVectorParams,
+    ShiftedNormParams,
+    ShiftedVectorSumParams,
+)
+from shuffledp.protocol.rotation import RandomRotation
+
+MODELS = ("shuffle", "local")
+#: Largest ``groups x leaves`` table the tree decoder builds (one FWHT per group).
+MAX_TREE_TABLE = 1 << 26
+
+
+@dataclass(frozen=True)
+class InstanceOptimalConfig:
+    """Public parameters of the three-round protocol.
+
+    ``radius``: every user's vector lies in the l2 ball of this radius about the origin
+    (a public a-priori bound, the paper's ``R``; the data may sit anywhere inside it).
+    ``leaves``: leaves of each coordinate's tree over ``[-radius, radius]`` (a power of
+    two; the centre's resolution is ``2 radius / leaves``).
+    """
+
+    dim: int
+    users: int
+    radius: float
+    epsilon: float
+    delta: float
+    model: str = "shuffle"
+    leaves: int = 1024
+    octaves: int = 40
+    bins_per_octave: int = 4
+    split: tuple[float, float, float] = (0.25, 0.25, 0.5)
+    rotation_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise InvalidParameter("model", f"must be one of {MODELS}, got {self.model!r}")
+        if not (isinstance(self.dim, int) and self.dim >= 1):
+            raise InvalidParameter("dim", f"must be an integer >= 1, got {self.dim!r}")
+        if not (isinstance(self.users, int) and self.users >= 3):
+            raise InvalidParameter("users", f"must be an integer >= 3, got {self.users!r}")
+        if not (math.isfinite(self.radius) and self.radius > 0):
+            raise InvalidParameter("radius", f"must be finite and > 0, got {self.radius!r}")
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise InvalidParameter("epsilon", f"must be finite and > 0, got {self.epsilon!r}")
+        if not 0 < self.delta < 1:
+            raise InvalidParameter("delta", f"must be in (0, 1), got {self.delta!r}")
+        if not (isinstance(self.leaves, int) and self.leaves >= 2 and self.leaves == next_power_of_two(self.leaves)):
+            raise InvalidParameter("leaves", f"must be a power of two >= 2, got {self.leaves!r}")
+        if not (isinstance(self.octaves, int) and 1 <= self.octaves <= 200):
+            raise InvalidParameter("octaves", f"must be an integer in [1, 200], got {self.octaves!r}")
+        if not (isinstance(self.bins_per_octave, int) and 1 <= self.bins_per_octave <= 64):
+            raise InvalidParameter("bins_per_octave", f"must be an integer in [1, 64], got {self.bins_per_octave!r}")
+        if len(self.split) != 3 or any(not (s > 0) for s in self.split) or sum(self.split) > 1 + 1e-12:
+            raise InvalidParameter("split", f"must be three positive shares summing to at most 1, got {self.split!r}")
+        if next_power_of_two(self.dim) * math.log2(self.leaves) * self.leaves > MAX_TREE_TABLE:
+            raise InvalidParameter("leaves", f"{self.leaves} leaves x {next_power_of_two(self.dim)} coordinates is too large a table")
+
+    @property
+    def padded_dim(self) -> int:
+        return next_power_of_two(self.dim)
+
+    def tree_params(self) -> CoordinateTreeParams:
+        tau = self.radius / self.leaves
+        return CoordinateTreeParams(-self.radius, self.radius, tau, self.dim, self.rotation_seed)
+
+    def norm_params(self, center: np.ndarray) -> ShiftedNormParams:
+        """Bins of ``log2 ||x - centre||`` ending just above the largest possible distance,
+        ``radius + ||centre||``, and reaching ``octaves`` octaves below it."""
+        top = math.log2(self.radius + float(np.linalg.norm(center)))
+        high = math.ceil(top * self.bins_per_octave) / self.bins_per_octave + 1.0 / self.bins_per_octave
+        return ShiftedNormParams(tuple(float(v) for v in center), high - self.octaves, high, 0.5 / self.bins_per_octave)
+
+
+# --------------------------------------------------------------------------- round 1
+def tree_fractions(reports: np.ndarray, params: CoordinateTreeParams, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(fractions, counts)``: ``fractions[g, v]`` estimates the fraction of group ``g``'s users
+    whose node (at ``g``'s level) is ``v``, unbiased; ``counts[g]`` is the group's size."""
+    rows = np.asarray(reports, dtype=np.int64).reshape(-1, 3)
+    k = params.scalar.padded_bins
+    groups = params.groups
+    counts = np.bincount(rows[:, 0], minlength=groups)
+    table = np.bincount(rows[:, 0] * k + rows[:, 1], weights=rows[:, 2].astype(np.float64), minlength=groups * k).reshape(groups, k)
+    scale = hadamard_scale(epsilon) / np.maximum(counts, 1)
+    return fwht(table) * scale[:, None], counts
+
+
+def tree_medians(
+    fractions: np.ndarray, counts: np.ndarray, params: CoordinateTreeParams, epsilon: float, rank: float = 0.5, resolve: float = 0.5
+) -> np.ndarray:
+    """Per rotated coordinate, the midpoint of the node reached by descending the tree toward ``rank``.
+
+    At each level the left child's estimated fraction (from that level's own users) is
+    compared with the rank still to find: PrivQuant's binary search, with the range count
+    ``[node start, mid]`` read off the tree. The descent stops, for a coordinate, at the
+    first level whose count's standard deviation ``c / sqrt(n_group)`` is not below
+    ``resolve`` times the current node's estimated mass: below that its children cannot
+    be told apart, and a noisy descent would wander off to an arbitrary leaf. With no
+    resolvable level the midpoint is the root's, the origin (the plain clipped mean about
+    0). Post-processing of the reports: no privacy cost."""
+    levels, d = params.levels, params.padded_dim
+    c = hadamard_scale(epsilon)
+    node = np.zeros(d, dtype=np.int64)
+    depth = np.zeros(d, dtype=np.int64)
+    mass = np.ones(d)
+    remaining = np.full(d, float(rank))
+    active = np.ones(d, dtype=bool)
+    coords = np.arange(d)
+    for level in range(1, levels + 1):
+        group = coords * levels + level - 1
+        sd = np.where(counts[group] > 0, c / np.sqrt(np.maximum(counts[group], 1)), np.inf)
+        active &= sd < resolve * mass
+        if not active.any():
+            break
+        left = 2 * node
+        left_mass = fractions[group, np.minimum(left, fractions.shape[1] - 1)]
+        go_left = remaining <= left_mass
+        remaining = np.where(active & ~go_left, remaining - left_mass, remaining)
+        mass = np.where(active, np.where(go_left, left_mass, mass - left_mass), mass)
+        node = np.where(active, np.where(go_left, left, left + 1), node)
+        depth = np.where(active, level, depth)
+    width = 2.0 * params.tau * params.scalar.padded_bins / 2.0**depth
+    return np.clip(params.low + width * (node + 0.5), params.low, params.high)
+
+
+# --------------------------------------------------------------------------- round 2
+@dataclass(frozen=True)
+class Threshold:
+    """The clipping threshold and what it was read from."""
+
+    radius: float
+    target_count: float
+    tail_estimate: float
+    tail_sd: float
+    bin_edge_log2: float
+
+
+def pick_threshold(frequencies: np.ndarray, params: ShiftedNormParams, users: int, epsilon: float, noise_per_radius: float) -> Threshold:
+    """Scan the norm bins from the top, adding each bin's estimated count to the count of larger
+    norms; at the first bin where that count exceeds ``max(noise_per_radius, 2 sd)``
+    (``sd = c sqrt(users * bins so far)``, its standard deviation: Hadamard response estimates a
+    set of ``s`` bins with variance at most ``c^2 s / n`` in fraction), stop. The threshold is
+    that bin's *upper* edge (log2 units, then ``2^edge``): the lowest edge above which the noisy
+    count is not yet clearly over the target, so that a coarse bin never clips the many users
+    inside it."""
+    bins = params.scalar.num_bins
+    c = hadamard_scale(epsilon)
+    above = 0.0
+    for index in range(bins - 1, 0, -1):
+        above += users * float(frequencies[index])
+        sd = c * math.sqrt(users * (bins - index))
+        target = max(noise_per_radius, 2.0 * sd)
+        if above > target:
+            edge = params.low + 2.0 * params.tau * (index + 1)
+            return Threshold(2.0**edge, target, above, sd, edge)
+    edge = params.low + 2.0 * params.tau
+    return Threshold(2.0**edge, noise_per_radius, above, c * math.sqrt(users * (bins - 1)), edge)
+
+
+# --------------------------------------------------------------------------- round 3
+def local_mean_decode(reports: np.ndarray, params: LocalVectorParams) -> tuple[np.ndarray, int]:
+    """Mean of the local reports, unscaled, rotated back and shifted: ``(estimate, users)``."""
+    rows = np.asarray(reports, dtype=np.int64).reshape(-1, 2)
+    per_coordinate = np.bincount(rows[:, 0], minlength=params.padded_dim)
+    users = int(per_coordinate.min())
+    if users == 0 or not np.all(per_coordinate == users):
+        raise InvalidParameter("reports", f"coordinates hold {per_coordinate.min()}..{per_coordinate.max()} reports, not one per user each")
+    sums = np.bincount(rows[:, 0], weights=rows[:, 1].astype(np.float64), minlength=params.padded_dim)
+    rotated_mean = sums / users * (params.radius / params.levels)
+    estimate = RandomRotation(params.dim, params.rotation_seed).inverse(rotated_mean)
+    return estimate + np.asarray(params.center), users
+
+
+def noise_per_radius(params: ShiftedVectorSumParams | LocalVectorParams, users: int) -> float:
+    """l2 standard deviation of the final round's noise on the *sum* of the clipped vectors, per
+    unit of clipping radius: ``sqrt(dim * 2 mu) / levels`` (summation: one Skellam(mu) per
+    coordinate in all; local: one per user, so ``users`` times the variance). This is the
+    ``k`` of the threshold rule: clipping one more user costs ~1 radius of bias, raising the
+    radius by 1 costs ``k`` of noise."""
+    copies = users if isinstance(params, LocalVectorParams) else 1
+    return math.sqrt(copies * params.dim * 2.0 * params.mu) / params.levels
+
+
+@dataclass(frozen=True)
+class InstanceOptimalOutcome:
+    """The protocol's result, with every intermediate the analyzer computed."""
+
+    estimate: np.ndarray
+    center: np.ndarray
+    threshold: Threshold
+    rotated_medians: np.ndarray
+    final_params: ShiftedVectorSumParams | LocalVectorParams
+    round_epsilons: tuple[float, float, float]
+    users: int
+    tree_counts: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "estimate": self.estimate.tolist(),
+            "center": self.center.tolist(),
+            "clip_radius": self.threshold.radius,
+            "threshold_target_count": self.threshold.target_count,
+            "threshold_tail_estimate": self.threshold.tail_estimate,
+            "round_epsilons": list(self.round_epsilons),
+            "users": self.users,
+            "smallest_tree_group": int(self.tree_counts.min()) if self.tree_counts.size else None,
+        }
+
+
+@dataclass(frozen=True)
+class RoundBudgets:
+    """Each round's ``(epsilon0, delta0)`` as the clients are charged, and the session it composes to."""
+
+    tree_epsilon0: float
+    norm_epsilon0: float
+    mean_epsilon0: float
+    mean_delta0: float
+    session_epsilon: float
+    session_delta: float
+    method: str
+    per_round: tuple[dict[str, Any], ...] = ()
+
+
+class InstanceOptimalProtocol(Protocol):
+    """Huang, Liang & Yi's shifted clipped mean as three rounds (see the module docstring)."""
+
+    name = "instance-optimal"
+    data_rank = 2
+
+    def __init__(self, config: InstanceOptimalConfig, budgets: RoundBudgets | None = None) -> None:
+        from shuffledp.analyzer.instance_optimal_budget import round_budgets
+
+        self.config = config
+        self.budgets = budgets if budgets is not None else round_budgets(config)
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        """What each client's ledger is charged over the session: the basic composition of the
+        rounds' ``(epsilon0, delta0)`` as their specs state them (local for rounds 1-2 and the
+        local mean round, central for the summation round). The session's central guarantee is
+        :attr:`RoundBudgets.session_epsilon`."""
+        b = self.budgets
+        return b.tree_epsilon0 + b.norm_epsilon0 + b.mean_epsilon0, b.mean_delta0
+
+    def final_params(self, center: np.ndarray, radius: float) -> ShiftedVectorSumParams | LocalVectorParams:
+        from shuffledp.analyzer.instance_optimal_budget import final_round_params
+
+        return final_round_params(self.config, self.budgets, center, radius)
+
+    def rounds(self) -> Rounds:
+        c, b = self.config, self.budgets
+        tree = c.tree_params()
+        first = yield RoundPlan(tree, b.tree_epsilon0)
+        fractions, counts = tree_fractions(first, tree, b.tree_epsilon0)
+        medians = tree_medians(fractions, counts, tree, b.tree_epsilon0)
+        center = RandomRotation(c.dim, c.rotation_seed).inverse(medians)
+        norm = c.norm_params(center)
+        second = yield RoundPlan(norm, b.norm_epsilon0)
+        rows = np.asarray(second, dtype=np.int64).reshape(-1, 2)
+        frequencies = hadamard_frequencies(rows[:, 0], rows[:, 1], norm.scalar.padded_bins, b.norm_epsilon0)
+        probe = self.final_params(center, 1.0)
+        threshold = pick_threshold(frequencies, norm, len(rows), b.norm_epsilon0, noise_per_radius(probe, c.users))
+        final = replace(probe, radius=threshold.radius)
+        third = yield RoundPlan(final, b.mean_epsilon0, b.mean_delta0)
+        if isinstance(final, ShiftedVectorSumParams):
+            decoded = decode_vector_sum(third, final)
+            estimate, users = np.asarray(decoded.mean) + center, decoded.users
+        else:
+            estimate, users = local_mean_decode(third, final)
+        return InstanceOptimalOutcome(
+            estimate, center, threshold, medians, final, (b.tree_epsilon0, b.norm_epsilon0, b.mean_epsilon0), users, counts
+        )
