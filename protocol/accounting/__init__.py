@@ -44,6 +44,7 @@ from shuffledp.protocol.accounting.rdp import (
     rdp_epsilon,
     wor_subsampled_rdp,
 )
+from shuffledp.protocol.accounting.rr_any_n import RRCertificate, certify_epsilon, rr_monotone_epsilon
 from shuffledp.protocol.accounting.rr_exact import (
     RR_EXACT_MAX_N,
     rr_delta,
@@ -70,6 +71,7 @@ __all__ = [
     "EXTENDED_ORDERS",
     "LocalGuarantee",
     "MECHANISMS",
+    "RRCertificate",
     "RR_EXACT_MAX_N",
     "RoundBound",
     "SessionAccountant",
@@ -78,6 +80,7 @@ __all__ = [
     "binary_rr_guarantee",
     "block_hadamard_pair_types",
     "block_hadamard_response_guarantee",
+    "certify_epsilon",
     "clone_pair_rdp",
     "dominating_pairs",
     "fmt21_closed_form",
@@ -98,6 +101,7 @@ __all__ = [
     "rr_exact_epsilon",
     "rr_lower_delta",
     "rr_lower_epsilon",
+    "rr_monotone_epsilon",
     "shuffled_round",
     "strong_clone_pair",
     "variation_ratio_pair",

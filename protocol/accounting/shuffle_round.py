@@ -6,8 +6,9 @@ reported in :attr:`RoundBound.candidates` (``None`` where its theorem does not a
 and :attr:`RoundBound.epsilon` is the smallest valid one. All numbers are *upper*
 bounds on the round's epsilon, except :attr:`RoundBound.lower_bound`, which is the
 exact epsilon of shuffled binary randomized response on a fixed neighbouring pair:
-a floor no bound that only uses ``eps0`` may go under (for ``binary-rr`` with
-``n <= RR_EXACT_MAX_N`` it is the exact value, maximised over all datasets).
+a floor no bound that only uses ``eps0`` may go under (for ``binary-rr`` it is a certified
+lower bound on the exact value, maximised over all datasets, and the exact value itself
+where that is certified to 1e-9: :mod:`.rr_any_n`).
 
 :func:`round_delta_curve` gives the round's ``delta(eps)`` on a grid (pointwise minimum
 of the valid numerical curves), which :mod:`.session` turns into a privacy loss
@@ -39,12 +40,8 @@ from shuffledp.protocol.accounting.guarantees import (
     variation_ratio_parameters,
 )
 from shuffledp.protocol.accounting.rdp import EXTENDED_ORDERS, girgis_rdp, rdp_epsilon
-from shuffledp.protocol.accounting.rr_exact import (
-    RR_EXACT_MAX_N,
-    rr_exact_delta,
-    rr_exact_epsilon,
-    rr_lower_epsilon,
-)
+from shuffledp.protocol.accounting.rr_any_n import RRCertificate, certify_epsilon, rr_monotone_epsilon
+from shuffledp.protocol.accounting.rr_exact import RR_EXACT_MAX_N, rr_exact_delta, rr_lower_epsilon
 from shuffledp.protocol.errors import InvalidParameter
 
 #: Order in which bounds are listed (and tie-broken).
@@ -132,24 +129,24 @@ def rr_floor_applies(local: LocalGuarantee) -> bool:
     return local.mechanism in ("generic", "laplace-mean", "binary-rr")
 
 
-def rr_exact_at_largest_n(delta: float, epsilon0: float, best: float) -> float | None:
-    """The exact epsilon of shuffled binary RR at ``RR_EXACT_MAX_N`` users, a valid bound at every larger n;
-    None when it cannot beat ``best`` (so the exact maximisation, seconds of work, is skipped).
+def _cached_certificate(delta: float, n: int, epsilon0: float) -> RRCertificate:
+    """:func:`rr_any_n.certify_epsilon` through the on-disk cache (keyed on n, delta, eps0 and the source)."""
+    question = {"n": int(n), "delta": float(delta), "epsilon0": float(epsilon0)}
+    return RRCertificate(**cached("rr_certificate", question,
+                                  lambda: certify_epsilon(delta, n, epsilon0).as_dict()))
 
-    Monotonicity in n (post-processing): take neighbouring datasets of ``n' > n`` users
-    differing in user 1, and drop ``n' - n`` of the *other* users: what is left is a
-    neighbouring pair of ``n``-user datasets. The ``n'``-user shuffled view is a fixed
-    randomized map of the ``n``-user one (append the dropped users' reports, drawn by
-    their own randomizers from their own inputs, the same under both datasets, and
-    shuffle uniformly), so ``delta_{n'}(eps) <= delta_n(eps)`` for every eps (Dwork &
-    Roth 2014, Prop. 2.1). Hence the exact value at ``RR_EXACT_MAX_N`` bounds every
-    larger batch, and the reported epsilon does not jump up where the exact computation
-    stops. The fixed-pair lower bound at ``RR_EXACT_MAX_N`` is cheap and no larger than
-    the exact value, so when ``best`` is already below it the exact value cannot help.
+
+def binary_rr_epsilon(delta: float, n: int, epsilon0: float) -> tuple[float, int, float, bool]:
+    """Certified central eps of shuffled binary RR, non-increasing in n (``rr_any_n``, Steps 1-5).
+
+    Returns ``(epsilon, from_n, lower, exact)``: the upper bound (every dataset, numerical error
+    included), the grid batch size ``<= n`` it was computed at (a batch of ``n`` users is a
+    post-processing of one of ``from_n <= n``), a certified lower bound on the exact eps at
+    ``n``, and whether the value is exact up to floating-point error (every dataset evaluated
+    on its own: ``n <= rr_any_n.EXACT_ALL_N``).
     """
-    if best <= rr_lower_epsilon(delta, RR_EXACT_MAX_N, epsilon0):
-        return None
-    return rr_exact_epsilon(delta, RR_EXACT_MAX_N, epsilon0)
+    mono = rr_monotone_epsilon(delta, n, epsilon0, certify=_cached_certificate)
+    return mono.epsilon, mono.from_n, mono.lower, mono.certificate.exact
 
 
 def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
@@ -177,13 +174,15 @@ def _shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     cand["fmt21-closed"] = fmt21_closed_form(e0, n, delta)
     cand["rdp-girgis"] = min(e0, rdp_epsilon(EXTENDED_ORDERS, girgis_rdp(e0, n, EXTENDED_ORDERS), delta))
     lower: float | None = None
-    if local.mechanism == "binary-rr" and n <= RR_EXACT_MAX_N:
-        cand["rr-exact"] = rr_exact_epsilon(delta, n, e0)
-        lower = cand["rr-exact"]
+    if local.mechanism == "binary-rr":
+        eps_rr, from_n, lower, exact = binary_rr_epsilon(delta, n, e0)
+        cand["rr-exact" if from_n == n else "rr-exact-smaller-n"] = eps_rr
+        if exact and from_n == n and eps_rr - lower <= 1e-9 * eps_rr:
+            lower = eps_rr  # exact to 1e-9: reported as the exact value (as before)
+        else:  # the fixed-pair floor (0-3 ones, both directions) is a lower bound too
+            lower = min(eps_rr, max(lower, rr_lower_epsilon(delta, n, e0)))
     elif rr_floor_applies(local):
         lower = rr_lower_epsilon(delta, n, e0)
-    if local.mechanism == "binary-rr" and n > RR_EXACT_MAX_N:
-        cand["rr-exact-smaller-n"] = rr_exact_at_largest_n(delta, e0, min(v for v in cand.values() if v is not None))
     valid = {k: v for k, v in cand.items() if v is not None}
     if lower is not None:
         # A candidate below a proven lower bound is numerically wrong, not an upper bound: it is

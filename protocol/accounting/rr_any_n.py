@@ -1,0 +1,513 @@
+"""Certified central epsilon of shuffled binary randomized response at any batch size.
+
+Setting. Binary randomized response (RR) with local budget ``eps0`` reports the bit
+unchanged with probability ``rho = e^eps0 / (1 + e^eps0)`` and flipped with
+``r = 1 - rho``. The shuffler reveals only the number ``S`` of ones. Replace-one
+neighbouring datasets differ in user 1's bit; if ``k`` of the other ``m = n - 1``
+users hold a one, the others' count is
+
+    X_k = Bin(k, rho) + Bin(m - k, r)          (independent)
+
+and the two views are ``P1 = X_k + Bern(rho)`` (user 1 holds 1) and
+``P0 = X_k + Bern(r)`` (user 1 holds 0). The round's privacy curve is
+
+    delta_n(eps) = max over k in [0, m] and both directions of D_{e^eps}(. || .),
+    D_c(P || Q) = sum_s [P(s) - c Q(s)]_+ = sup_A P(A) - c Q(A)   (hockey-stick).
+
+Step 1 -- one direction suffices. Flipping every bit (``s -> n - s``) maps the pair
+``(P0, P1)`` at ``k`` to the pair ``(P1, P0)`` at ``m - k``, so
+``delta_n(eps) = max_{k in [0, m]} D_{e^eps}(P1^k || P0^k)``.
+
+Step 2 -- threshold sets (closed form for one dataset). ``X_k`` is a sum of
+independent Bernoulli variables, hence log-concave (Hoeffding 1956; e.g. Saumard &
+Wellner 2014, Stat. Surveys 8, Prop. 3.5: convolutions of log-concave pmfs are
+log-concave), so ``L(s) = X(s-1)/X(s)`` is non-decreasing and the likelihood ratio
+``P1(s)/P0(s) = (rho L(s) + r) / (r L(s) + rho)`` is non-decreasing in ``s``
+(``rho > r``). By the Neyman--Pearson lemma the supremum over sets is attained on an
+upper set ``{S >= t}``:
+
+    D_{e^eps}(P1 || P0) = max_t  A_t - e^eps B_t,
+    A_t = P1(S >= t) = rho X(t-1) + Xbar(t),   B_t = P0(S >= t) = r X(t-1) + Xbar(t),
+
+with ``Xbar(t) = Pr[X >= t]``. Hence, for a target ``delta``, the smallest eps with
+``D <= delta`` is in closed form (no search):
+
+    eps_k(delta) = max(0, log max_t (A_t - delta) / B_t).
+
+Step 3 -- the worst dataset, by blocks (no claim about which ``k`` is worst:
+exhaustive search shows interior maximisers, e.g. ``k ~ 0.47 m`` at ``eps0 = 6``,
+``n = 1000``, ``eps = 0.05``). Post-processing (Dwork & Roth 2014, Prop. 2.1): if a
+dataset ``D'`` is obtained from ``D`` by *removing* users other than user 1, the
+shuffled view of ``D`` is the view of ``D'`` plus the removed users' reports (drawn
+from their own inputs, identically under both hypotheses), so
+``D(P1^D || P0^D) <= D(P1^D' || P0^D')``. Every dataset with ``k in [k1, k2]`` ones
+contains the *core* dataset with ``k1`` ones and ``m - k2`` zeros among the others
+(``n - (k2 - k1)`` users), whence
+
+    max_{k in [k1, k2]} eps_k(delta; n) <= eps_core(delta; n - (k2 - k1)).
+
+Blocks are refined adaptively (the block with the largest bound is split) until the
+largest block bound is within ``tol`` of the best certified *lower* bound (an actual
+dataset at ``n``), or the block is a single ``k`` (then the value is exact). The
+loss of a block of width ``b`` is about ``b / (2n)`` relative in eps.
+
+Step 4 -- certified numerics. For one dataset, ``X`` is evaluated on a window:
+
+* each binomial pmf on a window whose outside mass is bounded by the Chernoff bound
+  ``Pr[Bin(N, p) >= a N] <= exp(-N KL(a || p))`` (and the lower analogue) below
+  ``tail_target``; inside, pmf values come from an anchor at the mode (mpmath,
+  30 digits) times the exact ratios ``(N-s)/(s+1) * p/(1-p)`` accumulated by
+  ``cumprod`` (relative error at most ``7 u`` per step, ``u = 2^-53``);
+* the convolution of the two windows is direct (all terms positive: relative error
+  ``<= L u``) or by FFT, whose error is bounded in the 2-norm by
+  ``(kappa + 3u)(||a||_2 + ||b||_2 + ||c||_2)`` with ``kappa = log2(N) eta``,
+  ``eta = 4 * (u + gamma_4 (sqrt 2 + 2u))`` (Higham 2002, *Accuracy and Stability of
+  Numerical Algorithms*, Thm 24.2, for the forward and inverse transforms and the
+  pointwise product; the factor 4 covers pocketfft's mixed radices). A sum over
+  ``c`` points of FFT output is off by at most ``sqrt(c)`` times that;
+* the mass cut by the windows (at most the sum of the two binomial tails) enters
+  ``A_t`` upward and is dropped from ``B_t``; for ``t`` outside the window
+  ``A_t - e^eps B_t <= T`` (the cut mass), which is below ``delta``.
+
+``A_t`` is bounded above and ``B_t`` below (and vice versa for the lower estimate),
+so ``eps_k^+ >= eps_k(delta) >= eps_k^-`` rigorously, up to the stated FFT bound.
+
+Step 5 -- monotone in n. The true ``delta_n(eps)`` is non-increasing in ``n`` (Step 3
+with the removed users all zeros), so a bound at any ``n' <= n`` is valid at ``n``.
+:func:`rr_monotone_epsilon` reports ``min_{g in grid, g <= n} eps^+(g)`` over a fixed
+grid (every integer up to :data:`EXACT_ALL_N`, then geometric with ratio
+``1 + GRID_STEP``): a minimum over a set that only grows with ``n``, hence exactly
+non-increasing in ``n`` whatever the numerical error. Grid points that cannot win are
+skipped because ``eps^+(g) >= eps_true(g) >= eps_true(g') >= eps^-(g')`` for
+``g <= g'``.
+
+References: Feldman, McMillan & Talwar, FOCS 2021 ("Hiding among the clones") for the
+count reduction of shuffled RR; Koskela, Heikkila & Honkela, AISTATS 2022 / TMLR 2023
+("Numerical accounting in the shuffle model") for FFT accounting with error bounds;
+Balle, Bell, Gascon & Nissim, CRYPTO 2019 ("The privacy blanket") for shuffled RR.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from dataclasses import dataclass
+
+import mpmath
+import numpy as np
+
+from shuffledp.protocol.errors import InvalidParameter
+
+#: Unit roundoff of float64.
+_U = 2.0**-53
+#: Every batch size up to this is a grid point (and maximised dataset by dataset).
+EXACT_ALL_N = 2000
+#: Above EXACT_ALL_N the grid is geometric with this ratio minus one.
+GRID_STEP = 1.0 / 64.0
+#: Relative gap (upper vs lower, in eps) at which the block refinement stops above EXACT_ALL_N.
+BLOCK_TOL = 1e-3
+#: Above EXACT_ALL_N the refinement also stops after this many dataset evaluations (the
+#: reported gap is then larger than BLOCK_TOL; see the certificate's ``lower``).
+MAX_EVALUATIONS = 48
+#: Largest batch size handled (the FFT windows grow like sqrt(n)).
+MAX_N = 10**9
+#: Direct convolution when the product of the window lengths is at most this.
+_DIRECT_MAX = 200_000
+
+
+def _check(n: int, epsilon0: float) -> tuple[int, float]:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N:
+        raise InvalidParameter("n", f"must be an integer in [1, {MAX_N}], got {n!r}")
+    epsilon0 = float(epsilon0)
+    if not (math.isfinite(epsilon0) and 0.0 < epsilon0 <= 50.0):
+        raise InvalidParameter("epsilon0", f"must be finite and in (0, 50], got {epsilon0}")
+    return int(n), epsilon0
+
+
+# ------------------------------------------------------------------ binomial windows
+def _kl(a: float, p: float) -> float:
+    """KL(Bern(a) || Bern(p)), computed without cancellation issues at the ends."""
+    out = 0.0
+    if a > 0.0:
+        out += a * math.log(a / p)
+    if a < 1.0:
+        out += (1.0 - a) * math.log((1.0 - a) / (1.0 - p))
+    return max(out, 0.0)
+
+
+def _chernoff_upper(N: int, p: float, s: int) -> float:
+    """Pr[Bin(N, p) >= s] <= exp(-N KL(s/N || p)) for s >= N p (Chernoff--Hoeffding)."""
+    if s > N:
+        return 0.0
+    if s <= N * p:
+        return 1.0
+    return math.exp(-N * _kl(s / N, p))
+
+
+def _chernoff_lower(N: int, p: float, s: int) -> float:
+    """Pr[Bin(N, p) <= s] <= exp(-N KL(s/N || p)) for s <= N p."""
+    if s < 0:
+        return 0.0
+    if s >= N * p:
+        return 1.0
+    return math.exp(-N * _kl(s / N, p))
+
+
+def _window(N: int, p: float, tail: float) -> tuple[int, int, float]:
+    """Integer window [lo, hi] of Bin(N, p) with Pr[outside] <= returned bound <= tail."""
+    mu = N * p
+    sd = math.sqrt(max(N * p * (1.0 - p), 1e-300))
+    z = math.sqrt(2.0 * math.log(2.0 / tail))
+
+    def search(f, start: int, stop: int) -> int:  # first s in direction where f(s) <= tail/2
+        a, b = start, stop  # f(a) > tail/2 (or a is the mean), f(b) <= tail/2
+        while abs(b - a) > 1:
+            mid = (a + b) // 2
+            if f(mid) <= tail / 2:
+                b = mid
+            else:
+                a = mid
+        return b
+
+    hi_guess = min(N, int(math.ceil(mu + z * sd + 2)))
+    while _chernoff_upper(N, p, hi_guess + 1) > tail / 2 and hi_guess < N:
+        hi_guess = min(N, hi_guess + int(z * sd) + 2)
+    hi = N if hi_guess >= N else search(lambda s: _chernoff_upper(N, p, s + 1), int(math.floor(mu)), hi_guess)
+    lo_guess = max(0, int(math.floor(mu - z * sd - 2)))
+    while _chernoff_lower(N, p, lo_guess - 1) > tail / 2 and lo_guess > 0:
+        lo_guess = max(0, lo_guess - int(z * sd) - 2)
+    lo = 0 if lo_guess <= 0 else search(lambda s: _chernoff_lower(N, p, s - 1), int(math.ceil(mu)), lo_guess)
+    out = _chernoff_upper(N, p, hi + 1) + _chernoff_lower(N, p, lo - 1)
+    return lo, hi, out * (1.0 + 1e-9)
+
+
+@functools.lru_cache(maxsize=64)
+def _mp_log_r(epsilon0: float) -> tuple[mpmath.mpf, mpmath.mpf]:
+    with mpmath.workdps(30):
+        e = mpmath.exp(mpmath.mpf(epsilon0))
+        return -mpmath.log1p(e), mpmath.log(e) - mpmath.log1p(e)  # log r, log rho
+
+
+def _anchor(N: int, s: int, epsilon0: float) -> float:
+    """Bin(N, r)(s) to ~1e-25 relative (mpmath, 30 digits), r = 1/(1 + e^eps0)."""
+    log_r, log_rho = _mp_log_r(epsilon0)
+    with mpmath.workdps(30):
+        v = mpmath.loggamma(N + 1) - mpmath.loggamma(s + 1) - mpmath.loggamma(N - s + 1) + s * log_r + (N - s) * log_rho
+        return float(mpmath.exp(v))
+
+
+@functools.lru_cache(maxsize=256)
+def _binom_window(N: int, epsilon0: float, tail: float) -> tuple[int, np.ndarray, float, float]:
+    """(lo, pmf of Bin(N, r) on [lo, hi], relative error bound, outside mass bound)."""
+    r = 1.0 / (1.0 + math.exp(epsilon0))
+    if N == 0:
+        return 0, np.ones(1), 0.0, 0.0
+    lo, hi, out = _window(N, r, tail)
+    mode = min(max(int(math.floor((N + 1) * r)), lo), hi)
+    w = math.exp(-epsilon0)  # r / rho, relative error <= 2u
+    a0 = _anchor(N, mode, epsilon0)
+    up = np.arange(mode, hi, dtype=np.float64)  # s -> s + 1
+    ratio_up = (N - up) / (up + 1.0) * w
+    dn = np.arange(mode, lo, -1, dtype=np.float64)  # s -> s - 1
+    ratio_dn = dn / (N - dn + 1.0) / w
+    right = a0 * np.cumprod(ratio_up) if len(up) else np.empty(0)
+    left = a0 * np.cumprod(ratio_dn) if len(dn) else np.empty(0)
+    pmf = np.concatenate([left[::-1], [a0], right])
+    steps = max(hi - mode, mode - lo) + 1
+    rel = 7.0 * _U * steps + 1e-20
+    return lo, pmf, rel, out
+
+
+# --------------------------------------------------------------- one dataset's view
+@dataclass(frozen=True)
+class _View:
+    """Others' count X = Bin(j, rho) + Bin(l, r) on [lo, lo + len(pmf)) with error bounds.
+
+    True pmf x(s) satisfies ``x >= pmf (1 - rel) - e2`` and ``x <= pmf (1 + rel) + e2 + tau(s)``
+    with ``tau >= 0``, ``sum tau <= out``; a sum of the FFT errors over ``c`` points is at most
+    ``sqrt(c) e2`` (``e2`` is a 2-norm bound).
+    """
+
+    lo: int
+    pmf: np.ndarray
+    rel: float
+    e2: float
+    out: float
+
+
+@functools.lru_cache(maxsize=512)
+def _view(j: int, l: int, epsilon0: float, tail: float) -> _View:
+    """The others' count for ``j`` users holding 1 and ``l`` holding 0 (Step 4)."""
+    la, a, rel_a, out_a = _binom_window(j, epsilon0, tail)  # Bin(j, r): ones flipped
+    lb, b, rel_b, out_b = _binom_window(l, epsilon0, tail)  # Bin(l, r)
+    # Bin(j, rho) = j - Bin(j, r): reversed window starting at j - (la + len(a) - 1)
+    a = a[::-1]
+    la = j - (la + len(a) - 1)
+    lo = la + lb
+    rel = rel_a + rel_b + 2.0 * rel_a * rel_b
+    e2 = 0.0
+    if len(a) == 1 or len(b) == 1:
+        c = a * b[0] if len(b) == 1 else b * a[0]
+        rel += 2.0 * _U
+    elif len(a) * len(b) <= _DIRECT_MAX:
+        c = np.convolve(a, b)
+        rel += (min(len(a), len(b)) + 2) * _U * 1.01
+    else:
+        size = len(a) + len(b) - 1
+        nfft = 1 << (size - 1).bit_length()
+        c = np.fft.irfft(np.fft.rfft(a, nfft) * np.fft.rfft(b, nfft), nfft)[:size]
+        gamma4 = 4 * _U / (1 - 4 * _U)
+        eta = 4.0 * (_U + gamma4 * (math.sqrt(2.0) + 2 * _U))
+        kappa = math.log2(nfft) * eta
+        norm = float(np.linalg.norm(a) + np.linalg.norm(b) + np.linalg.norm(np.maximum(c, 0.0)))
+        e2 = (kappa + 3 * _U) * norm * 1.05 + kappa * 1e-300
+        c = np.maximum(c, 0.0)  # clipping towards the true (non-negative) value only shrinks errors
+    return _View(lo=int(lo), pmf=c, rel=rel, e2=e2, out=out_a + out_b)
+
+
+def _tail_arrays(v: _View, epsilon0: float, upper: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on (A_t, B_t) for t in [lo, hi + 1]: (A^+, B^-) if ``upper`` else (A^-, B^+)."""
+    rho = 1.0 / (1.0 + math.exp(-epsilon0))
+    r = 1.0 / (1.0 + math.exp(epsilon0))
+    x = v.pmf
+    L = len(x)
+    # Xbar over the window, summed from the top (small terms first): t = lo .. hi + 1
+    xbar = np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])
+    xm1 = np.concatenate([[0.0], x])  # X(t - 1)
+    count = np.arange(L, -1, -1, dtype=np.float64)  # window points >= t
+    fft_sum = v.e2 * (np.sqrt(count) + 1.0)
+    rel = v.rel + (L + 8) * _U * 1.01
+    a = rho * xm1 + xbar
+    b = r * xm1 + xbar
+    if upper:
+        return a * (1 + rel) + fft_sum + v.out, b * (1 - rel) - fft_sum
+    return a * (1 - rel) - fft_sum, b * (1 + rel) + fft_sum + v.out
+
+
+def _view_tail(n_others: int, epsilon0: float, delta: float | None) -> float:
+    """Mass allowed outside the windows: 1e-10 of the target delta (1e-25 for delta curves)."""
+    base = 1e-25 if delta is None else min(1e-14, delta * 1e-10)
+    return max(base, 1e-280)
+
+
+def dataset_epsilon(delta: float, ones: int, zeros: int, epsilon0: float) -> tuple[float, float]:
+    """Certified (upper, lower) bounds on eps(delta) of ``D(P1 || P0)`` for one dataset.
+
+    ``ones`` / ``zeros``: the other users' bits (user 1's direction 1 -> 0; the other direction
+    is this one at ``(zeros, ones)``, Step 1). Closed form of Step 2 with the bounds of Step 4.
+    """
+    tail = _view_tail(ones + zeros, epsilon0, delta)
+    v = _view(int(ones), int(zeros), float(epsilon0), tail)
+    out = []
+    for upper in (True, False):
+        a, b = _tail_arrays(v, epsilon0, upper)
+        num = a - delta
+        pos = num > 0
+        if upper and (v.out >= delta or np.any(pos & (b <= 0))):
+            out.append(epsilon0)
+            continue
+        if not np.any(pos & (b > 0)):
+            out.append(0.0)
+            continue
+        ratio = float(np.max(num[pos & (b > 0)] / b[pos & (b > 0)]))
+        if upper:
+            e = math.log(ratio * (1 + 4 * _U)) * (1 + 4 * _U) + 1e-300 if ratio > 1 else 0.0
+        else:
+            e = math.log(ratio * (1 - 4 * _U)) * (1 - 4 * _U) if ratio > 1 else 0.0
+        out.append(min(max(e, 0.0), epsilon0))
+    return out[0], out[1]
+
+
+def dataset_delta(eps: float, ones: int, zeros: int, epsilon0: float) -> tuple[float, float]:
+    """Certified (upper, lower) bounds on ``D_{e^eps}(P1 || P0)`` for one dataset."""
+    if eps >= epsilon0:
+        return 0.0, 0.0
+    eps = max(float(eps), 0.0)
+    tail = _view_tail(ones + zeros, epsilon0, None)
+    v = _view(int(ones), int(zeros), float(epsilon0), tail)
+    E = math.exp(eps)
+    a, b = _tail_arrays(v, epsilon0, True)
+    up = max(float(np.max(a - E * b)) * (1 + 4 * _U), v.out * (1 + 4 * _U), 0.0)
+    a, b = _tail_arrays(v, epsilon0, False)
+    lo = max(float(np.max(a - E * b)) * (1 - 4 * _U), 0.0)
+    return min(1.0, up), lo
+
+
+# ------------------------------------------------------------- all datasets at n
+@dataclass(frozen=True)
+class RRCertificate:
+    """Certified central eps (upper, lower) of shuffled binary RR at one n and delta."""
+
+    n: int
+    epsilon0: float
+    delta: float
+    upper: float
+    lower: float
+    worst_ones: int
+    evaluations: int
+    exact: bool  # every block a single dataset: upper and lower differ by numerical error only
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = None,
+                    max_evaluations: int | None = None) -> RRCertificate:
+    """Certified bounds on the central eps(delta) of shuffled binary RR with n users (Step 3).
+
+    Maximises over every dataset (``k`` ones among the others, ``k in [0, n-1]``, the
+    other direction by symmetry). ``tol``: stop when the largest block bound is within
+    ``tol`` (relative) of the best lower bound; default 0 up to :data:`EXACT_ALL_N`
+    (every block refined to one dataset where it could matter), :data:`BLOCK_TOL` above.
+    """
+    n, epsilon0 = _check(n, epsilon0)
+    if not 0.0 < delta < 1.0:
+        raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
+    if tol is None:
+        tol = 0.0 if n <= EXACT_ALL_N else BLOCK_TOL
+    if max_evaluations is None:
+        max_evaluations = 4 * n + 64 if n <= EXACT_ALL_N else MAX_EVALUATIONS
+    m = n - 1
+    evals = 0
+
+    def core_upper(k1: int, k2: int) -> float:
+        nonlocal evals
+        evals += 1
+        return dataset_epsilon(delta, k1, m - k2, epsilon0)[0]
+
+    best_lower, best_k = 0.0, 0
+    lowered: set[int] = set()
+
+    def lower_at(k: int) -> None:
+        nonlocal best_lower, best_k, evals
+        if k in lowered:
+            return
+        lowered.add(k)
+        evals += 1
+        lo = dataset_epsilon(delta, k, m - k, epsilon0)[1]
+        if lo > best_lower:
+            best_lower, best_k = lo, k
+
+    blocks0 = min(m + 1, 16 if n <= EXACT_ALL_N else 24)
+    edges = np.unique(np.round(np.linspace(0, m + 1, blocks0 + 1)).astype(np.int64))
+    heap: list[tuple[float, int, int]] = []
+    for k1, k2 in zip(edges[:-1], edges[1:] - 1):
+        heapq.heappush(heap, (-core_upper(int(k1), int(k2)), int(k1), int(k2)))
+    for k in (0, m):
+        lower_at(k)
+    while True:
+        neg, k1, k2 = heap[0]
+        top = -neg
+        if k1 == k2:
+            lower_at(k1)
+            break
+        if top <= best_lower * (1.0 + tol) or top <= 0.0:
+            break
+        if evals + 3 > max_evaluations:
+            lower_at((k1 + k2) // 2)  # the best lower estimate inside the top block
+            break
+        heapq.heappop(heap)
+        mid = (k1 + k2) // 2
+        for a, b in ((k1, mid), (mid + 1, k2)):
+            heapq.heappush(heap, (-core_upper(a, b), a, b))
+    upper = -heap[0][0]
+    exact = all(k1 == k2 for _, k1, k2 in heap[:1]) and tol == 0.0
+    return RRCertificate(n=n, epsilon0=epsilon0, delta=float(delta), upper=max(upper, best_lower),
+                         lower=min(best_lower, upper), worst_ones=best_k, evaluations=evals, exact=exact)
+
+
+def certified_delta(eps: float, n: int, epsilon0: float) -> float:
+    """Certified upper bound on the central delta_n(eps) of shuffled binary RR (every dataset).
+
+    Every single dataset is evaluated (``O(n)`` views): meant for small ``n`` (tests, curves).
+    """
+    n, epsilon0 = _check(n, epsilon0)
+    m = n - 1
+    return max(dataset_delta(eps, k, m - k, epsilon0)[0] for k in range(m + 1))
+
+
+# --------------------------------------------------------------- monotone in n
+def grid_floor(n: int) -> int:
+    """Largest grid point <= n (Step 5)."""
+    if n <= EXACT_ALL_N:
+        return n
+    i = int(math.floor(math.log(n / EXACT_ALL_N) / math.log1p(GRID_STEP)))
+    while _grid_point(i + 1) <= n:
+        i += 1
+    while _grid_point(i) > n:
+        i -= 1
+    return _grid_point(i)
+
+
+def _grid_point(i: int) -> int:
+    return EXACT_ALL_N if i <= 0 else int(math.floor(EXACT_ALL_N * (1.0 + GRID_STEP) ** i))
+
+
+def _grid_prev(g: int) -> int | None:
+    if g <= 1:
+        return None
+    if g <= EXACT_ALL_N:
+        return g - 1
+    i = int(round(math.log(g / EXACT_ALL_N) / math.log1p(GRID_STEP)))
+    while _grid_point(i) >= g:
+        i -= 1
+    while _grid_point(i + 1) < g:
+        i += 1
+    return _grid_point(i)
+
+
+@dataclass(frozen=True)
+class RRMonotone:
+    """Reported eps (non-increasing in n), the grid point it comes from, and the certificate at n's grid point."""
+
+    epsilon: float
+    from_n: int
+    lower: float
+    certificate: RRCertificate
+
+
+def rr_monotone_epsilon(delta: float, n: int, epsilon0: float, certify=None) -> RRMonotone:
+    """``min_{g in grid, g <= n}`` of the certified upper bound (Step 5): valid at n, non-increasing in n.
+
+    ``certify(delta, g, epsilon0) -> RRCertificate`` may be a cached wrapper of
+    :func:`certify_epsilon`. ``lower`` is a certified lower bound on the exact eps at ``n``
+    itself (one or two datasets evaluated at ``n``: the grid point's worst one and all-ones).
+    """
+    n, epsilon0 = _check(n, epsilon0)
+    certify = certify or certify_epsilon
+    g = grid_floor(n)
+    here = certify(delta, g, epsilon0)
+    best, best_g = here.upper, g
+    prev = _grid_prev(g)
+    # Grid points below ``prev`` are skipped once a lower bound at ``prev`` reaches ``best``:
+    # eps^+(g') >= eps(g') >= eps(prev) >= lower(prev) >= best for every g' <= prev.
+    # (Once best >= eps0 nothing can be gained either way: eps0 is the cap of every bound.)
+    while prev is not None and best < epsilon0:
+        if dataset_epsilon(delta, prev - 1, 0, epsilon0)[1] >= best:  # cheap: one dataset at prev
+            break
+        c = certify(delta, prev, epsilon0)
+        if c.upper < best:
+            best, best_g = c.upper, prev
+        if c.lower >= best:
+            break
+        prev = _grid_prev(prev)
+    m = n - 1
+    k = here.worst_ones if g == n else int(round(here.worst_ones * m / max(g - 1, 1)))
+    lower = max(dataset_epsilon(delta, k, m - k, epsilon0)[1], dataset_epsilon(delta, m, 0, epsilon0)[1])
+    return RRMonotone(epsilon=best, from_n=best_g, lower=min(lower, best), certificate=here)
+
+
+__all__ = [
+    "EXACT_ALL_N",
+    "GRID_STEP",
+    "RRCertificate",
+    "RRMonotone",
+    "certified_delta",
+    "certify_epsilon",
+    "dataset_delta",
+    "dataset_epsilon",
+    "grid_floor",
+    "rr_monotone_epsilon",
+]
+

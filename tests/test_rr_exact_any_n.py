@@ -1,0 +1,185 @@
+"""Certified shuffled binary randomized response at any n (``protocol/accounting/rr_any_n.py``).
+
+* Exhaustive check at small n: every dataset of the other users (all ``2^(n-1)`` bit vectors,
+  not only the counts) and both neighbouring directions, in 40-digit arithmetic: the certified
+  delta(eps) and eps(delta) are never below the true maximum and exceed it by at most their
+  numerical padding.
+* Monotone in n across the old 1,500 limit, agreement with the previous exact code (n <= 1,500),
+  the FFT error bound against a direct convolution, and the block bounds at large n.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mpmath
+import numpy as np
+import pytest
+
+from shuffledp.protocol.accounting import binary_rr_guarantee, shuffled_round
+from shuffledp.protocol.accounting import rr_any_n
+from shuffledp.protocol.accounting.rr_any_n import (
+    certified_delta,
+    certify_epsilon,
+    dataset_epsilon,
+    rr_monotone_epsilon,
+)
+from shuffledp.protocol.accounting.rr_exact import rr_exact_delta, rr_exact_epsilon
+
+DPS = 40
+
+
+def _view(bits, user1, epsilon0):
+    """Law of the number of ones among n shuffled RR reports (40 digits), user 1 holding ``user1``."""
+    e = mpmath.exp(mpmath.mpf(epsilon0))
+    rho = e / (1 + e)
+    dist = [mpmath.mpf(1)]
+    for b in (user1, *bits):
+        p1 = rho if b == 1 else 1 - rho
+        new = [mpmath.mpf(0)] * (len(dist) + 1)
+        for s, w in enumerate(dist):
+            new[s] += w * (1 - p1)
+            new[s + 1] += w * p1
+        dist = new
+    return dist
+
+
+def _true_delta_fn(n, epsilon0):
+    """delta(eps) maximised over every dataset of the others and both directions (40 digits)."""
+    with mpmath.workdps(DPS):
+        pairs = [(_view(bits, 1, epsilon0), _view(bits, 0, epsilon0))
+                 for bits in itertools.product((0, 1), repeat=n - 1)]
+
+    def delta(eps):
+        with mpmath.workdps(DPS):
+            c = mpmath.exp(mpmath.mpf(eps))
+            best = mpmath.mpf(0)
+            for p, q in pairs:
+                for a, b in ((p, q), (q, p)):
+                    best = max(best, mpmath.fsum(max(x - c * y, 0) for x, y in zip(a, b)))
+            return best
+
+    return delta
+
+
+def _true_epsilon(delta_fn, delta, epsilon0):
+    with mpmath.workdps(DPS):
+        lo, hi = mpmath.mpf(0), mpmath.mpf(epsilon0)
+        if delta_fn(lo) <= delta:
+            return 0.0
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if delta_fn(mid) <= delta:
+                hi = mid
+            else:
+                lo = mid
+        return float(hi)
+
+
+# Padding of the certified values for n <= 12 (module docstring, Step 4): A_t and B_t are padded
+# by a relative eta <= 7u * 13 + (L + 9)u with L <= 13 window points, eta ~ 1.2e-14 (u = 2^-53),
+# so delta = max_t A_t - e^eps B_t is overstated by at most eta (1 + e^eps) (A_t, B_t <= 1) plus
+# the window cut-off (1e-25) and 4u relative: DELTA_ABS_GAP = 2e-14 (1 + e^eps) covers it.
+# eps(delta) = log max_t (A_t - delta) / B_t is overstated by at most eta (A_t/(A_t - delta) + 1)
+# plus the 1e-10 * delta cut-off, relative to (A_t - delta)/B_t >= 1 at the optimum: with
+# delta <= 1e-2 and A_t >= delta at the optimum this is < 1e-9 absolute on eps on these grids.
+DELTA_ABS_GAP = 2e-14
+EPS_ABS_GAP = 1e-9
+
+
+@pytest.mark.parametrize("n,epsilon0", [(2, 1.0), (5, 0.5), (8, 2.0), (10, 1.0), (12, 3.0)])
+def test_certified_delta_bounds_every_dataset_pair_at_small_n(n, epsilon0):
+    true_delta = _true_delta_fn(n, epsilon0)
+    for eps in (0.0, 0.05, 0.3, 0.9, epsilon0 * 0.99):
+        truth = float(true_delta(eps))
+        got = certified_delta(eps, n, epsilon0)
+        assert got >= truth, (eps, got, truth)
+        assert got - truth <= DELTA_ABS_GAP * (1 + math.exp(eps)) + 4e-16 * truth, (eps, got, truth)
+
+
+@pytest.mark.parametrize("n,epsilon0", [(3, 1.0), (7, 2.0), (10, 4.0)])
+def test_certified_epsilon_bounds_the_true_epsilon_at_small_n(n, epsilon0):
+    true_delta = _true_delta_fn(n, epsilon0)
+    for delta in (1e-2, 1e-4):
+        truth = _true_epsilon(true_delta, delta, epsilon0)
+        cert = certify_epsilon(delta, n, epsilon0)
+        assert cert.exact
+        assert cert.lower <= truth <= cert.upper, (delta, cert, truth)
+        assert cert.upper - truth <= EPS_ABS_GAP, (delta, cert.upper, truth)
+
+
+def test_monotone_in_n_across_the_old_limit():
+    """eps0 = 1, delta = 1e-6: the old code jumped from 0.1010 (n = 1,500) to 0.1196 (n = 1,501)."""
+    ns = [1499, 1500, 1501, 1502, 2000, 2001, 2031, 2032, 5000, 10**5]
+    eps = [shuffled_round(binary_rr_guarantee(1.0), n, 1e-6).epsilon for n in ns]
+    assert all(b <= a for a, b in zip(eps, eps[1:])), dict(zip(ns, eps))
+    assert eps[2] < 0.1011  # no jump at 1,501 (was 0.1196)
+
+
+def test_monotone_helper_is_a_minimum_over_a_growing_grid():
+    vals = [rr_monotone_epsilon(1e-6, n, 4.0).epsilon for n in (1990, 2000, 2010, 2031, 2032, 2100)]
+    assert all(b <= a for a, b in zip(vals, vals[1:])), vals
+
+
+@pytest.mark.parametrize("n,epsilon0", [(40, 1.5), (300, 0.5), (800, 2.0), (1500, 1.0), (1500, 4.0)])
+def test_agrees_with_the_previous_exact_code(n, epsilon0):
+    """The old code's delta carries a 1e-12 relative pad; its eps is the upper end of a 1e-6 bracket.
+
+    The new delta is padded by eta (1 + e^eps) absolute with eta <= (7 * steps + L + 9) u, at most
+    ~1.5e-13 for the <= 150-step, <= 310-point windows of n <= 300 (module docstring, Step 4).
+    """
+    for eps in (0.05, 0.2, 0.6):
+        old = rr_exact_delta(eps, n, epsilon0)
+        new = certified_delta(eps, n, epsilon0) if n <= 300 else None
+        if new is not None:
+            assert abs(new - old) <= 3e-12 * old + 2e-13 * (1 + math.exp(eps)), (eps, new, old)
+    old_eps = rr_exact_epsilon(1e-6, n, epsilon0)
+    cert = certify_epsilon(1e-6, n, epsilon0)
+    assert cert.exact and cert.upper - cert.lower <= 1e-9 * cert.upper
+    assert old_eps * (1 - 1.01e-6) <= cert.upper <= old_eps * (1 + 1e-9), (cert.upper, old_eps)
+
+
+def test_fft_error_bound_holds_against_direct_convolution(monkeypatch):
+    """The FFT path's 2-norm bound covers the difference to the direct (positive-term) convolution."""
+    j, l, e0 = 4000, 6000, 1.0
+    tail = 1e-25
+    monkeypatch.setattr(rr_any_n, "_DIRECT_MAX", 10**12)
+    direct = rr_any_n._view.__wrapped__(j, l, e0, tail)
+    monkeypatch.setattr(rr_any_n, "_DIRECT_MAX", 0)
+    fft = rr_any_n._view.__wrapped__(j, l, e0, tail)
+    assert direct.e2 == 0.0 and fft.e2 > 0.0 and direct.lo == fft.lo
+    diff = fft.pmf - direct.pmf
+    slack = direct.rel * direct.pmf  # the direct result's own error
+    assert float(np.linalg.norm(np.maximum(np.abs(diff) - slack, 0.0))) <= fft.e2
+    assert abs(float(direct.pmf.sum()) - 1.0) <= direct.out + 1e-12
+
+
+@pytest.mark.parametrize("n,epsilon0", [(10**4, 1.0), (10**5, 4.0)])
+def test_block_bounds_at_large_n(n, epsilon0):
+    cert = certify_epsilon(1e-6, n, epsilon0)
+    assert 0.0 < cert.lower <= cert.upper <= epsilon0
+    # any single dataset is a lower bound (here all others hold 1, and all hold 0)
+    m = n - 1
+    for ones in (0, m):
+        assert dataset_epsilon(1e-6, ones, m - ones, epsilon0)[1] <= cert.upper
+    # the certified gap is what the block loss allows: a block of width b costs ~ b / (2n)
+    assert cert.upper <= cert.lower * 1.03
+    rb = shuffled_round(binary_rr_guarantee(epsilon0), n, 1e-6)
+    assert rb.epsilon <= rb.candidates["variation-ratio"]
+    assert rb.lower_bound <= rb.epsilon
+
+
+def test_dataset_epsilon_matches_old_single_dataset_code():
+    from shuffledp.protocol.accounting.rr_exact import rr_delta
+
+    n, e0 = 200, 2.0
+    m = n - 1
+    for ones in (0, 3, 77, m):
+        for eps in (0.1, 0.5):
+            old = rr_delta(eps, n, e0, ones)  # max of both directions
+            up1 = rr_any_n.dataset_delta(eps, ones, m - ones, e0)[0]
+            up2 = rr_any_n.dataset_delta(eps, m - ones, ones, e0)[0]  # the other direction (Step 1)
+            assert max(up1, up2) >= old * (1 - 1e-12)
+            assert max(up1, up2) <= old * (1 + 1e-11) + 1e-300
+    assert math.isfinite(dataset_epsilon(1e-6, 0, m, e0)[0])
