@@ -25,6 +25,7 @@ from shuffledp.protocol.accounting.rr_any_n import (
     dataset_epsilon,
     rr_monotone_epsilon,
 )
+from shuffledp.protocol.accounting._numerics import search_epsilon
 from shuffledp.protocol.accounting.rr_exact import rr_exact_delta, rr_exact_epsilon
 
 DPS = 40
@@ -134,10 +135,12 @@ def test_agrees_with_the_previous_exact_code(n, epsilon0):
         new = certified_delta(eps, n, epsilon0) if n <= 300 else None
         if new is not None:
             assert abs(new - old) <= 3e-12 * old + 2e-13 * (1 + math.exp(eps)), (eps, new, old)
-    old_eps = rr_exact_epsilon(1e-6, n, epsilon0)
+    # the previous rr_exact_epsilon: upper end of a 1e-6 bracket on the old all-datasets delta
+    old_eps = search_epsilon(lambda e: rr_exact_delta(e, n, epsilon0), 1e-6, 0.0, epsilon0, rtol=1e-6)[1]
     cert = certify_epsilon(1e-6, n, epsilon0)
     assert cert.exact and cert.upper - cert.lower <= 1e-9 * cert.upper
     assert old_eps * (1 - 1.01e-6) <= cert.upper <= old_eps * (1 + 1e-9), (cert.upper, old_eps)
+    assert rr_exact_epsilon(1e-6, n, epsilon0) == cert.upper  # now computed by rr_any_n
 
 
 def test_fft_error_bound_holds_against_direct_convolution(monkeypatch):

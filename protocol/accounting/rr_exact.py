@@ -153,8 +153,18 @@ def rr_exact_delta(eps: float, n: int, epsilon0: float) -> float:
 
 
 def rr_exact_epsilon(delta: float, n: int, epsilon0: float, rtol: float = 1e-6) -> float:
-    """Exact central epsilon (to ``rtol``, rounded up) of shuffled binary RR at ``delta``."""
+    """Exact central epsilon of shuffled binary RR at ``delta``, rounded up (n <= RR_EXACT_MAX_N).
+
+    Computed by :func:`.rr_any_n.certify_epsilon` (closed form per dataset, every dataset
+    evaluated where it could matter): an upper bound within ~1e-11 relative of the exact value,
+    so well inside ``rtol`` (kept for compatibility). The previous bracketing search on
+    :func:`rr_exact_delta` returned the upper end of a ``rtol`` bracket instead.
+    """
     if not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
-    _, b = search_epsilon(lambda e: rr_exact_delta(e, n, epsilon0), delta, 0.0, epsilon0, rtol=rtol)
-    return b
+    _check(n, epsilon0)
+    if n > RR_EXACT_MAX_N:
+        raise InvalidParameter("n", f"exact shuffled-RR maximisation is limited to n <= {RR_EXACT_MAX_N}")
+    from shuffledp.protocol.accounting.rr_any_n import certify_epsilon
+
+    return certify_epsilon(delta, int(n), float(epsilon0)).upper
