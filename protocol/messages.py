@@ -634,6 +634,12 @@ class LocalVectorParams:
     Guarantee: ``(epsilon0, delta0)``-LDP with ``epsilon0`` from the Skellam RDP bound at
     the encoding's l1 and l2 sensitivities (``protocol/summation_params.py``), checked
     by :meth:`check_budget`. Not pure: no amplification by shuffling is claimed.
+
+    Device cost: local noise for a whole vector is large (``mu`` grows as ``levels^2 / eps^2``),
+    and the exact Poisson sampler's time is linear in its mean; above
+    ``distributed_noise.DEVICE_MAX_MEAN`` per draw a device's ``skellam_shares`` refuses with
+    a typed error, so such a device declines the round (nothing is sent or charged). The
+    simulation path (numpy Poisson) has no such limit.
     """
 
     MECHANISM: ClassVar[str] = "local-vector"

@@ -382,7 +382,9 @@ def choose_vector_sum(
     ``epsilon``. ``levels`` (grid units per ``radius``) starts at ``100 sqrt(D)`` (so
     the rounding's ``sqrt(D)`` adds at most 1 % to the sensitivity) and doubles until
     the rounding variance (``n / 4`` per coordinate at worst) is at most
-    ``ROUNDING_SHARE`` of the noise's ``2 mu``. ``q``: the smallest prime above twice
+    ``ROUNDING_SHARE`` of the noise's ``2 mu``; with few users it halves instead while a
+    device's Poisson draws (``D mu / users`` in all) exceed ``DEVICE_MAX_TOTAL_MEAN``, down
+    to ``sqrt(D)``. ``q``: the smallest prime above twice
     the coordinate sum's bound (rotation flatness, Hoeffding over the public random
     signs, plus rounding, plus the Skellam tail), each exceeded with probability
     ``wrap_probability / 2``.
@@ -397,6 +399,12 @@ def choose_vector_sum(
     mu = smallest_skellam_mu(level, padded, epsilon, noise_delta)
     while levels is None and users / 4.0 > ROUNDING_SHARE * 2.0 * mu:
         level *= 2
+        mu = smallest_skellam_mu(level, padded, epsilon, noise_delta)
+    # Fewer users share the noise, so each device draws more of it: when the devices' exact
+    # sampler would exceed its budget, coarsen the grid (mu falls as levels^2) down to
+    # levels ~ sqrt(D), where rounding at most doubles the sensitivity; below that, refuse.
+    while levels is None and padded * mu / users > DEVICE_MAX_TOTAL_MEAN and level // 2 >= max(2.0, math.sqrt(padded)):
+        level //= 2
         mu = smallest_skellam_mu(level, padded, epsilon, noise_delta)
     beta = wrap_probability / 2.0
     flat = users * level * math.sqrt(2.0 * math.log(2.0 * padded / beta) / padded)

@@ -21,7 +21,7 @@ from shuffledp.summation_sim import SUM_PROTOCOLS, SummationConfig, format_summa
 #: Protocols run by ``shuffledp vector`` (Algorithm 5), reachable here too: the vector mean on
 #: Gaussian data, and distribution estimation as the mean of one-hot vectors (categorical data).
 VECTOR_PROTOCOLS = ("vector-mean", "distribution")
-PROTOCOLS = ("mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS
+PROTOCOLS = ("mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS + ("instance-optimal",)
 
 
 def add_parser(subparsers) -> None:
@@ -35,7 +35,8 @@ def add_parser(subparsers) -> None:
         "--protocol", choices=PROTOCOLS, default="mean",
         help="mean: range -> mean, local eps0 (Girgis et al. Alg. 1); sum: scalar multi-message summation; "
         "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central (eps, delta); "
-        "vector-mean, distribution: Algorithm 5 (as `shuffledp vector`), local eps0",
+        "vector-mean, distribution: Algorithm 5 (as `shuffledp vector`), local eps0; "
+        "instance-optimal: Huang-Liang-Yi shifted clipped mean (3 rounds) at the session's central (eps, delta)",
     )
     p.add_argument("--users", "-n", type=int, default=20_000, help="number of users n")
     p.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
@@ -48,6 +49,7 @@ def add_parser(subparsers) -> None:
         help="mean: local user-level budget eps0 (both rounds); sum, vector-sum: the central epsilon",
     )
     p.add_argument("--dim", "-d", type=int, default=16, help="vector protocols: dimension (distribution: symbols)")
+    p.add_argument("--model", choices=("shuffle", "local"), default="shuffle", help="instance-optimal: trust model")
     p.add_argument("--radius", type=float, default=None, help="vector-sum: l2 clipping radius (default: the data bound B)")
     p.add_argument("--noise", choices=("laplace", "gaussian"), default="laplace", help="mean-round noise")
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
@@ -87,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_summation(args)
     if args.protocol in VECTOR_PROTOCOLS:
         return _run_vector(args)
+    if args.protocol == "instance-optimal":
+        return _run_instance_optimal(args)
     try:
         population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
         config = SimulationConfig(
@@ -150,6 +154,38 @@ def _run_vector(args: argparse.Namespace) -> int:
         json=args.json, output=None, plot=args.plot, quiet=args.quiet,
     )
     return vector_cli.run(vector_args)
+
+
+def _run_instance_optimal(args: argparse.Namespace) -> int:
+    """``--protocol instance-optimal``: three rounds at the session's central (eps, delta), local or shuffle."""
+    from shuffledp.instance_optimal_sim import (
+        InstanceOptimalSimulation,
+        format_instance_optimal,
+        plot_instance_optimal,
+        run_instance_optimal,
+    )
+    from shuffledp.vector_population import VectorPopulation
+
+    try:
+        population = VectorPopulation("gaussian", args.dim, args.samples, args.mu, args.sigma, args.bound)
+        delta = args.delta if args.delta is not None else 1.0 / args.users**1.1
+        config = InstanceOptimalSimulation(
+            population, args.users, args.epsilon, delta, args.model, args.seed, args.path, args.broker
+        )
+        with progress_bar(None, quiet=args.quiet, unit="step") as step:
+            result = run_instance_optimal(config, progress=step)
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    except ShuffleDPError as exc:
+        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2, default=float) if args.json else format_instance_optimal(result))
+    if args.plot:
+        plot_instance_optimal(result, args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
 
 
 def _run_summation(args: argparse.Namespace) -> int:

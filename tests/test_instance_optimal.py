@@ -21,6 +21,7 @@ from shuffledp.analyzer.instance_optimal import (
     InstanceOptimalProtocol,
     local_mean_decode,
     noise_per_radius,
+    THRESHOLD_ALPHA,
     pick_threshold,
     tree_fractions,
     tree_medians,
@@ -338,7 +339,7 @@ def _log_bins(norms: np.ndarray, params: ShiftedNormParams) -> np.ndarray:
     return np.clip(np.floor((np.log2(norms) - params.low) / (2.0 * params.tau)).astype(np.int64), 0, bins - 1)
 
 
-def test_pick_threshold_is_the_upper_edge_of_the_first_bin_over_the_target():
+def test_pick_threshold_is_the_upper_edge_of_the_first_detected_bin_over_the_target():
     params = _norm_params()
     bins = params.scalar.num_bins
     assert bins == 40
@@ -347,30 +348,56 @@ def test_pick_threshold_is_the_upper_edge_of_the_first_bin_over_the_target():
     exact = np.bincount(_log_bins(norms, params), minlength=params.scalar.padded_bins) / n
     epsilon = 30.0  # c = coth(15) = 1 + 2e-13
     c = hadamard_scale(epsilon)
-    for k in (0.0, 1500.0, 300.0):
-        # k = 1500 > 2 sd at every bin (2 c sqrt(n * 40) = 1265): the target is k throughout.
-        # k = 0: the target is 2 sd, growing as the scan goes down. k = 300: first 2 sd, then k.
+    # Detection threshold (Hoeffding + union over the 40 bins at alpha = 0.01), in users: ~407.
+    detection = c * math.sqrt(2.0 * math.log(bins / THRESHOLD_ALPHA) / n) * n
+    for k in (0.0, 300.0, 1500.0):
         result = pick_threshold(exact, params, n, epsilon, k)
-        above, expected = 0.0, None
-        for index in range(bins - 1, 0, -1):  # independent restatement of the rule
-            above += n * exact[index]
-            target = max(k, 2.0 * c * math.sqrt(n * (bins - index)))
-            if above > target:
-                expected = (index, target)
-                break
-        assert expected is not None
-        index, target = expected
+        above, index = 0.0, None
+        for i in range(bins - 1, -1, -1):  # independent restatement of the rule
+            if n * exact[i] >= detection:
+                above += n * exact[i]
+                if above > k:
+                    index = i
+                    break
+        assert index is not None
+        assert result.detection_count == pytest.approx(detection, rel=1e-12)
         assert result.bin_edge_log2 == pytest.approx(params.low + (index + 1) / 4.0, abs=1e-12)
         assert result.radius == pytest.approx(2.0**result.bin_edge_log2, rel=1e-12)
-        assert result.target_count == pytest.approx(target, rel=1e-12)
-        # What the rule means: at most `target` users lie above the radius (the upper edge: the
-        # chosen bin's users are not clipped), more than `target` above the bin's lower edge.
-        assert np.sum(norms >= result.radius) <= target < np.sum(norms >= result.radius / 2.0**0.25)
-    # Every user in the lowest bin: the count never exceeds the target; the radius is bin 0's upper edge.
+        assert result.target_count == k
+        # What the rule means: the users above the radius are those of detected bins above it
+        # (at most k of them) and of undetected bins (each under `detection`); more than k lie at or
+        # above the chosen bin's lower edge.
+        undetected_above = sum(1 for i in range(index + 1, bins) if 0 < n * exact[i] < detection)
+        assert np.sum(norms >= result.radius) <= k + undetected_above * detection
+        assert np.sum(norms >= result.radius / 2.0**0.25) > k
+    # Every user in the lowest bin: the radius is bin 0's upper edge.
     low_only = np.zeros(params.scalar.padded_bins)
     low_only[0] = 1.0
     fallback = pick_threshold(low_only, params, n, epsilon, 10.0)
-    assert fallback.bin_edge_log2 == pytest.approx(params.low + 0.25) and fallback.tail_estimate == 0.0
+    assert fallback.bin_edge_log2 == pytest.approx(params.low + 0.25) and fallback.tail_estimate == n
+
+
+def test_pick_threshold_ignores_noise_in_empty_bins_above_the_data():
+    """The failure the detection rule fixes: summing every bin from the top, the noise of ~100 empty
+    bins (a random walk of sd c sqrt(n s)) crossed 2 sd and put the radius far above every user. With
+    real Hadamard-response reports (n = 20,000, eps = 1, every norm in one octave near 2^3), the radius
+    must be within one bin above the largest norm, for every seed (alpha = 0.01 per run, 20 runs:
+    a failure rate of 0.2 would show with probability > 0.98)."""
+    from shuffledp.client.quantile_randomizer import randomize_shifted_norm
+    from shuffledp.analyzer.decoders import hadamard_frequencies
+    from shuffledp.protocol.randomness import SeededSource
+
+    params = ShiftedNormParams((0.0, 0.0), -32.0, 8.0, 0.125)
+    n = 20_000
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(n, 2))
+    x *= (2.0 ** rng.uniform(2.6, 3.2, n) / np.linalg.norm(x, axis=1))[:, None]
+    largest = np.linalg.norm(x, axis=1).max()
+    for seed in range(20):
+        rows = randomize_shifted_norm(x, params, 1.0, SeededSource(np.random.SeedSequence(seed)))
+        freqs = hadamard_frequencies(rows[:, 0], rows[:, 1], params.scalar.padded_bins, 1.0)
+        result = pick_threshold(freqs, params, n, 1.0, 50.0)
+        assert result.radius <= largest * 2.0**0.25 * 2.0**0.25, (seed, result)
 
 
 @pytest.mark.parametrize("q", [0.1, 0.5, 0.9])
@@ -380,11 +407,17 @@ def test_fixed_quantile_threshold_is_within_one_bin_of_the_quantile(q):
     norms = 2.0 ** np.random.default_rng(4).normal(2.0, 1.5, n)
     exact = np.bincount(_log_bins(norms, params), minlength=params.scalar.padded_bins) / n
     result = pick_threshold(exact, params, n, 30.0, 1e9, fixed_quantile=q)  # k huge: ignored by the quantile rule
-    assert result.target_count == pytest.approx((1 - q) * n)
-    # At most (1 - q) n norms lie in bins above the chosen one, so at least q n lie below its upper
-    # edge r: Q_q < r. More than (1 - q) n lie at or above its lower edge r / 2^(1/4): Q_q >= r 2^(-1/4).
-    quantile = np.sort(norms)[math.ceil(q * n) - 1]
-    assert result.radius / 2.0**0.25 <= quantile < result.radius
+    counts = n * exact[: params.scalar.num_bins]
+    detected_total = counts[counts >= result.detection_count].sum()
+    assert result.target_count == pytest.approx((1 - q) * detected_total)
+    # The q-quantile of the users in detected bins, to within one bin: detected bins above the chosen
+    # one hold at most the target, undetected ones (under the detection count each) `skipped` more;
+    # the detected bins from the chosen one up hold more than the target.
+    chosen = round((result.bin_edge_log2 - params.low) * 4) - 1
+    skipped = sum(c for c in counts[chosen + 1 :] if c < result.detection_count)
+    target = result.target_count
+    assert np.sum(norms >= result.radius) <= target + skipped
+    assert np.sum(norms >= result.radius / 2.0**0.25) > target
 
 
 # --------------------------------------------------------------------------- 5. accuracy

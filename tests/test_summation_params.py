@@ -184,3 +184,19 @@ def test_a_modulus_too_small_for_any_sum_is_refused():
     p = c.params
     with pytest.raises(InvalidParameter, match="modulus"):
         VectorSumParams(p.dim, p.radius, p.levels, p.rotation_seed, 3, p.messages, p.users, p.mu).check_budget(1.0, 1e-6)
+
+
+def test_vector_chooser_coarsens_the_grid_for_few_users_rather_than_refuse():
+    """With few users each device draws ``D mu / users`` of Poisson mean; the chooser halves
+    ``levels`` (mu falls as levels^2) until that fits the exact sampler's budget, and the
+    parameters still pass the budget check. At n = 1,000, d = 64, eps = 0.5 the default grid
+    (800 levels) would need ~7e6."""
+    from shuffledp.protocol.summation_params import DEVICE_MAX_TOTAL_MEAN, check_vector_sum, choose_vector_sum
+
+    choice = choose_vector_sum(1000, 0.5, 5e-7, 64, 1.0, 0)
+    p = choice.params
+    assert p.padded_dim * p.mu / p.users <= DEVICE_MAX_TOTAL_MEAN
+    assert 8 <= p.levels < 800  # coarser than the default, not below sqrt(D)
+    check_vector_sum(p, 0.5, 5e-7)
+    many = choose_vector_sum(100_000, 0.5, 5e-7, 64, 1.0, 0).params
+    assert many.levels >= 800  # enough users: the grid is not coarsened

@@ -14,11 +14,11 @@ def test_binary_rr_epsilon_does_not_increase_across_the_exact_limit(epsilon0):
     ns = [RR_EXACT_MAX_N - 100, RR_EXACT_MAX_N, RR_EXACT_MAX_N + 1, RR_EXACT_MAX_N + 200, 2 * RR_EXACT_MAX_N, 10**5]
     eps = [shuffled_round(binary_rr_guarantee(epsilon0), n, 1e-6).epsilon for n in ns]
     assert all(later <= earlier for earlier, later in zip(eps, eps[1:])), dict(zip(ns, eps))
-    # just past the limit the exact value at the limit is what is reported (it was the 18 % looser
-    # variation-ratio bound before: 0.1196 against 0.1010 at eps0 = 1)
+    # just past the old limit the certified exact value is reported (it was the 18 % looser
+    # variation-ratio bound before: 0.1196 against 0.1010 at eps0 = 1), no larger than at the limit
     above = shuffled_round(binary_rr_guarantee(epsilon0), RR_EXACT_MAX_N + 1, 1e-6)
-    assert above.method == "rr-exact-smaller-n"
-    assert above.epsilon == pytest.approx(rr_exact_epsilon(1e-6, RR_EXACT_MAX_N, epsilon0), rel=1e-12)
+    assert above.method in ("rr-exact", "rr-exact-smaller-n")
+    assert above.epsilon <= rr_exact_epsilon(1e-6, RR_EXACT_MAX_N, epsilon0) * (1 + 1e-12)
 
 
 def test_the_post_processing_argument_holds_exactly_for_binary_rr_at_small_n():
@@ -30,6 +30,12 @@ def test_the_post_processing_argument_holds_exactly_for_binary_rr_at_small_n():
             assert all(b <= a * (1 + 1e-9) + 1e-15 for a, b in zip(deltas, deltas[1:]))
 
 
-def test_the_exact_value_at_the_limit_is_skipped_when_it_cannot_help():
+def test_far_past_the_old_limit_the_certified_bound_is_used_and_is_within_its_lower_bound_gap():
+    """At n = 1e6 the certified all-datasets bound (``rr_any_n``) beats every clone bound and is not
+    below its own certified lower bound (measured: 0.002936 against 0.002849 at eps0 = 1, a 3.0 % gap
+    from the block bounds over datasets; not asserted, since no derived figure bounds it)."""
     far = shuffled_round(binary_rr_guarantee(1.0), 10**6, 1e-6)
-    assert far.method != "rr-exact-smaller-n" and far.candidates["rr-exact-smaller-n"] is None
+    assert far.method in ("rr-exact", "rr-exact-smaller-n")
+    others = [v for k, v in far.candidates.items() if v is not None and not k.startswith("rr-exact")]
+    assert far.epsilon < min(others)
+    assert far.lower_bound <= far.epsilon

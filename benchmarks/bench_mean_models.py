@@ -1,0 +1,226 @@
+"""Mean estimation in the local, shuffle and central models, on the same data.
+
+Data (Huang, Liang & Yi 2021, Fig. 3 setting: mean far from the origin, anisotropic
+covariance): d = 64, one vector per user, ``x_i ~ N(mu, diag(sigma^2))`` with
+``mu_j = 5`` (``||mu|| = 40``) and ``sigma_j^2`` uniform on ``[0, 10]`` (drawn once, fixed
+seed); every estimator is told the public bound ``||x|| <= R = 100``. One privacy
+budget for all: user-level ``(eps, delta) = (1, 1e-6)`` for the session.
+
+Estimators (each on the vectorized engine for the local and shuffle models; the same
+data for all):
+
+* central (a trusted curator, ``shuffledp.central``): the non-private mean; the winsorized
+  mean (Levy et al. 2021, Alg. 2) given the *true* per-coordinate radius
+  ``tau' = s sqrt(2 log(2 n D / gamma))``, ``s^2 = trace(Sigma) / D`` (after the rotation
+  every coordinate has that variance exactly; oracle knowledge that favours it); the
+  Huang–Liang–Yi shifted clipped mean (``instance_optimal_mean``).
+* shuffle: the instance-optimal protocol (``analyzer/instance_optimal.py``, shuffle
+  version: amplified tree and norm rounds, multi-message summation); the same with the
+  threshold at the fixed median of the shifted norms (``fixed_quantile = 0.5``); the
+  vector protocol of Girgis et al. (Alg. 5, sampled mode, Laplace) with each of its two
+  rounds amplified to ``(eps/2, delta/2)`` and the true concentration radius (oracle).
+* local: the instance-optimal protocol, local version; the vector protocol at local
+  ``eps0 = eps``.
+
+Error: ``||estimate - xbar||`` (the privacy cost alone: the error against the users'
+own mean) and ``||estimate - mu||``; the median over seeds. The headline: at
+n = 100,000 the shuffle-model instance-optimal mean's error against the central
+winsorized mean's (target: within 2x).
+
+Run: ``python benchmarks/bench_mean_models.py [--quick]``; writes
+benchmarks/results/mean_models.json and benchmarks/results/mean_models.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from _common import RESULTS, write_result
+
+from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
+from shuffledp.analyzer.instance_optimal_budget import amplified_epsilon0
+from shuffledp.analyzer.vector_mean import VectorMeanConfig, VectorMeanProtocol
+from shuffledp.central import ApproxDP, instance_optimal_mean, winsorized_mean
+from shuffledp.engine import run_fast
+from shuffledp.protocol.errors import ShuffleDPError
+from tqdm import tqdm
+
+from shuffledp.progress import pyplot, save_figure
+
+DIM = 64
+RADIUS = 100.0
+MEAN = 5.0
+EPSILON, DELTA = 1.0, 1e-6
+GAMMA = 0.01
+NS = (1_000, 3_000, 10_000, 30_000, 100_000)
+SEEDS = 3
+HEADLINE_N = 100_000
+
+MODEL_OF = {
+    "nonprivate": "central",
+    "central-winsorized": "central",
+    "central-hly": "central",
+    "shuffle-instance-optimal": "shuffle",
+    "shuffle-fixed-median": "shuffle",
+    "shuffle-girgis-vector": "shuffle",
+    "local-instance-optimal": "local",
+    "local-girgis-vector": "local",
+}
+
+
+def population(dim: int, seed: int = 2021) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return np.full(dim, MEAN), np.sqrt(rng.uniform(0.0, 10.0, dim))
+
+
+def draw(n: int, mu: np.ndarray, sigma: np.ndarray, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, n])
+    return mu + rng.normal(size=(n, mu.size)) * sigma
+
+
+def coordinate_radius(sigma: np.ndarray, n: int) -> float:
+    """Every rotated coordinate of ``x - mu`` is ``N(0, trace(Sigma) / D)`` (``U_jk^2 = 1/D``); a union
+    bound over ``n D`` of them at ``gamma`` gives the per-coordinate concentration radius."""
+    padded = 1 << (sigma.size - 1).bit_length()
+    s = math.sqrt(float((sigma**2).sum()) / padded)
+    return s * math.sqrt(2.0 * math.log(2.0 * n * padded / GAMMA))
+
+
+def girgis(x: np.ndarray, sigma: np.ndarray, model: str, seed: int) -> np.ndarray:
+    n = x.shape[0]
+    if model == "shuffle":
+        round_eps0, _ = amplified_epsilon0("generic", 2, n, EPSILON / 2.0, DELTA / 2.0)
+        eps0 = 2.0 * round_eps0
+    else:
+        eps0 = EPSILON
+    config = VectorMeanConfig(DIM, RADIUS, coordinate_radius(sigma, n), eps0, rotation_seed=seed)
+    return run_fast(VectorMeanProtocol(config), x, seed=seed).result.estimate
+
+
+def instance_optimal(x: np.ndarray, model: str, seed: int, fixed_quantile: float | None = None) -> np.ndarray:
+    config = InstanceOptimalConfig(
+        DIM, x.shape[0], RADIUS, EPSILON, DELTA, model=model, rotation_seed=seed, fixed_quantile=fixed_quantile
+    )
+    return run_fast(InstanceOptimalProtocol(config), x, seed=seed).result.estimate
+
+
+def estimators(sigma: np.ndarray):
+    privacy = ApproxDP(EPSILON, DELTA)
+    return {
+        "nonprivate": lambda x, s: x.mean(axis=0),
+        "central-winsorized": lambda x, s: winsorized_mean(
+            x, privacy, np.random.default_rng(s), bound=RADIUS, coordinate_radius=coordinate_radius(sigma, x.shape[0])
+        ).estimate,
+        "central-hly": lambda x, s: instance_optimal_mean(x, privacy, np.random.default_rng(s), radius=RADIUS).estimate,
+        "shuffle-instance-optimal": lambda x, s: instance_optimal(x, "shuffle", s),
+        "shuffle-fixed-median": lambda x, s: instance_optimal(x, "shuffle", s, fixed_quantile=0.5),
+        "shuffle-girgis-vector": lambda x, s: girgis(x, sigma, "shuffle", s),
+        "local-instance-optimal": lambda x, s: instance_optimal(x, "local", s),
+        "local-girgis-vector": lambda x, s: girgis(x, sigma, "local", s),
+    }
+
+
+def sweep(ns, seeds: int) -> dict:
+    mu, sigma = population(DIM)
+    methods = estimators(sigma)
+    rows = []
+    bar = tqdm(total=len(ns) * seeds * len(methods), desc="estimates", unit="run")
+    for n in ns:
+        for seed in range(seeds):
+            x = draw(n, mu, sigma, seed)
+            xbar = x.mean(axis=0)
+            for name, method in methods.items():
+                started = time.perf_counter()
+                row = {"estimator": name, "model": MODEL_OF[name], "n": n, "seed": seed}
+                try:
+                    estimate = np.asarray(method(x, seed))
+                except ShuffleDPError as exc:  # e.g. summation refuses noise a device cannot draw at this n
+                    row["refused"] = str(exc)
+                else:
+                    row["error_vs_sample_mean"] = float(np.linalg.norm(estimate - xbar))
+                    row["error_vs_mean"] = float(np.linalg.norm(estimate - mu))
+                row["seconds"] = time.perf_counter() - started
+                rows.append(row)
+                bar.set_postfix_str(f"n={n} {name}")
+                bar.update(1)
+    bar.close()
+    return {"rows": rows, "sigma": sigma.tolist()}
+
+
+def summarize(rows: list[dict]) -> dict:
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name in MODEL_OF:
+        per_n = {}
+        for n in sorted({r["n"] for r in rows}):
+            mine = [r for r in rows if r["estimator"] == name and r["n"] == n and "refused" not in r]
+            if mine:
+                per_n[str(n)] = {
+                    "median_error_vs_sample_mean": float(np.median([r["error_vs_sample_mean"] for r in mine])),
+                    "median_error_vs_mean": float(np.median([r["error_vs_mean"] for r in mine])),
+                    "median_seconds": float(np.median([r["seconds"] for r in mine])),
+                }
+        out[name] = per_n
+    return out
+
+
+def headline(summary: dict, n: int) -> dict | None:
+    key = str(n)
+    if key not in summary["shuffle-instance-optimal"] or key not in summary["central-winsorized"]:
+        return None
+    ours = summary["shuffle-instance-optimal"][key]["median_error_vs_sample_mean"]
+    central = summary["central-winsorized"][key]["median_error_vs_sample_mean"]
+    return {"n": n, "shuffle_instance_optimal": ours, "central_winsorized": central, "ratio": ours / central, "target": 2.0, "met": ours / central <= 2.0}
+
+
+def plot(summary: dict, path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=False)
+    styles = {"central": "-", "shuffle": "--", "local": ":"}
+    for ax, metric, title in (
+        (axes[0], "median_error_vs_sample_mean", "privacy cost: ||estimate - sample mean||"),
+        (axes[1], "median_error_vs_mean", "total error: ||estimate - mu||"),
+    ):
+        for name, per_n in summary.items():
+            if name == "nonprivate" and metric == "median_error_vs_sample_mean":
+                continue
+            ns = [int(k) for k in per_n]
+            ax.loglog(ns, [per_n[str(k)][metric] for k in ns], styles[MODEL_OF[name]], marker="o", label=name)
+        ax.set_xlabel("users n")
+        ax.set_ylabel("l2 error (median over seeds)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"d = {DIM}, mu_j = {MEAN}, sigma_j^2 ~ U[0, 10], (eps, delta) = ({EPSILON}, {DELTA:g}): central -, shuffle --, local :", fontsize=10)
+    save_figure(fig, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="n in {1,000, 10,000}, one seed")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    ns, seeds = ((1_000, 10_000), 1) if args.quick else (NS, SEEDS)
+    data = sweep(ns, seeds)
+    summary = summarize(data["rows"])
+    result = {
+        "setup": {"dim": DIM, "radius": RADIUS, "mean": MEAN, "epsilon": EPSILON, "delta": DELTA, "seeds": seeds, "ns": list(ns)},
+        "summary": summary,
+        "headline": headline(summary, HEADLINE_N),
+        "rows": data["rows"],
+        "seconds": time.perf_counter() - started,
+    }
+    name = "mean_models_quick" if args.quick else "mean_models"
+    write_result(name, result)
+    plot(summary, RESULTS / f"{name}.png")
+    for est, per_n in summary.items():
+        print(f"{est:26s} " + "  ".join(f"n={k}: {v['median_error_vs_sample_mean']:.4g}" for k, v in per_n.items()))
+    print("headline:", result["headline"])
+    print(f"wrote {RESULTS / (name + '.json')} in {result['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
