@@ -180,6 +180,7 @@ def plot(summary: dict, path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=False)
     styles = {"central": "-", "shuffle": "--", "local": ":"}
+    colors = dict(zip(MODEL_OF, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, metric, title in (
         (axes[0], "median_error_vs_sample_mean", "privacy cost: ||estimate - sample mean||"),
         (axes[1], "median_error_vs_mean", "total error: ||estimate - mu||"),
@@ -188,7 +189,7 @@ def plot(summary: dict, path) -> None:
             if name == "nonprivate" and metric == "median_error_vs_sample_mean":
                 continue
             ns = [int(k) for k in per_n]
-            ax.loglog(ns, [per_n[str(k)][metric] for k in ns], styles[MODEL_OF[name]], marker="o", label=name)
+            ax.loglog(ns, [per_n[str(k)][metric] for k in ns], styles[MODEL_OF[name]], marker="o", color=colors[name], label=name)
         ax.set_xlabel("users n")
         ax.set_ylabel("l2 error (median over seeds)")
         ax.set_title(title, fontsize=10)
@@ -201,7 +202,14 @@ def plot(summary: dict, path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="n in {1,000, 10,000}, one seed")
+    parser.add_argument("--replot", action="store_true", help="redraw the plot from the saved JSON")
     args = parser.parse_args()
+    if args.replot:
+        import json
+
+        saved = json.loads((RESULTS / "mean_models.json").read_text())
+        plot(saved["summary"], RESULTS / "mean_models.png")
+        return
     started = time.perf_counter()
     ns, seeds = ((1_000, 10_000), 1) if args.quick else (NS, SEEDS)
     data = sweep(ns, seeds)

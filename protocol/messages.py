@@ -264,8 +264,26 @@ VECTOR_MODES = ("sampled", "paper")
 MAX_VECTOR_DIM = 1 << 10
 
 
+class _RotatedRange:
+    """What the rotated range rounds share: the scalar bin layout of ``[low, high]`` in bins of
+    width ``2 tau``, and the rotation's padded dimension."""
+
+    low: float
+    high: float
+    tau: float
+    dim: int
+
+    @property
+    def scalar(self) -> HadamardRangeParams:
+        return HadamardRangeParams(self.low, self.high, self.tau)
+
+    @property
+    def padded_dim(self) -> int:
+        return next_power_of_two(self.dim)
+
+
 @dataclass(frozen=True)
-class VectorRangeParams:
+class VectorRangeParams(_RotatedRange):
     """Public parameters of the vector protocol's range round (Girgis et al. 2022, Alg. 5 lines 4-10).
 
     A user rotates its local mean with the randomized Hadamard transform of
@@ -293,14 +311,6 @@ class VectorRangeParams:
         _require(self.mode in VECTOR_MODES, "mode", f"must be one of {VECTOR_MODES}, got {short_repr(self.mode)}")
 
     @property
-    def scalar(self) -> HadamardRangeParams:
-        return HadamardRangeParams(self.low, self.high, self.tau)
-
-    @property
-    def padded_dim(self) -> int:
-        return next_power_of_two(self.dim)
-
-    @property
     def messages_per_user(self) -> int:
         return 1 if self.mode == "sampled" else self.padded_dim
 
@@ -316,7 +326,7 @@ class VectorRangeParams:
 
 
 @dataclass(frozen=True)
-class CoordinateTreeParams:
+class CoordinateTreeParams(_RotatedRange):
     """Public parameters of a per-coordinate dyadic range tree after a random rotation
     (Huang, Liang & Yi, NeurIPS 2021, Sec. 5 step 2: the private per-coordinate median,
     local and shuffle versions; hierarchical local range counting after Cormode,
@@ -349,14 +359,6 @@ class CoordinateTreeParams:
         _require(scalar.num_bins >= 2, "tau", "a tree needs at least two leaves: tau must be below (high - low) / 2")
         _count(self.dim, "dim", 1, MAX_VECTOR_DIM)
         _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
-
-    @property
-    def scalar(self) -> HadamardRangeParams:
-        return HadamardRangeParams(self.low, self.high, self.tau)
-
-    @property
-    def padded_dim(self) -> int:
-        return next_power_of_two(self.dim)
 
     @property
     def levels(self) -> int:

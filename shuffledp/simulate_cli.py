@@ -172,17 +172,27 @@ def _run_instance_optimal(args: argparse.Namespace) -> int:
         config = InstanceOptimalSimulation(
             population, args.users, args.epsilon, delta, args.model, args.seed, args.path, args.broker
         )
-        with progress_bar(None, quiet=args.quiet, unit="step") as step:
-            result = run_instance_optimal(config, progress=step)
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    return _run_and_report(args, lambda step: run_instance_optimal(config, progress=step), format_instance_optimal, plot_instance_optimal)
+
+
+def _run_and_report(args: argparse.Namespace, run_with, format_result_dict, plot_result_dict) -> int:
+    """Run (``run_with(progress_step)`` returns a JSON-ready dict), print it and plot it; typed errors
+    become exit codes (2: invalid parameter, 1: a protocol or transport failure)."""
+    try:
+        with progress_bar(None, quiet=args.quiet, unit="step") as step:  # totals depend on chosen parameters
+            result = run_with(step)
     except InvalidParameter as exc:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
         return 2
     except ShuffleDPError as exc:
         print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2, default=float) if args.json else format_instance_optimal(result))
+    print(json.dumps(result, indent=2, default=float) if args.json else format_result_dict(result))
     if args.plot:
-        plot_instance_optimal(result, args.plot)
+        plot_result_dict(result, args.plot)
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
@@ -202,20 +212,10 @@ def _run_summation(args: argparse.Namespace) -> int:
             args.protocol, population, args.users, args.epsilon, delta, radius=args.radius,
             seed=args.seed, path=args.path, broker=args.broker,
         )
-        with progress_bar(None, quiet=args.quiet, unit="step") as step:  # the total depends on the chosen M
-            result = run_summation(config, progress=step)
     except InvalidParameter as exc:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
         return 2
-    except ShuffleDPError as exc:
-        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2, default=float) if args.json else format_summation(result))
-    if args.plot:
-        plot_summation(result, args.plot)
-        if not args.json:
-            print(f"plot written to {args.plot}")
-    return 0
+    return _run_and_report(args, lambda step: run_summation(config, progress=step), format_summation, plot_summation)
 
 
 def _print_and_plot(args: argparse.Namespace, result: SimulationResult) -> None:

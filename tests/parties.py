@@ -81,3 +81,31 @@ def envelope(spec: RoundSpec, cred: bytes, sealed: bytes, nonce_: bytes | None =
     (the outer layer is then bound to those, as a client of that round would seal it)."""
     target = dataclasses.replace(spec, **header) if header else spec
     return wrap(target, cred, sealed, nonce_)[0]
+
+
+class Recording:
+    """Wraps a protocol (``analyzer/protocols.py``) and keeps every round's reports, sorted (a
+    multiset: what two engines must agree on whatever the shuffler's permutation)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.data_rank = inner.data_rank
+        self.seen: list = []
+
+    @property
+    def budget(self):
+        return self.inner.budget
+
+    def rounds(self):
+        import numpy as np
+
+        rounds = self.inner.rounds()
+        plan = next(rounds)
+        while True:
+            values = yield plan
+            self.seen.append(values[np.lexsort(values.T[::-1])])
+            try:
+                plan = rounds.send(values)
+            except StopIteration as done:
+                return done.value

@@ -14,6 +14,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from parties import Recording
+
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, drive
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
 from shuffledp.analyzer.summation import SummationProtocol
@@ -25,29 +27,6 @@ from shuffledp.protocol.messages import HadamardRangeParams
 from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum
 
 
-class Recording(Protocol):
-    """Wraps a protocol and keeps every round's reports, sorted (a multiset)."""
-
-    def __init__(self, inner: Protocol) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.data_rank = inner.data_rank
-        self.seen: list[np.ndarray] = []
-
-    @property
-    def budget(self):
-        return self.inner.budget
-
-    def rounds(self):
-        rounds = self.inner.rounds()
-        plan = next(rounds)
-        while True:
-            values = yield plan
-            self.seen.append(values[np.lexsort(values.T[::-1])])
-            try:
-                plan = rounds.send(values)
-            except StopIteration as done:
-                return done.value
 
 
 def _protocols():

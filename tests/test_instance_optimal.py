@@ -27,7 +27,7 @@ from shuffledp.analyzer.instance_optimal import (
     tree_medians,
 )
 from shuffledp.analyzer.instance_optimal_budget import final_round_params, round_budgets
-from shuffledp.analyzer.protocols import Protocol
+from parties import Recording
 from shuffledp.analyzer.summation import vector_rounding_variance, vector_sum_variance
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mechanisms import check_report_values, report_ranges
@@ -106,29 +106,6 @@ def _spec(plan, round_id: int) -> RoundSpec:
     )
 
 
-class Recording(Protocol):
-    """Wraps a protocol and keeps every round's reports, sorted (a multiset), as tests/test_engine.py."""
-
-    def __init__(self, inner: Protocol) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.data_rank = inner.data_rank
-        self.seen: list[np.ndarray] = []
-
-    @property
-    def budget(self):
-        return self.inner.budget
-
-    def rounds(self):
-        rounds = self.inner.rounds()
-        plan = next(rounds)
-        while True:
-            values = yield plan
-            self.seen.append(values[np.lexsort(values.T[::-1])])
-            try:
-                plan = rounds.send(values)
-            except StopIteration as done:
-                return done.value
 
 
 def _assert_identical(a, b) -> None:
