@@ -75,6 +75,20 @@ class VectorMeanConfig:
         return self.rotation.padded_dim
 
     @property
+    def range_round(self) -> bool:
+        """Whether the range round runs. With one bin over ``[-bound, bound]`` (``tau' >= bound``)
+        Algorithm 3 announces ``[-3 tau', 3 tau']`` whatever the reports say: the round is
+        data-independent, so it is skipped and the mean round gets the whole ``eps0`` over the
+        public ``[-bound, bound]`` (narrower than ``+-3 tau'``, and every rotated coordinate lies
+        in it)."""
+        return self.range_params().num_bins > 1
+
+    @property
+    def mean_epsilon(self) -> float:
+        """Local epsilon of the mean round: ``eps0 / 2``, or ``eps0`` when the range round is skipped."""
+        return self.epsilon0 / 2.0 if self.range_round else self.epsilon0
+
+    @property
     def range_epsilon(self) -> float:
         """Local epsilon of one range report: eps0/2 (sampled) or eps0/(2D) (paper)."""
         return self.epsilon0 / 2.0 if self.mode == "sampled" else self.epsilon0 / (2.0 * self.padded_dim)
@@ -153,7 +167,7 @@ class VectorMeanAccumulator:
         lower, upper = self.ranges[:, 0], self.ranges[:, 1]
         projected = np.clip(rotated, lower, upper)
         full = PerUserGrid(np.broadcast_to(lower, rotated.shape), np.broadcast_to(upper, rotated.shape), c.noise, c.grid_levels)
-        noise = noise_variance(PerUserGrid(lower, upper, c.noise, c.grid_levels), c.epsilon0 / 2.0, c.delta0)
+        noise = noise_variance(PerUserGrid(lower, upper, c.noise, c.grid_levels), c.mean_epsilon, c.delta0)
         self.a_total += float((projected**2).sum() + len(rotated) * noise.sum() + rounding_variance(rotated, full).sum())
         back = fwht(projected) / math.sqrt(c.padded_dim) * c.rotation.signs  # U^T y~_i, padded
         self.w_squared += (back**2).sum(axis=0)
@@ -202,7 +216,8 @@ class VectorMeanOutcome:
 
 class VectorMeanProtocol(Protocol):
     """Algorithm 5 as rounds: the vector range round at ``eps0/2`` (sampled or paper mode), then the
-    vector mean round at ``eps0/2`` (plus ``delta0`` for Gaussian noise) over the announced ranges."""
+    vector mean round at ``eps0/2`` (plus ``delta0`` for Gaussian noise) over the announced ranges.
+    With a single range bin the range round is skipped (:attr:`VectorMeanConfig.range_round`)."""
 
     name = "vector-mean"
     data_rank = 2
@@ -216,18 +231,23 @@ class VectorMeanProtocol(Protocol):
 
     def rounds(self) -> Rounds:
         c = self.config
-        scalar = c.range_params()
-        range_params = VectorRangeParams(scalar.low, scalar.high, scalar.tau, c.dim, c.rotation_seed, c.mode)
-        first = yield RoundPlan(range_params, c.epsilon0 / 2.0)
-        ranges = VectorRangeAccumulator(c)
-        ranges.add(CoordinateReports(first[:, 0], (first[:, 1], first[:, 2])))
-        announced = ranges.ranges()
+        check = None
+        if c.range_round:
+            scalar = c.range_params()
+            range_params = VectorRangeParams(scalar.low, scalar.high, scalar.tau, c.dim, c.rotation_seed, c.mode)
+            first = yield RoundPlan(range_params, c.epsilon0 / 2.0)
+            ranges = VectorRangeAccumulator(c)
+            ranges.add(CoordinateReports(first[:, 0], (first[:, 1], first[:, 2])))
+            announced = ranges.ranges()
+            check = ranges.check()
+        else:
+            announced = np.tile([-c.rotated_bound, c.rotated_bound], (c.padded_dim, 1))
         mean_params = VectorMeanParams(
             c.dim, c.rotation_seed, tuple(announced[:, 0].tolist()), tuple(announced[:, 1].tolist()), c.noise, c.grid_levels
         )
-        second = yield RoundPlan(mean_params, c.epsilon0 / 2.0, c.delta0)
+        second = yield RoundPlan(mean_params, c.mean_epsilon, c.delta0)
         accumulator = VectorMeanAccumulator(c, announced)
         coords = second[:, 0]
         grid = PerUserGrid(announced[coords, 0], announced[coords, 1], c.noise, c.grid_levels)
         accumulator.add(CoordinateReports(coords, (second[:, 1],)), grid)
-        return VectorMeanOutcome(announced, accumulator.estimate(), len(second), accumulator.sums, ranges.check())
+        return VectorMeanOutcome(announced, accumulator.estimate(), len(second), accumulator.sums, check)

@@ -30,6 +30,7 @@ from shuffledp.uldp_sgd import (
     TrainingConfig,
     calibrate_epsilon0,
     calibrate_noise_multiplier,
+    step_has_range_round,
     train,
     uldp_privacy,
 )
@@ -48,6 +49,11 @@ REAL_SCHEDULE = dict(steps=30, cohort=455, learning_rate=2.0, clip=0.5, momentum
 REAL_SEEDS = 10
 
 
+def _range_round(dim: int, cfg: TrainingConfig) -> bool:
+    """Whether each step runs the vector protocol's range round (the accountant must know)."""
+    return step_has_range_round(dim, cfg.clip, cfg.cohort)
+
+
 def _row(result) -> dict:
     d = result.as_dict()
     d.pop("theta")
@@ -61,7 +67,7 @@ def epsilon_sweep(data, schedule: dict, epsilons, step) -> dict:
     rows = []
     for eps in epsilons:
         t0 = time.perf_counter()
-        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA)
+        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, range_round=_range_round(data.dim, cfg))
         calib = time.perf_counter() - t0
         uldp = train(data, cfg, "uldp-shuffle", epsilon0=e0, progress=step)
         t0 = time.perf_counter()
@@ -84,7 +90,7 @@ def headline(data, schedule: dict, seeds: int, step) -> dict:
     for seed in range(seeds):
         cfg = TrainingConfig(**schedule, seed=seed)
         started = time.perf_counter()
-        e0 = calibrate_epsilon0(HEADLINE_EPSILON, data.users, cfg.cohort, cfg.steps, DELTA)
+        e0 = calibrate_epsilon0(HEADLINE_EPSILON, data.users, cfg.cohort, cfg.steps, DELTA, range_round=_range_round(data.dim, cfg))
         uldp = train(data, cfg, "uldp-shuffle", epsilon0=e0, progress=step)  # accounts the run too
         total = time.perf_counter() - started
         nonprivate = train(data, cfg, "nonprivate", account=False, progress=step)
@@ -108,7 +114,9 @@ def headline(data, schedule: dict, seeds: int, step) -> dict:
 
 def m_sweep(m_values, users: int, schedule: dict, eps: float, step) -> dict:
     cfg = TrainingConfig(**schedule)
-    e0 = calibrate_epsilon0(eps, users, cfg.cohort, cfg.steps, DELTA)  # the accounting does not depend on m
+    dim = SYNTHETIC["features"] + 1  # with the intercept column
+    rr = _range_round(dim, cfg)
+    e0 = calibrate_epsilon0(eps, users, cfg.cohort, cfg.steps, DELTA, range_round=rr)  # the accounting does not depend on m
     sigma = calibrate_noise_multiplier(eps, cfg.cohort / users, cfg.steps, DELTA)
     rows = []
     for m in m_values:
@@ -122,7 +130,7 @@ def m_sweep(m_values, users: int, schedule: dict, eps: float, step) -> dict:
         rows.append(r)
         print(f"  m={m:<3} ULDP {r['uldp']:.4f}  central {r['central']:.4f}  non-private {r['nonprivate']:.4f}", flush=True)
     return {"users": users, "epsilon": eps, "epsilon0": e0, "noise_multiplier": sigma,
-            "privacy": uldp_privacy(e0, users, cfg.cohort, cfg.steps, DELTA), "schedule": schedule, "rows": rows}
+            "privacy": uldp_privacy(e0, users, cfg.cohort, cfg.steps, DELTA, range_round=rr), "schedule": schedule, "rows": rows}
 
 
 def real(epsilons, seeds: int, step) -> dict:
@@ -131,13 +139,13 @@ def real(epsilons, seeds: int, step) -> dict:
     nonprivate = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "nonprivate", account=False).accuracy for s in range(seeds)]
     for eps in epsilons:
         cfg = TrainingConfig(**REAL_SCHEDULE)
-        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, rtol=0.02)
+        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, rtol=0.02, range_round=_range_round(data.dim, cfg))
         sigma = calibrate_noise_multiplier(eps, min(1.0, cfg.cohort / data.users), cfg.steps, DELTA)
         uldp = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "uldp-shuffle", epsilon0=e0, account=False, progress=step).accuracy
                 for s in range(seeds)]
         central = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "central", noise_multiplier=sigma, account=False).accuracy
                    for s in range(seeds)]
-        privacy = uldp_privacy(e0, data.users, cfg.cohort, cfg.steps, DELTA)
+        privacy = uldp_privacy(e0, data.users, cfg.cohort, cfg.steps, DELTA, range_round=_range_round(data.dim, cfg))
         rows.append({"target_epsilon": eps, "session_epsilon": privacy["epsilon"], "epsilon0": e0, "noise_multiplier": sigma,
                      "uldp_mean": float(np.mean(uldp)), "uldp_sd": float(np.std(uldp)), "uldp": uldp,
                      "central_mean": float(np.mean(central)), "central_sd": float(np.std(central))})

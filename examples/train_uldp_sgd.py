@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 
 from shuffledp.learning_data import synthetic_logistic
-from shuffledp.uldp_sgd import TrainingConfig, calibrate_epsilon0, train
+from shuffledp.uldp_sgd import TrainingConfig, calibrate_epsilon0, step_has_range_round, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     users, steps, cohort = (20_000, 300, 1000) if args.quick else (100_000, 1000, 2000)
     data = synthetic_logistic(users, 10, 15, seed=0)
     config = TrainingConfig(steps=steps, cohort=cohort, learning_rate=1.0, clip=0.25)
-    epsilon0 = calibrate_epsilon0(args.epsilon, data.users, cohort, steps, args.delta)
+    range_round = step_has_range_round(data.dim, config.clip, cohort)  # one bin over [-C, C]: no range round
+    epsilon0 = calibrate_epsilon0(args.epsilon, data.users, cohort, steps, args.delta, range_round=range_round)
     private = train(data, config, "uldp-shuffle", epsilon0=epsilon0, delta=args.delta)
     baseline = train(data, config, "nonprivate", account=False)
     print(f"{users:,} users x 10 samples, {steps} steps, cohorts of {cohort:,} (sampling rate {cohort / users:.3g})")

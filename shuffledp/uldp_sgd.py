@@ -21,8 +21,10 @@ Mechanism (one step ``t`` of ``T``; logistic regression, model dimension ``p``):
    coordinate of a fixed vector is ``||g||^2/D``-sub-Gaussian over the random signs; union
    bound over the ``k D`` coordinates; the rotation is drawn after the model, so it is
    independent of the gradients). For ``D <= 32`` and realistic ``k`` this is ``C``
-   itself, and the range round has one bin: the mean round's range is then ``[-3C, 3C]``
-   (``VectorMeanConfig.range_params`` and Algorithm 3's ``+-3 tau'``). Algorithm 6 line 10's
+   itself, and the range round would have one bin, announcing ``[-3C, 3C]`` whatever the
+   data: it is then skipped (``VectorMeanConfig.range_round``) and the mean round gets the
+   whole ``eps0`` over ``[-C, C]`` (a sixth of the interval at twice the budget: a twelfth
+   of the Laplace scale); the accountant is told (``step_has_range_round``). Algorithm 6 line 10's
    ``tau = C sqrt(log(2n/gamma)) / m`` needs i.i.d. samples across users and is not used:
    for bounded per-sample gradients the valid l2 radius of a mean of ``m`` is
    ``C (1 + sqrt(2 log(k/gamma))) / sqrt(m)`` (McDiarmid), which is above ``C`` until
@@ -160,10 +162,19 @@ def exact_error_model(clipped: np.ndarray, config: VectorMeanConfig, ranges: np.
     return acc.projected_mean(), acc.variance()
 
 
-def step_guarantees(epsilon0: float) -> list[LocalGuarantee]:
-    """Local guarantees of a step's two rounds, as :func:`shuffledp.audit_claim.round_guarantee` rules
-    for ``vector-range`` and ``vector-mean`` (Laplace) rounds at ``eps0/2`` each."""
+def step_guarantees(epsilon0: float, range_round: bool = True) -> list[LocalGuarantee]:
+    """Local guarantees of a step's rounds, as :func:`shuffledp.audit_claim.round_guarantee` rules
+    for ``vector-range`` and ``vector-mean`` (Laplace) rounds at ``eps0/2`` each; with no range
+    round (one bin, :attr:`VectorMeanConfig.range_round`) the mean round alone at ``eps0``."""
+    if not range_round:
+        return [generic_guarantee(epsilon0)]
     return [generic_guarantee(epsilon0 / 2.0), generic_guarantee(epsilon0 / 2.0)]
+
+
+def step_has_range_round(dim: int, clip: float, cohort: int, *, gamma: float = DEFAULT_GAMMA, rotated_tau: float | None = None) -> bool:
+    """Whether a step's vector protocol runs its range round (more than one bin over ``[-C, C]``):
+    public, fixed for a run, and what the accountant must be told."""
+    return step_vector_config(dim, clip, 1.0, cohort, 0, gamma=gamma, rotated_tau=rotated_tau).range_round
 
 
 def executed_guarantees(run: EngineRun) -> list[LocalGuarantee | None]:
@@ -182,16 +193,16 @@ def _check_schedule(users: int, cohort: int, steps: int) -> None:
         raise InvalidParameter("cohort", f"must be <= users ({users}), got {cohort}")
 
 
-def uldp_accountant(epsilon0: float, users: int, cohort: int, steps: int) -> SubsampledStepAccountant:
+def uldp_accountant(epsilon0: float, users: int, cohort: int, steps: int, *, range_round: bool = True) -> SubsampledStepAccountant:
     """The shuffle-model accountant of ``steps`` ULDP-SGD steps (cohorts Poisson-sampled at ``q = cohort/users``)."""
     _check_schedule(users, cohort, steps)
     rate = cohort / users
-    return SubsampledStepAccountant(step_guarantees(epsilon0), cohort, None if cohort == users else rate, steps)
+    return SubsampledStepAccountant(step_guarantees(epsilon0, range_round), cohort, None if cohort == users else rate, steps)
 
 
-def uldp_privacy(epsilon0: float, users: int, cohort: int, steps: int, delta: float = 1e-5) -> dict[str, Any]:
+def uldp_privacy(epsilon0: float, users: int, cohort: int, steps: int, delta: float = 1e-5, *, range_round: bool = True) -> dict[str, Any]:
     """Session ``(eps, delta)`` in the shuffle model, and the local budgets, of a ULDP-SGD run."""
-    acc = uldp_accountant(epsilon0, users, cohort, steps)
+    acc = uldp_accountant(epsilon0, users, cohort, steps, range_round=range_round)
     b = acc.epsilon_breakdown(delta)
     q = cohort / users
     return {
@@ -201,13 +212,13 @@ def uldp_privacy(epsilon0: float, users: int, cohort: int, steps: int, delta: fl
         "epsilon_pld": b["pld"],
         "epsilon_rdp": b["rdp"],
         "epsilon0_per_step": epsilon0,
-        "rounds_per_step": 2,
-        "round_epsilon0": epsilon0 / 2.0,
+        "rounds_per_step": 2 if range_round else 1,
+        "round_epsilon0": epsilon0 / 2.0 if range_round else epsilon0,
         "sampling_rate": q,
         "expected_participations": q * steps,
         "local_epsilon_expected_participations": q * steps * epsilon0,
         "local_epsilon_worst_case": steps * epsilon0,
-        "method": "joint Poisson subsampling of the two shuffled rounds per step, PLD (min with RDP), T-fold composition",
+        "method": "joint Poisson subsampling of the shuffled rounds of a step, PLD (min with RDP), T-fold composition",
     }
 
 
@@ -222,6 +233,7 @@ def calibrate_epsilon0(
     high: float = 30.0,
     rtol: float = 0.01,
     start: float = 2.0,
+    range_round: bool = True,
 ) -> float:
     """Largest per-step ``eps0`` in ``[low, high]`` (within a factor ``1 + rtol``) whose session epsilon is
     ``<= target_epsilon``: a bracket grown geometrically from ``start``, then bisection in ``log eps0``
@@ -234,7 +246,7 @@ def calibrate_epsilon0(
         raise InvalidParameter("rtol", f"must be in (0, 1), got {rtol}")
 
     def ok(e0: float) -> bool:
-        return uldp_accountant(e0, users, cohort, steps).epsilon(delta) <= target_epsilon
+        return uldp_accountant(e0, users, cohort, steps, range_round=range_round).epsilon(delta) <= target_epsilon
 
     if ok(start):
         lo, hi = start, None
@@ -440,7 +452,7 @@ def train(
                     failed += 1
                     estimate = None
                 if estimate is not None and not checked:  # the accountant's rounds are the ones executed
-                    if executed_guarantees(run) != step_guarantees(epsilon0):
+                    if executed_guarantees(run) != step_guarantees(epsilon0, vcfg.range_round):
                         raise AssertionError("executed rounds' guarantees differ from the accounted ones")
                     checked = True
             if estimate is not None:
@@ -460,7 +472,8 @@ def train(
     seconds = time.perf_counter() - started
     privacy: dict[str, Any] = {"model": "none"}
     if account and method == "uldp-shuffle":
-        privacy = uldp_privacy(epsilon0, users, config.cohort, config.steps, delta)
+        range_round = step_has_range_round(data.dim, config.clip, config.cohort, gamma=gamma, rotated_tau=rotated_tau)
+        privacy = uldp_privacy(epsilon0, users, config.cohort, config.steps, delta, range_round=range_round)
     elif account and method == "central":
         privacy = {
             "model": "central", "delta": delta, "noise_multiplier": noise_multiplier, "sampling_rate": q,

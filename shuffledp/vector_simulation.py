@@ -128,18 +128,23 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
     population = config.population
     rotation = protocol.rotation
     blocks = population.blocks(config.n, config.seed)
-    range_acc = VectorRangeAccumulator(protocol)
-    for group in _chunks(blocks, config.chunk_blocks):
-        _, rotated, _ = _block_data(population, group, rotation)
-        offset = 0
-        for (_, count, _), source in zip(group, _sources(config, 0, group)):
-            part = rotated[offset : offset + count]
-            offset += count
-            range_acc.add(randomize_vector_range(part, protocol.range_params(), protocol.epsilon0 / 2.0, protocol.mode, source))
-        if progress:
-            progress("range round", sum(c for _, c, _ in group))
-    ranges = range_acc.ranges()
-    check = range_acc.check()
+    if protocol.range_round:
+        range_acc = VectorRangeAccumulator(protocol)
+        for group in _chunks(blocks, config.chunk_blocks):
+            _, rotated, _ = _block_data(population, group, rotation)
+            offset = 0
+            for (_, count, _), source in zip(group, _sources(config, 0, group)):
+                part = rotated[offset : offset + count]
+                offset += count
+                range_acc.add(randomize_vector_range(part, protocol.range_params(), protocol.epsilon0 / 2.0, protocol.mode, source))
+            if progress:
+                progress("range round", sum(c for _, c, _ in group))
+        ranges = range_acc.ranges()
+        check = range_acc.check()
+    else:  # one bin: the range round is data-independent and skipped (VectorMeanConfig.range_round)
+        ranges = np.tile([-protocol.rotated_bound, protocol.rotated_bound], (protocol.padded_dim, 1))
+        check = None
+    mean_round = 1 if protocol.range_round else 0
     mean_acc = VectorMeanAccumulator(protocol, ranges)
     total = np.zeros(population.dim)
     inside = 0
@@ -150,11 +155,11 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
         inside += int(((rotated >= ranges[:, 0]) & (rotated <= ranges[:, 1])).sum())
         sq_norm += float((np.clip(rotated, ranges[:, 0], ranges[:, 1]) ** 2).sum())
         offset = 0
-        for (_, count, _), source in zip(group, _sources(config, 1, group)):
+        for (_, count, _), source in zip(group, _sources(config, mean_round, group)):
             part = rotated[offset : offset + count]
             offset += count
             reports, grid = randomize_vector_mean(
-                part, ranges, protocol.epsilon0 / 2.0, source,
+                part, ranges, protocol.mean_epsilon, source,
                 noise=protocol.noise, grid_levels=protocol.grid_levels, delta0=protocol.delta0,
             )
             mean_acc.add(reports, grid)

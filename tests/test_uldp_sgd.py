@@ -5,6 +5,7 @@ Tolerances are stated at each check. Every randomized check uses fixed seeds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -24,6 +25,7 @@ from shuffledp.uldp_sgd import (
     executed_guarantees,
     privatize_mean,
     step_guarantees,
+    step_has_range_round,
     step_vector_config,
     train,
     uldp_accountant,
@@ -100,11 +102,35 @@ def test_central_noise_calibration():
 
 
 def test_executed_rounds_are_the_accounted_rounds():
+    """Small D: tau' = C, one range bin, so no range round and the mean round gets the whole eps0
+    over [-C, C]; large D (D = 256 > 2 log(2 k D / gamma) = 38): both rounds at eps0/2."""
     rng = np.random.default_rng(1)
     grads = clip_rows(rng.normal(size=(300, 5)), 1.0)
     cfg = step_vector_config(5, 1.0, 4.0, 300, rotation_seed=3)
+    assert not cfg.range_round and not step_has_range_round(5, 1.0, 300)
     _, run = privatize_mean(grads, cfg, seed=0)
-    assert executed_guarantees(run) == step_guarantees(4.0)
+    assert executed_guarantees(run) == step_guarantees(4.0, range_round=False) == [generic_guarantee(4.0)]
+    (only,) = run.rounds
+    assert only.plan.epsilon0 == 4.0
+    assert set(only.plan.params.lower) == {-1.0} and set(only.plan.params.upper) == {1.0}
+    wide = clip_rows(rng.normal(size=(3000, 200)), 1.0)  # ~12 users per rotated coordinate
+    cfg = step_vector_config(200, 1.0, 4.0, 3000, rotation_seed=3)
+    assert cfg.range_round and step_has_range_round(200, 1.0, 3000)
+    _, run = privatize_mean(wide, cfg, seed=0)
+    assert executed_guarantees(run) == step_guarantees(4.0) == [generic_guarantee(2.0)] * 2
+
+
+def test_skipping_the_one_bin_range_round_saves_noise():
+    """With one bin the two-round protocol announced [-3C, 3C] at eps0/2; the one-round protocol
+    projects onto [-C, C] at eps0: the Laplace scale per report falls from 6C G/(eps0/2) / G to
+    2C/eps0, a factor 6 (variance 36), exactly as the exact error model says."""
+    rng = np.random.default_rng(2)
+    grads = clip_rows(rng.normal(size=(2000, 6)), 1.0)
+    cfg = step_vector_config(6, 1.0, 4.0, 2000, rotation_seed=5)
+    assert not cfg.range_round
+    _, unbiased_var = exact_error_model(grads, cfg, np.tile([-1.0, 1.0], (cfg.padded_dim, 1)))
+    _, old_var = exact_error_model(grads, dataclasses.replace(cfg, epsilon0=2.0), np.tile([-3.0, 3.0], (cfg.padded_dim, 1)))
+    assert old_var.sum() > 10.0 * unbiased_var.sum()
 
 
 # -------------------------------------------------------------------- clipping
