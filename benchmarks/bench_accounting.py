@@ -14,17 +14,32 @@ Measured in one run, single core:
 
 When a naive evaluation would take minutes we time a few delta evaluations and
 extrapolate to the ``T`` the search needs; such rows say ``extrapolated``.
+Issue 11 targets (``--targets``, each in a fresh process with the on-disk cache off, so no
+in-process cache is warm): the default simulation's accounting, a session of 100 identical
+laplace-mean rounds at n = 1e5, and one round of every mechanism at n = 1e6 and 1e8. Each is
+timed with the current accountant and with the accountant's source at ``--old-commit``
+(loaded from git into a temporary directory and imported in its place), in the same run, and
+reported as a ratio. Imports (scipy, dp-accounting: seconds on a loaded machine) are done
+before the clock starts, except in the ``simulation (end to end)`` row, which is the issue's
+command as written.
+
 Results go to ``benchmarks/results/accounting_speed.json``.
 
-Run: ``python benchmarks/bench_accounting.py`` (add ``--quick`` for a smoke run).
+Run: ``python benchmarks/bench_accounting.py`` (add ``--quick`` for a smoke run;
+``--targets-only`` for the issue 11 targets alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 from scipy import special, stats
@@ -39,7 +54,10 @@ from shuffledp.protocol.accounting import (
 )
 
 DELTA = 1e-6
-T_BISECT = 20  # halvings a plain bisection needs for ~1e-6 relative accuracy on [0, eps0]
+T_BISECT = 20
+#: The accountant before the issue 11 speed work (the "old code path" of the targets).
+OLD_COMMIT = "4a4e458"
+REPO = Path(__file__).resolve().parent.parent  # halvings a plain bisection needs for ~1e-6 relative accuracy on [0, eps0]
 
 
 # --------------------------------------------------------------- naive baselines
@@ -141,13 +159,148 @@ def timed(fn, repeats: int = 3):
     return best, value
 
 
+# ------------------------------------------------------- issue 11 targets
+#: Code run in a fresh process: ``SETUP`` loads the accountant (optionally the old source),
+#: then one target is timed. Prints one JSON line.
+_CHILD = r"""
+import importlib.util, json, os, sys, time
+old = os.environ.get("BENCH_OLD_ACCOUNTING")
+if old:  # the old accountant's source in place of the current one
+    import shuffledp.protocol
+    spec = importlib.util.spec_from_file_location("shuffledp.protocol.accounting", os.path.join(old, "__init__.py"),
+                                                  submodule_search_locations=[old])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["shuffledp.protocol.accounting"] = mod
+    spec.loader.exec_module(mod)
+target = json.loads(sys.argv[1])
+kind = target["kind"]
+if kind == "simulation-e2e":  # the issue's command: imports of the accountant and dp-accounting included
+    from shuffledp.simulation import SimulationConfig, central_guarantee
+    from shuffledp.population import Population
+    cfg = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0)
+    t = time.perf_counter(); value = central_guarantee(cfg)["epsilon"]; dt = time.perf_counter() - t
+    print(json.dumps({"seconds": dt, "epsilon": value})); sys.exit(0)
+import dp_accounting.pld.privacy_loss_distribution, dp_accounting.rdp.rdp_privacy_accountant  # noqa: F401
+from shuffledp.protocol import accounting as A
+make = {
+    "generic": A.generic_guarantee, "laplace-mean": A.laplace_mean_guarantee, "binary-rr": A.binary_rr_guarantee,
+    "hadamard-response/64": lambda e: A.hadamard_response_guarantee(e, 64),
+    "k-rr/8": lambda e: A.k_rr_guarantee(e, 8),
+    "block-hadamard-response/1024": lambda e: A.block_hadamard_response_guarantee(e, 1024),
+}
+if kind == "simulation":
+    from shuffledp.simulation import SimulationConfig, _central_for
+    from shuffledp.population import Population
+    cfg = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0)
+    proto = cfg.protocol_config()
+    t = time.perf_counter()
+    value = _central_for(proto.round_epsilon, proto.range_params().padded_bins, 20000, 1e-6)["epsilon"]
+elif kind == "session":
+    t = time.perf_counter()
+    s = A.SessionAccountant()
+    s.add_round(make[target["mechanism"]](target["eps0"]), target["n"], count=target["count"])
+    value = s.epsilon(target["delta"])
+else:
+    t = time.perf_counter()
+    value = A.shuffled_round(make[target["mechanism"]](target["eps0"]), target["n"], target["delta"]).epsilon
+print(json.dumps({"seconds": time.perf_counter() - t, "epsilon": value}))
+"""
+
+
+def issue_targets(quick: bool) -> list[dict]:
+    """The issue 11 targets: (name, target-seconds, question)."""
+    out = [
+        {"name": "simulation (end to end)", "goal": 0.5, "kind": "simulation-e2e"},
+        {"name": "simulation", "goal": 0.5, "kind": "simulation"},
+        {"name": "session 100 x laplace-mean", "goal": 1.0, "kind": "session", "mechanism": "laplace-mean",
+         "eps0": 1.0, "n": 10**5, "count": 100, "delta": 1e-6},
+    ]
+    mechanisms = ("laplace-mean", "hadamard-response/64", "binary-rr", "k-rr/8", "block-hadamard-response/1024")
+    for n, goal in ((10**6, 0.1), (10**8, 1.0)):
+        for mech in mechanisms:
+            for eps0 in ((1.0,) if quick else (1.0, 4.0)):
+                out.append({"name": f"round {mech} eps0={eps0:g} n=1e{round(math.log10(n))}", "goal": goal,
+                            "kind": "round", "mechanism": mech, "eps0": eps0, "n": n, "delta": 1e-6})
+    return out
+
+
+def _old_source(commit: str, into: Path) -> Path:
+    """The accountant's package at ``commit``, written to ``into`` (from git, no checkout)."""
+    names = subprocess.run(["git", "ls-tree", "--name-only", commit, "protocol/accounting/"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in names:
+        if name.endswith(".py"):
+            text = subprocess.run(["git", "show", f"{commit}:{name}"], cwd=REPO, capture_output=True,
+                                  text=True, check=True).stdout
+            (into / Path(name).name).write_text(text)
+    return into
+
+
+def _run_child(target: dict, old: Path | None, timeout: float) -> dict:
+    env = dict(os.environ, SHUFFLEDP_ACCOUNTING_CACHE="off", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env.pop("BENCH_OLD_ACCOUNTING", None)
+    if old is not None:
+        env["BENCH_OLD_ACCOUNTING"] = str(old)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(target)], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"seconds": None, "epsilon": None, "error": f"timeout after {timeout:.0f}s"}
+    if proc.returncode != 0:
+        return {"seconds": None, "epsilon": None, "error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_targets(quick: bool, old_commit: str | None, repeats: int, timeout: float) -> list[dict]:
+    """Time every target with the current and (if ``old_commit``) the old accountant; best of ``repeats``."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        old = _old_source(old_commit, Path(tmp)) if old_commit else None
+        for target in issue_targets(quick):
+            row = {"target": target["name"], "goal_seconds": target["goal"]}
+            for label, src in (("new", None), ("old", old)):
+                if label == "old" and src is None:
+                    continue
+                runs = [_run_child(target, src, timeout) for _ in range(repeats)]
+                ok = [r for r in runs if r.get("seconds") is not None]
+                best = min(ok, key=lambda r: r["seconds"]) if ok else runs[0]
+                row[f"{label}_seconds"] = best.get("seconds")
+                row[f"{label}_epsilon"] = best.get("epsilon")
+                if "error" in best:
+                    row[f"{label}_error"] = best["error"]
+            if row.get("old_seconds") and row.get("new_seconds"):
+                row["speedup"] = row["old_seconds"] / row["new_seconds"]
+            row["met"] = row.get("new_seconds") is not None and row["new_seconds"] < target["goal"]
+            rows.append(row)
+            sp = f"{row['speedup']:7.1f}x" if "speedup" in row else "       -"
+            old_s = "-" if row.get("old_seconds") is None else f"{row['old_seconds']:.3f}"
+            new_s = "-" if row.get("new_seconds") is None else f"{row['new_seconds']:.3f}"
+            print(f"  {target['name']:<48} goal<{target['goal']:<4} new {new_s:>8}s  old {old_s:>8}s  {sp}  "
+                  f"{'met' if row['met'] else 'NOT met'}  eps new {row.get('new_epsilon')} old {row.get('old_epsilon')}",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small budgets (smoke test)")
     ap.add_argument("--budget", type=float, default=30.0, help="seconds allowed per naive run before extrapolating")
+    ap.add_argument("--targets-only", action="store_true", help="only the issue 11 targets (keeps the other rows)")
+    ap.add_argument("--old-commit", default=OLD_COMMIT, help="accountant source to compare the targets with ('' = none)")
+    ap.add_argument("--repeats", type=int, default=2, help="fresh-process runs per target and code path (best kept)")
     args = ap.parse_args(argv)
     budget = 3.0 if args.quick else args.budget
     pin_one_core()
+    print("issue 11 targets (fresh process each, cache off):", file=sys.stderr)
+    targets = run_targets(args.quick, args.old_commit or None, 1 if args.quick else args.repeats,
+                          60.0 if args.quick else 300.0)
+    if args.targets_only:
+        from _common import RESULTS
+        previous = json.loads((RESULTS / "accounting_speed.json").read_text())
+        previous.pop("machine", None)
+        path = write_result("accounting_speed", {**previous, "old_commit": args.old_commit, "targets": targets})
+        print(f"wrote {path}")
+        return 0
     rows = []
 
     def add(bound, n, eps0, method, seconds, eps, extrapolated=False, evals=None, note=""):
@@ -204,7 +357,8 @@ def main(argv=None) -> int:
                         "baseline_epsilon": r["epsilon"]})
     print("* extrapolated to T=20 bisection steps from the evaluations measured")
     path = write_result("accounting_speed", {"delta": DELTA, "bisection_steps": T_BISECT, "rows": rows,
-                                             "summary": summary})
+                                             "summary": summary, "old_commit": args.old_commit,
+                                             "targets": targets})
     print(f"wrote {path}")
     return 0
 

@@ -1,0 +1,53 @@
+"""Faster must never mean looser: every reported epsilon at or below its pre-speed-work value.
+
+``epsilon_fixtures.json`` holds the accountant's answers on a grid of (mechanism, eps0, n, delta)
+and a few sessions, computed by ``make_epsilon_fixtures.py`` with the code before the issue 11
+speed work. Each single-round bound (the reported one and every candidate) and each session
+route must be ``<= old * (1 + 1e-9)``; the set of applicable bounds and the method chosen do not
+change; the exact shuffled-RR floor stays a floor (not below its old value).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
+from .make_epsilon_fixtures import MECHANISMS
+
+FIXTURES = json.loads(Path(__file__).with_name("epsilon_fixtures.json").read_text())
+RTOL = 1e-9
+
+
+def _round_id(r: dict) -> str:
+    return f"{r['mechanism']}-eps0={r['eps0']}-n={r['n']}-delta={r['delta']}"
+
+
+@pytest.mark.parametrize("old", FIXTURES["rounds"], ids=_round_id)
+def test_round_not_looser(old):
+    new = shuffled_round(MECHANISMS[old["mechanism"]](old["eps0"]), old["n"], old["delta"])
+    assert new.epsilon <= old["epsilon"] * (1 + RTOL)
+    assert new.method == old["method"] or new.epsilon < old["epsilon"] * (1 - RTOL)
+    assert {k for k, v in new.candidates.items() if v is not None} == {
+        k for k, v in old["candidates"].items() if v is not None}
+    for name, value in old["candidates"].items():
+        if value is not None:
+            assert new.candidates[name] <= value * (1 + RTOL), name
+    if old["lower_bound"] is None:
+        assert new.lower_bound is None
+    else:
+        assert new.lower_bound >= old["lower_bound"] * (1 - RTOL)
+        assert new.lower_bound <= new.epsilon
+
+
+@pytest.mark.parametrize("old", FIXTURES["sessions"], ids=lambda s: f"{s['label']}-delta={s['delta']}")
+def test_session_not_looser(old):
+    acc = SessionAccountant()
+    for mech, e0, n, rate, sampling, count in old["groups"]:
+        acc.add_round(MECHANISMS[mech](e0), n, sampling_rate=rate, sampling=sampling, count=count)
+    b = acc.epsilon_breakdown(old["delta"])
+    assert b["pld"] <= old["pld"] * (1 + RTOL)
+    assert b["rdp"] <= old["rdp"] * (1 + RTOL)
+    assert acc.epsilon(old["delta"]) <= old["epsilon"] * (1 + RTOL)
