@@ -255,14 +255,22 @@ def pick_threshold(
 
 # --------------------------------------------------------------------------- round 3
 def local_mean_decode(reports: np.ndarray, params: LocalVectorParams) -> tuple[np.ndarray, int]:
-    """Mean of the local reports, unscaled, rotated back and shifted: ``(estimate, users)``."""
+    """Mean of the local reports, unscaled, rotated back and shifted: ``(estimate, users)``.
+
+    Each rotated coordinate is the mean of *its own* reports, and ``users`` is the fewest any
+    coordinate holds. Every report is a whole local report of one coordinate, so a batch need
+    not hold exactly one report per user on every coordinate: refusing such a batch let one
+    client (D in-range reports on one coordinate, or a single report, with the round filling
+    at ``min_batch`` and a last user cut off) fail the whole session after every honest
+    device was charged. k such reports move a coordinate's mean by at most k reports' share
+    (each within ``[-bound, bound]``). Only a coordinate with no report at all is refused."""
     rows = np.asarray(reports, dtype=np.int64).reshape(-1, 2)
     per_coordinate = np.bincount(rows[:, 0], minlength=params.padded_dim)
     users = int(per_coordinate.min())
-    if users == 0 or not np.all(per_coordinate == users):
-        raise InvalidParameter("reports", f"coordinates hold {per_coordinate.min()}..{per_coordinate.max()} reports, not one per user each")
+    if users == 0:
+        raise InvalidParameter("reports", f"coordinates hold {per_coordinate.min()}..{per_coordinate.max()} reports: some hold none")
     sums = np.bincount(rows[:, 0], weights=rows[:, 1].astype(np.float64), minlength=params.padded_dim)
-    rotated_mean = sums / users * (params.radius / params.levels)
+    rotated_mean = sums / per_coordinate * (params.radius / params.levels)
     estimate = RandomRotation(params.dim, params.rotation_seed).inverse(rotated_mean)
     return estimate + np.asarray(params.center), users
 

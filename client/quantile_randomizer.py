@@ -22,6 +22,7 @@ import numpy as np
 from shuffledp.client.local_data import as_real_array
 from shuffledp.client.range_randomizer import bin_index, hadamard_response
 from shuffledp.client.vector_randomizer import rotation_of
+from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.messages import CoordinateTreeParams, ShiftedNormParams
 from shuffledp.protocol.randomness import RandomSource
 
@@ -45,18 +46,30 @@ def randomize_coordinate_tree(vectors: np.ndarray, params: CoordinateTreeParams,
 
 
 def shifted_log_norms(vectors: np.ndarray, center: np.ndarray) -> np.ndarray:
-    """``log2 ||x - center||`` per row (``-inf`` for a zero distance; overflow-safe)."""
+    """``log2 ||x - center||`` per row (``-inf`` for a zero distance; overflow-safe).
+
+    A difference past the largest double (``x = -1e308``, ``center = 1e308``) is a norm above
+    ``2^1024``, beyond any grid (``ShiftedNormParams`` keeps ``high <= 1000``): ``+inf``, so the
+    bin is the top one. (It was NaN, which ``bin_index`` cast to bin 0, the smallest norms.)
+    """
     x = as_real_array(vectors, "vectors", ndim=2)
-    diff = x - np.asarray(center, dtype=np.float64)[None, :]
+    center = np.asarray(center, dtype=np.float64)
+    if center.shape != (x.shape[1],):
+        raise InvalidParameter("vectors", f"have {x.shape[1]} coordinates; the round's center has {center.shape[-1] if center.ndim else 0}")
+    with np.errstate(over="ignore"):
+        diff = x - center[None, :]
     largest = np.abs(diff).max(axis=1, initial=0.0)
-    safe = np.where(largest > 0, largest, 1.0)
-    relative = np.linalg.norm(diff / safe[:, None], axis=1)
+    finite = np.isfinite(largest)
+    safe = np.where((largest > 0) & finite, largest, 1.0)
+    relative = np.linalg.norm(np.where(finite[:, None], diff, 0.0) / safe[:, None], axis=1)
     with np.errstate(divide="ignore"):
-        return np.where(largest > 0, np.log2(safe) + np.log2(np.maximum(relative, 1.0)), -np.inf)
+        logs = np.where(largest > 0, np.log2(safe) + np.log2(np.maximum(relative, 1.0)), -np.inf)
+    return np.where(finite, logs, np.inf)
 
 
 def randomize_shifted_norm(vectors: np.ndarray, params: ShiftedNormParams, epsilon: float, source: RandomSource) -> np.ndarray:
-    """Reports ``(row, bit)`` of a batch of users: int64 ``(n, 2)``."""
+    """Reports ``(row, bit)`` of a batch of users: int64 ``(n, 2)``. Data of another dimension than
+    the round's centre is refused (``InvalidParameter``), never broadcast."""
     logs = shifted_log_norms(vectors, np.asarray(params.center))
     leaf = bin_index(np.maximum(logs, params.low), params.scalar)
     rows, bits = hadamard_response(leaf, params.scalar.padded_bins, epsilon, source)

@@ -30,6 +30,7 @@ import numpy as np
 
 from shuffledp.client.local_data import as_real_array
 from shuffledp.protocol.distributed_noise import polya_shares, skellam_shares
+from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.messages import LocalVectorParams, ModularSumParams, ShiftedVectorSumParams, VectorSumParams
 from shuffledp.protocol.modular_sum import FixedPoint, split
 from shuffledp.protocol.randomness import RandomSource
@@ -98,6 +99,28 @@ def randomize_vector_sum(vectors: np.ndarray, params: VectorSumParams, source: R
     return np.stack([np.broadcast_to(coords, shares.shape), shares], axis=2)
 
 
+def shifted_vectors(vectors: np.ndarray, params: ShiftedVectorSumParams | LocalVectorParams) -> np.ndarray:
+    """``x - center`` per row, for clipping to the ball of ``params.radius`` about the centre.
+
+    Data of another dimension than the round's is refused (``InvalidParameter``), never
+    broadcast. A difference past the largest double (``x = -1e308``, ``center = 1e308``) is far
+    outside any ball of finite radius, so such a row becomes its direction at the full radius,
+    which is what clipping the exact difference gives: a device answers whatever its data,
+    where refusing would tell on them (whether a device answers is visible).
+    """
+    x = as_real_array(vectors, "vectors", ndim=2)
+    if x.shape[1] != params.dim:
+        raise InvalidParameter("vectors", f"have {x.shape[1]} coordinates; the round is for {params.dim}")
+    center = np.asarray(params.center, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        shifted = x - center[None, :]
+    overflowed = ~np.all(np.isfinite(shifted), axis=1)
+    if overflowed.any():
+        halves = x[overflowed] / 2.0 - center[None, :] / 2.0  # finite; some entry above 2^1023 in size
+        shifted[overflowed] = clip_to_ball(halves, 1.0) * params.radius
+    return shifted
+
+
 def randomize_local_vector(vectors: np.ndarray, params: LocalVectorParams, source: RandomSource) -> np.ndarray:
     """Local reports of a batch of users: int64 ``(n, D, 2)``, rows ``(coordinate, value)``.
 
@@ -108,8 +131,7 @@ def randomize_local_vector(vectors: np.ndarray, params: LocalVectorParams, sourc
     Kairouz & Liu (NeurIPS 2021) at the encoding's sensitivities makes one report
     ``(eps0, delta0)``-LDP (:meth:`LocalVectorParams.check_budget`).
     """
-    shifted = as_real_array(vectors, "vectors", ndim=2) - np.asarray(params.center, dtype=np.float64)[None, :]
-    encoded = encode_vectors(shifted, params, source)
+    encoded = encode_vectors(shifted_vectors(vectors, params), params, source)
     n, dim = encoded.shape
     noisy = np.clip(encoded + skellam_shares(params.mu, 1, (n, dim), source), -params.bound, params.bound)
     coords = np.broadcast_to(np.arange(dim, dtype=np.int64), (n, dim))
@@ -118,5 +140,4 @@ def randomize_local_vector(vectors: np.ndarray, params: LocalVectorParams, sourc
 
 def randomize_shifted_vector_sum(vectors: np.ndarray, params: ShiftedVectorSumParams, source: RandomSource) -> np.ndarray:
     """:func:`randomize_vector_sum` of ``x - center`` (a public shift: the same guarantee)."""
-    shifted = as_real_array(vectors, "vectors", ndim=2) - np.asarray(params.center, dtype=np.float64)[None, :]
-    return randomize_vector_sum(shifted, params, source)
+    return randomize_vector_sum(shifted_vectors(vectors, params), params, source)

@@ -109,6 +109,7 @@ from shuffledp.protocol.randomness import MAX_NOISE_SCALE, SeededSource, SystemS
 
 __all__ = [
     "DEVICE_MAX_MEAN",
+    "DEVICE_MAX_TOTAL_MEAN",
     "discrete_laplace_variance",
     "negative_binomial",
     "polya_shares",
@@ -120,6 +121,11 @@ __all__ = [
 #: the Skellam share's Poisson mean ``mu / n`` and the Pólya share's gamma scale
 #: ``alpha / (1 - alpha)`` (i.e. ``alpha <= 1 - 1/(2^16 + 1)``).
 DEVICE_MAX_MEAN = float(2**16)
+#: Largest total Poisson mean one device call draws (``mu_total / users`` times the number of
+#: Skellam draws): the exact sampler takes a few microseconds per unit, so this is a few seconds
+#: of device CPU. Without it a spec whose every draw is at :data:`DEVICE_MAX_MEAN` over 1,024
+#: coordinates (a valid ``local-vector`` round) took the device 2 x 2^26 units, many minutes.
+DEVICE_MAX_TOTAL_MEAN = float(2**18)
 
 #: Largest number of draws (product of ``size``) one call returns.
 MAX_DRAWS = 2**31
@@ -371,8 +377,14 @@ def skellam_shares(mu_total: float, users: int, size, source) -> np.ndarray:
             f"per-user mean mu_total/users = {float(lam_exact):.3g} exceeds DEVICE_MAX_MEAN = "
             f"{DEVICE_MAX_MEAN:.3g} (the exact Poisson runs in time linear in its mean)",
         )
-    randbelow, randbits = _device_bits(source)
     count = math.prod(shp)
+    if float(lam_exact) * count > DEVICE_MAX_TOTAL_MEAN * (1 + 1e-9):  # the slack: what check_vector_sum computes in floats passes
+        raise InvalidParameter(
+            "mu_total",
+            f"{count} draws of mean mu_total/users = {float(lam_exact):.3g} total {float(lam_exact) * count:.3g}, over "
+            f"DEVICE_MAX_TOTAL_MEAN = {DEVICE_MAX_TOTAL_MEAN:.3g} (the exact Poisson runs in time linear in its mean)",
+        )
+    randbelow, randbits = _device_bits(source)
     out = np.fromiter(
         (
             _poisson_exact(lam_exact, randbelow, randbits) - _poisson_exact(lam_exact, randbelow, randbits)

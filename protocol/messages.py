@@ -561,6 +561,7 @@ class VectorSumParams:
         _finite(self.radius, "radius")
         _require(self.radius > 0, "radius", f"must be > 0, got {short_repr(self.radius)}")
         _count(self.levels, "levels", 1, 1 << 32)
+        _grid_scale(self.levels, self.radius)
         _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
         _count(self.modulus, "modulus", 3, 1 << 62)
         _count(self.users, "users", 2, MAX_BATCH)
@@ -592,6 +593,12 @@ class VectorSumParams:
         from shuffledp.protocol.summation_params import check_vector_sum
 
         check_vector_sum(self, epsilon, delta)
+
+
+def _grid_scale(levels: int, radius: float) -> None:
+    """The encoding scales by ``levels / radius``: it must be a finite double (a radius of 1e-300
+    with 2^32 levels made every encoded coordinate inf or NaN)."""
+    _require(math.isfinite(levels / radius), "radius", f"{short_repr(radius)} is too small for {levels} levels: levels / radius overflows")
 
 
 def _check_center(center: tuple[float, ...], dim: int) -> None:
@@ -639,9 +646,11 @@ class LocalVectorParams:
 
     Device cost: local noise for a whole vector is large (``mu`` grows as ``levels^2 / eps^2``),
     and the exact Poisson sampler's time is linear in its mean; above
-    ``distributed_noise.DEVICE_MAX_MEAN`` per draw a device's ``skellam_shares`` refuses with
-    a typed error, so such a device declines the round (nothing is sent or charged). The
-    simulation path (numpy Poisson) has no such limit.
+    ``distributed_noise.DEVICE_MAX_MEAN`` per draw, or ``DEVICE_MAX_TOTAL_MEAN`` over the
+    ``D`` coordinates (``D mu``: without it, 1,024 coordinates at the per-draw limit took many
+    minutes), a device's ``skellam_shares`` refuses with a typed error, so such a device
+    declines the round (nothing is sent or charged). The simulation path (numpy Poisson) has
+    no such limit.
     """
 
     MECHANISM: ClassVar[str] = "local-vector"
@@ -658,6 +667,7 @@ class LocalVectorParams:
         _finite(self.radius, "radius")
         _require(self.radius > 0, "radius", f"must be > 0, got {short_repr(self.radius)}")
         _count(self.levels, "levels", 1, 1 << 32)
+        _grid_scale(self.levels, self.radius)
         _count(self.rotation_seed, "rotation_seed", 0, 2**64 - 1)
         _finite(self.mu, "mu")
         _require(1.0 <= self.mu <= MAX_NOISE_SCALE**2, "mu", f"must be in [1, {MAX_NOISE_SCALE**2:.3g}], got {short_repr(self.mu)}")

@@ -67,13 +67,14 @@ from shuffledp.protocol.messages import (
     VectorSumParams,
 )
 from shuffledp.protocol.distributed_noise import DEVICE_MAX_MEAN  # Pólya alpha/(1-alpha), Skellam mu/n
+# Most Poisson mean a device draws in one vector-sum round, over all coordinates (D mu / users):
+# the exact sampler takes a few microseconds per unit, so this is a few seconds of device CPU.
+# skellam_shares refuses more on the device path, whatever the mechanism (local-vector too).
+from shuffledp.protocol.distributed_noise import DEVICE_MAX_TOTAL_MEAN
 from shuffledp.protocol.hadamard import next_power_of_two
 from shuffledp.protocol.modular_sum import MAX_MODULUS, discrete_laplace_tail, wraparound_bound
 
 LOG2_E = math.log2(math.e)
-#: Most Poisson mean a device draws in one vector-sum round, over all coordinates (``D mu / users``):
-#: the exact sampler takes about 20 microseconds per unit, so this is a few seconds of device CPU.
-DEVICE_MAX_TOTAL_MEAN = float(2**18)
 #: Orders at which the Skellam RDP bound is evaluated (integers, as the bound requires).
 RDP_ORDERS = tuple(range(2, 257)) + tuple(range(264, 1025, 8)) + (1536, 2048, 4096, 8192)
 

@@ -604,15 +604,20 @@ def test_local_vector_params_refuse_a_mu_too_small_for_the_budget():
         LocalVectorParams(3, 1.0, levels, 0, mu, (0.0,) * 3).check_budget(epsilon, 0.0)  # Skellam is not pure
 
 
-def test_local_mean_decode_refuses_unequal_coordinate_counts():
+def test_local_mean_decode_takes_each_coordinates_own_count_and_refuses_an_empty_one():
+    """Unequal counts are decoded, each coordinate by its own reports (refusing them let one client
+    fail the round: ``tests/test_instance_optimal_hostile.py``); a coordinate with none is refused."""
     params = LocalVectorParams(3, 2.0, 200, 1, 50.0, (1.0, 2.0, 3.0))
     reports = randomize_local_vector(np.zeros((20, 3)), params, SeededSource(1)).reshape(-1, 2)
     estimate, users = local_mean_decode(reports, params)
     assert users == 20 and estimate.shape == (3,)
-    with pytest.raises(InvalidParameter):
-        local_mean_decode(reports[1:], params)  # one coordinate short of one report
-    with pytest.raises(InvalidParameter):
-        local_mean_decode(np.concatenate([reports, reports[:1]]), params)  # one too many
+    for batch in (reports[1:], np.concatenate([reports, reports[:1]])):  # one report short, one too many
+        unequal, fewest = local_mean_decode(batch, params)
+        counts = np.bincount(batch[:, 0], minlength=4)
+        sums = np.bincount(batch[:, 0], weights=batch[:, 1].astype(float), minlength=4)
+        expected = RandomRotation(3, 1).inverse(sums / counts * params.radius / params.levels) + np.asarray(params.center)
+        np.testing.assert_allclose(unequal, expected)
+        assert fewest == counts.min()
     with pytest.raises(InvalidParameter):
         local_mean_decode(reports[reports[:, 0] != 2], params)  # a coordinate with none
 
