@@ -86,6 +86,71 @@ def _validate_n(n: int) -> int:
     return int(n)
 
 
+def _tail_and_pmf_half(k: np.ndarray, N: np.ndarray, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``Pr[Bin(N, 1/2) >= k]`` and the pmf at ``k``, elementwise, each distinct ``(N, k)`` computed once.
+
+    Blocks of a layout share few distinct ``(s, j)`` pairs (a fine two-dimensional layout: about
+    one in five), successive evaluations of a search share many, and the incomplete beta
+    function is the cost of a divergence evaluation. ``memo`` (one per layout corner) keeps the
+    previous call's values as sorted keys. The values are the very same numbers as elementwise calls.
+    """
+    k, N = np.broadcast_arrays(np.asarray(k, dtype=np.float64), np.asarray(N, dtype=np.float64))
+    shape = k.shape
+    k, N = k.ravel(), N.ravel()
+    if not (k.size >= 64 and np.all(np.abs(N) < 2.0**31) and np.all(np.abs(k) < 2.0**31)
+            and np.array_equal(np.floor(k), k) and np.array_equal(np.floor(N), N)):  # integers: exact keys
+        return binom_sf_ge(k, N, 0.5).reshape(shape), np.exp(binom_log_pmf_half(k, N)).reshape(shape)
+    key = (N.astype(np.int64) << 32) + (k.astype(np.int64) + 2**31)
+    uniq = None
+    order = None if memo is None else memo.get("order")
+    if order is not None and len(order) == key.size:
+        # the caller's fixed order (s, then w) sorts the keys: distinct values by adjacent differences
+        ks = key[order]
+        step = np.diff(ks)
+        if np.all(step >= 0):
+            new = np.concatenate([[True], step > 0])
+            first = order[new]
+            uniq = ks[new]
+            inverse = np.empty(key.size, dtype=np.int64)
+            inverse[order] = np.cumsum(new) - 1
+    if uniq is None:
+        uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    tail = np.empty(len(uniq))
+    pmf = np.empty(len(uniq))
+    known = np.zeros(len(uniq), dtype=bool)
+    if memo is not None and len(memo.get("keys", ())) > 0:
+        mk = memo["keys"]
+        pos = np.minimum(np.searchsorted(mk, uniq), len(mk) - 1)
+        known = mk[pos] == uniq
+        tail[known] = memo["tail"][pos[known]]
+        pmf[known] = memo["pmf"][pos[known]]
+    miss = ~known
+    if np.any(miss):
+        km, Nm = k[first[miss]], N[first[miss]]
+        tail[miss] = binom_sf_ge(km, Nm, 0.5)
+        pmf[miss] = np.exp(binom_log_pmf_half(km, Nm))
+    if memo is not None:  # this call's values for the next one (same corner, nearby epsilon)
+        memo["keys"], memo["tail"], memo["pmf"] = uniq, tail, pmf
+    return tail[inverse].reshape(shape), pmf[inverse].reshape(shape)
+
+
+def _binom_cdf_pair(t: np.ndarray, c: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(Pr[Bin(c, p) <= t - 1], Pr[Bin(c, p) <= t])`` elementwise (integer ``t``, ``c``), each
+    distinct ``(c, t)`` evaluated once: where block edges are consecutive integers the two
+    arrays share most of their points. The same numbers as two elementwise calls."""
+    t = np.asarray(t, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    if not (t.size >= 64 and np.all(np.abs(t) < 2.0**30) and np.all(np.abs(c) < 2.0**31)
+            and np.array_equal(np.floor(t), t) and np.array_equal(np.floor(c), c)):
+        return binom_cdf_le(t - 1.0, c, p), binom_cdf_le(t, c, p)
+    kk = np.concatenate([(t - 1.0).ravel(), t.ravel()])
+    cc = np.concatenate([c.ravel(), c.ravel()])
+    key = (cc.astype(np.int64) << 32) + (kk.astype(np.int64) + 2**31)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    vals = binom_cdf_le(kk[first], cc[first], p)[inverse]
+    return vals[: t.size].reshape(t.shape), vals[t.size:].reshape(t.shape)
+
+
 def _edges(mu, sd, grid, lo, hi):
     """Integer block edges ``lo = e_0 <= ... <= e_K = hi + 1`` placed at ``mu + sd * grid``.
 
@@ -153,7 +218,7 @@ class ClonePair:
         return 2.0 * self.r + self.r2
 
     # --------------------------------------------------------------- G(s, w)
-    def _G(self, s: np.ndarray, w: np.ndarray, E: float) -> tuple[np.ndarray, np.ndarray]:
+    def _G(self, s: np.ndarray, w: np.ndarray, E: float, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``D_E((1-w)X + wY || (1-w)X' + wY)`` for ``s >= 1``; returns (value, fp padding).
 
         ``Y = Bin(s, 1/2)``, ``X = Bin(s-1, 1/2) + Bern(b0)``, ``X' = ... + Bern(b1)``.
@@ -169,8 +234,7 @@ class ClonePair:
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(k1 > 0, -k0 / k1, np.inf)
         j = np.floor(np.minimum(t, s + 1.0)) + 1.0
-        t1 = binom_sf_ge(j - 1.0, s - 1.0, 0.5)
-        pmf = np.exp(binom_log_pmf_half(j - 1.0, s - 1.0))
+        t1, pmf = _tail_and_pmf_half(j - 1.0, s - 1.0, memo)
         t2 = np.maximum(t1 - 0.5 * pmf, 0.0)
         pos = k1 * (s / 2.0) * t1
         val = np.maximum(pos + k0 * t2, 0.0)
@@ -202,7 +266,8 @@ class ClonePair:
         c_first = c_edges[:-1][keep]
         c_last = (c_edges[1:] - 1.0)[keep]
         c_w = c_w[keep]
-        layout = {"c_w": c_w, "tail_lo": float(cdf[0]), "tail_hi": float(1.0 - cdf[-1])}
+        layout = {"c_w": c_w, "tail_lo": float(cdf[0]), "tail_hi": float(1.0 - cdf[-1]),
+                  "memo_up": {}, "memo_dn": {}, "memo_mid": {}}
         c_hi = np.array([c_edges[-1] - 1.0])
         if self.a2 == 0.0:
             for name, cs in (("up", c_first), ("mid", c_last), ("dn", c_last), ("hi", c_hi)):
@@ -240,8 +305,9 @@ class ClonePair:
                 edges[i] = np.concatenate([row, np.full(width - len(row), c + 2.0)])
         c_col = cs[:, None]
 
-        def cdf_z(t):  # Pr[z <= t | c]
-            return a2 * binom_cdf_le(t - 1.0, c_col, pi2) + (1.0 - a2) * binom_cdf_le(t, c_col, pi2)
+        def cdf_z(t):  # Pr[z <= t | c]; the binomial cdf at t - 1 and t, each distinct (c, t) once
+            f_lo, f_hi = _binom_cdf_pair(t, np.broadcast_to(c_col, t.shape), pi2)
+            return a2 * f_lo + (1.0 - a2) * f_hi
 
         cz = cdf_z(edges - 1.0)
         wt = np.maximum(np.diff(cz, axis=1), 0.0)
@@ -260,9 +326,14 @@ class ClonePair:
         lower = (np.maximum(1.0, c_col + 1.0 - z_first), post_w(z_last), wt, tail)
         return upper, lower
 
-    def _per_c(self, corner, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    def _per_c(self, corner, eps: float, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
         s, w, wt, tail = corner
-        g, padding = self._G(s, w, math.exp(eps))
+        if memo is not None and "order" not in memo:
+            # j is non-decreasing in w at fixed s (the threshold -k0/k1 increases with w), so this
+            # order sorts the (s, j) keys of every evaluation
+            s_b, w_b = np.broadcast_arrays(s, w)
+            memo["order"] = np.lexsort((w_b.ravel(), s_b.ravel()))
+        g, padding = self._G(s, w, math.exp(eps), memo)
         if g.ndim == 1:
             return g * wt, padding * wt + tail
         return (g * wt).sum(axis=1), (padding * wt).sum(axis=1) + tail
@@ -274,26 +345,36 @@ class ClonePair:
 
     def _bounds(self, eps: float, lc: int, lz: int) -> tuple[float, float]:
         """Lower estimate and rigorous upper bound at block resolution ``(lc, lz)``."""
+        return self._lower(eps, lc, lz), self._upper(eps, lc, lz)
+
+    def _upper(self, eps: float, lc: int, lz: int) -> float:
+        """Rigorous upper bound at block resolution ``(lc, lz)`` (see :meth:`_bounds`)."""
         if eps >= self.epsilon_max:
-            return 0.0, 0.0
+            return 0.0
         eps = max(float(eps), 0.0)
         lay = self._layout(lc, lz)
-        d_up, pad_up = self._per_c(lay["up"], eps)
-        d_dn, _ = self._per_c(lay["dn"], eps)
+        d_up, pad_up = self._per_c(lay["up"], eps, lay["memo_up"])
         d_hi, pad_hi = self._per_c(lay["hi"], eps)
         upper = (
             float(np.dot(lay["c_w"], d_up + pad_up))
             + lay["tail_lo"]
             + lay["tail_hi"] * float(d_hi[0] + pad_hi[0])
         )
-        lower = float(np.dot(lay["c_w"], d_dn))
-        sc = self.scale
-        return min(1.0, sc * lower), min(1.0, sc * upper)
+        return min(1.0, self.scale * upper)
+
+    def _lower(self, eps: float, lc: int, lz: int) -> float:
+        """Lower estimate at block resolution ``(lc, lz)`` (see :meth:`_bounds`)."""
+        if eps >= self.epsilon_max:
+            return 0.0
+        eps = max(float(eps), 0.0)
+        lay = self._layout(lc, lz)
+        d_dn, _ = self._per_c(lay["dn"], eps, lay["memo_dn"])
+        return min(1.0, self.scale * float(np.dot(lay["c_w"], d_dn)))
 
     def _mid(self, eps: float, lc: int, lz: int) -> float:
         """Upper corner in z at the right end of each c-block: splits the slack into c and z parts."""
         lay = self._layout(lc, lz)
-        d_mid, _ = self._per_c(lay["mid"], max(float(eps), 0.0))
+        d_mid, _ = self._per_c(lay["mid"], max(float(eps), 0.0), lay["memo_mid"])
         return min(1.0, self.scale * float(np.dot(lay["c_w"], d_mid)))
 
     def delta(
@@ -309,11 +390,13 @@ class ClonePair:
         lc, lz = self._cache.get("start", (0, 0))  # resolution that sufficed last time
         best = 1.0
         while True:
-            lo, up = self._bounds(eps, lc, lz)
+            up = self._upper(eps, lc, lz)
             best = min(best, up)
-            done = up - lo <= rtol * up + atol or up == 0.0
-            if target is not None and (up <= target or lo >= 2.0 * target):
-                done = True
+            if up == 0.0 or (target is not None and up <= target):
+                done = True  # decided by the upper bound alone: the lower estimate is not needed
+            else:
+                lo = self._lower(eps, lc, lz)
+                done = up - lo <= rtol * up + atol or (target is not None and lo >= 2.0 * target)
             if done:
                 if up > 0.0:  # remember the resolution that sufficed (next call starts there)
                     self._cache["start"] = (lc, lz)
@@ -334,9 +417,24 @@ class ClonePair:
         """Smallest ``eps`` (to ``rtol``) with ``delta(eps) <= delta``: an upper bound on eps."""
         if not 0.0 < delta < 1.0:
             raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
-        self._cache.pop("start", None)  # deterministic: every search starts from the coarsest grid
-        _, b = search_epsilon(lambda e: self.delta(e, target=delta), delta, 0.0, self.epsilon_max, rtol=rtol)
+        key = ("epsilon", float(delta), float(rtol))
+        if key in self._cache:  # the same search again: its answer and the state it left
+            b, start = self._cache[key]
+        else:
+            self._cache.pop("start", None)  # deterministic: every search starts from the coarsest grid
+            _, b = search_epsilon(lambda e: self.delta(e, target=delta), delta, 0.0, self.epsilon_max, rtol=rtol)
+            start = self._cache.get("start")
+            self._cache[key] = (b, start)
+        if start is None:
+            self._cache.pop("start", None)
+        else:
+            self._cache["start"] = start
         return b
+
+    def reset_start(self) -> None:
+        """Forget the block resolution remembered by :meth:`delta` (the next call starts coarsest,
+        as on a new pair; layouts and finished searches stay cached)."""
+        self._cache.pop("start", None)
 
 
 # ------------------------------------------------------------------ factories
@@ -413,6 +511,10 @@ class WorstOfPairs:
     def epsilon(self, delta: float, rtol: float = 1e-5) -> float:
         """An upper bound on ``eps(delta)``: the largest of the types' upper bounds."""
         return max(p.epsilon(delta, rtol=rtol) for p in self.pairs)
+
+    def reset_start(self) -> None:
+        for p in self.pairs:
+            p.reset_start()
 
 
 # ------------------------------------------------------------ closed form

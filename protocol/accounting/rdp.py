@@ -44,6 +44,7 @@ Steinke 2020).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -81,19 +82,35 @@ def girgis_rdp(epsilon0: float, n: int, orders: Sequence[int] | None = None) -> 
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
     o = _orders(orders)
-    e0 = float(epsilon0)
+    return _girgis_rdp(float(epsilon0), int(n), tuple(o.tolist())).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _girgis_rdp(e0: float, n: int, orders: tuple) -> np.ndarray:
+    """:func:`girgis_rdp` on checked arguments, once per process.
+
+    The sum over ``j`` is shared by every order: with ``g(j) = log j + log Gamma(j/2) + (j/2) log x
+    - log j!``, the order-``lambda`` term is ``log lambda! - log (lambda-j)! + g(j)``, so one table of
+    ``g`` and of ``log k!`` serves all orders (the same numbers as a loop over orders).
+    """
+    o = np.asarray(orders, dtype=int)
     nbar = math.floor((n - 1) / (2.0 * math.exp(e0))) + 1
     log_t2_base = 2.0 * math.log(math.expm1(e0)) - math.log(nbar) - e0
     log_x = 2.0 * math.log(math.expm1(2.0 * e0)) - math.log(2.0) - 2.0 * e0 - math.log(nbar)
+    top = int(o.max())
+    k = np.arange(0, top + 1, dtype=np.float64)
+    log_fact = special.gammaln(k + 1)
+    j_all = np.arange(3, top + 1, dtype=np.float64)
+    g_all = np.log(j_all) + special.gammaln(j_all / 2.0) + (j_all / 2.0) * log_x - log_fact[3:]
     out = np.empty(o.shape, dtype=np.float64)
-    for idx, lam in enumerate(o):
-        terms = [0.0, special.gammaln(lam + 1) - special.gammaln(3) - special.gammaln(lam - 1) + log_t2_base]
+    for idx, lam in enumerate(o.tolist()):
+        terms = [np.array([0.0, log_fact[lam] - log_fact[2] - log_fact[lam - 2] + log_t2_base])]
         if lam >= 3:
-            j = np.arange(3, lam + 1, dtype=np.float64)
-            log_comb = special.gammaln(lam + 1) - special.gammaln(j + 1) - special.gammaln(lam - j + 1)
-            terms.extend(log_comb + np.log(j) + special.gammaln(j / 2.0) + (j / 2.0) * log_x)
-        terms.append(e0 * lam - (n - 1) / (8.0 * math.exp(e0)))
-        out[idx] = special.logsumexp(terms) / (lam - 1)
+            terms.append(log_fact[lam] - log_fact[lam - 3::-1][: lam - 2] + g_all[: lam - 2])
+        terms.append(np.array([e0 * lam - (n - 1) / (8.0 * math.exp(e0))]))
+        t = np.concatenate(terms)
+        m = t.max()
+        out[idx] = (math.log(np.exp(t - m).sum()) + m) / (lam - 1)
     return np.minimum(out, pure_dp_rdp(e0, o))
 
 
@@ -108,6 +125,14 @@ def clone_pair_rdp(pair: ClonePair, orders: Sequence[int] | None = None, c_block
     if pair.a2 != 0.0 or pair.scale != 1.0:
         raise InvalidParameter("pair", "numerical RDP is implemented for pairs without a Q2 part (a2 = 0, scale 1)")
     o_all = _orders(orders)
+    return _clone_pair_rdp_cached(pair.n, pair.a0, pair.a1, pair.r, tuple(o_all.tolist()), int(c_blocks)).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _clone_pair_rdp_cached(n: int, a0: float, a1: float, r: float, orders: tuple, c_blocks: int) -> np.ndarray:
+    """:func:`clone_pair_rdp` keyed on the pair's exact parameters (computed once per process)."""
+    pair = ClonePair(n, a0, a1, 0.0, r, 0.0)
+    o_all = np.asarray(orders, dtype=int)
     keep = o_all <= CLONE_RDP_MAX_ORDER
     result = np.full(o_all.shape, np.inf)
     if not np.any(keep):
@@ -140,25 +165,27 @@ def _clone_pair_rdp(pair: ClonePair, orders: np.ndarray, c_blocks: int) -> np.nd
         cdf = binom_cdf_le(edges - 1.0, m, rt)
         wts = np.diff(cdf)
         tail_lo, tail_hi = 0.0, float(1 - cdf[-1])
-    cs = list(edges[:-1]) + [edges[-1] - 1.0]  # block left ends, then the window's last c
-    log_moments = []
-    for c in cs:
-        s = c + 1.0
-        half = math.sqrt(s) / 2.0
-        width = max(14.0, math.sqrt(2.0 * (o.max() - 1) * log_ratio + 80.0))
-        a_lo = max(0.0, math.floor(s / 2 - width * half - 1))
-        a_hi = min(s, math.ceil(s / 2 + width * half + 1))
+    cs = np.array(list(edges[:-1]) + [edges[-1] - 1.0])  # block left ends, then the window's last c
+    width = max(14.0, math.sqrt(2.0 * (o.max() - 1) * log_ratio + 80.0))
+    ss = cs + 1.0
+    a_los = np.maximum(0.0, np.floor(ss / 2 - width * np.sqrt(ss) / 2.0 - 1))
+    a_his = np.minimum(ss, np.ceil(ss / 2 + width * np.sqrt(ss) / 2.0 + 1))
+    # mass of P outside each a-window (one vectorized call), times the largest ratio^(lambda-1)
+    out_masses = binom_cdf_le(a_los - 1.0, ss - 1.0, 0.5) + (1.0 - binom_cdf_le(a_his - 1.0, ss - 1.0, 0.5))
+    log_moments = np.empty((len(cs), len(o)))
+    for i, (s, a_lo, a_hi) in enumerate(zip(ss.tolist(), a_los.tolist(), a_his.tolist())):
         a = np.arange(a_lo, a_hi + 1.0)
         logy = binom_log_pmf_half(a, s)
         lp = np.log(2.0 / s) + np.log(b0 * a + b1 * (s - a))
         lq = np.log(2.0 / s) + np.log(b1 * a + b0 * (s - a))
-        mom = special.logsumexp(logy[None, :] + o[:, None] * lp[None, :] + (1 - o[:, None]) * lq[None, :], axis=1)
-        # mass of P outside the a-window, times the largest ratio^(lambda-1)
-        out_mass = float(binom_cdf_le(a_lo - 1.0, s - 1.0, 0.5) + (1.0 - binom_cdf_le(a_hi - 1.0, s - 1.0, 0.5)))
+        # log sum_a exp(logy + o lp + (1 - o) lq) = log sum_a exp(base + o (lp - lq)), per order
+        x = (logy + lq)[None, :] + o[:, None] * (lp - lq)[None, :]
+        top = x.max(axis=1)
+        mom = np.log(np.exp(x - top[:, None]).sum(axis=1)) + top
+        out_mass = float(out_masses[i])
         if out_mass > 0:
             mom = np.logaddexp(mom, math.log(out_mass) + (o - 1) * log_ratio)
-        log_moments.append(mom)
-    log_moments = np.array(log_moments)  # (blocks + 1, orders)
+        log_moments[i] = mom
     terms = [np.log(np.maximum(wts, 1e-300))[:, None] + log_moments[:-1]]
     extra = []
     if tail_lo > 0:

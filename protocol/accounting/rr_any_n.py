@@ -236,6 +236,10 @@ class _View:
     out: float
 
 
+def _norm2(x: np.ndarray) -> float:
+    return math.sqrt(float(np.sum(x * x)))
+
+
 @functools.lru_cache(maxsize=512)
 def _view(j: int, l: int, epsilon0: float, tail: float) -> _View:
     """The others' count for ``j`` users holding 1 and ``l`` holding 0 (Step 4)."""
@@ -260,7 +264,9 @@ def _view(j: int, l: int, epsilon0: float, tail: float) -> _View:
         gamma4 = 4 * _U / (1 - 4 * _U)
         eta = 4.0 * (_U + gamma4 * (math.sqrt(2.0) + 2 * _U))
         kappa = math.log2(nfft) * eta
-        norm = float(np.linalg.norm(a) + np.linalg.norm(b) + np.linalg.norm(np.maximum(c, 0.0)))
+        # 2-norms by pairwise summation (np.linalg.norm calls BLAS dot, which multi-threads and
+        # crawls on a loaded machine)
+        norm = float(_norm2(a) + _norm2(b) + _norm2(np.maximum(c, 0.0)))
         e2 = (kappa + 3 * _U) * norm * 1.05 + kappa * 1e-300
         c = np.maximum(c, 0.0)  # clipping towards the true (non-negative) value only shrinks errors
     return _View(lo=int(lo), pmf=c, rel=rel, e2=e2, out=out_a + out_b)
@@ -485,6 +491,10 @@ def rr_monotone_epsilon(delta: float, n: int, epsilon0: float, certify=None) -> 
     # (Once best >= eps0 nothing can be gained either way: eps0 is the cap of every bound.)
     while prev is not None and best < epsilon0:
         if dataset_epsilon(delta, prev - 1, 0, epsilon0)[1] >= best:  # cheap: one dataset at prev
+            break
+        # ... or the grid point's worst dataset, scaled to prev (one more dataset: a lower bound too)
+        k_prev = int(round(here.worst_ones * (prev - 1) / max(g - 1, 1)))
+        if dataset_epsilon(delta, k_prev, prev - 1 - k_prev, epsilon0)[1] >= best:
             break
         c = certify(delta, prev, epsilon0)
         if c.upper < best:

@@ -18,6 +18,7 @@ distribution for composition.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,8 +98,18 @@ def dominating_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | Wor
     Block Hadamard response gets one pair per type of input pair (same block,
     different blocks; ``guarantees.block_hadamard_pair_types``) combined by
     :class:`WorstOfPairs` (the maximum over the types).
+
+    The pair objects are shared within the process (keyed on the exact parameters), so
+    their block layouts and finished epsilon searches are computed once for the single-round
+    bound, the session's grid and curve; the dictionary itself is a fresh copy.
     """
     n = _check_round(local, n)
+    return dict(_shared_pairs(local, n))
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | WorstOfPairs]:
+    """:func:`dominating_pairs`, built once per (local, n)."""
     e0 = local.epsilon0
     pairs: dict[str, ClonePair | WorstOfPairs] = {"fmt21-numerical": fmt21_pair(e0, n)}
     if in_strong_clone_class(local):
@@ -204,6 +215,8 @@ def round_delta_curve(local: LocalGuarantee, n: int, eps_grid: np.ndarray, rtol:
     n = _check_round(local, n)
     eps_grid = np.asarray(eps_grid, dtype=np.float64)
     pairs = list(dominating_pairs(local, n).values())
+    for p in pairs:  # every curve starts from the coarsest blocks, as on fresh pairs
+        p.reset_start()
     exact_rr = local.mechanism == "binary-rr" and n <= RR_EXACT_MAX_N
     out = np.empty_like(eps_grid)
     for i, e in enumerate(eps_grid):
