@@ -30,7 +30,6 @@ import functools
 import math
 
 import numpy as np
-from scipy import special
 
 from shuffledp.protocol.accounting._numerics import log_binom_pmf, search_epsilon
 from shuffledp.protocol.errors import InvalidParameter
@@ -71,13 +70,33 @@ def _log_views(n: int, epsilon0: float, ones: int) -> tuple[np.ndarray, np.ndarr
         i = np.arange(ones + 1, dtype=np.float64)
         log_g = log_binom_pmf(i, ones, 1 - rhobar)  # ones kept as ones
         log_h = log_binom_pmf(y[:, None] - i[None, :], m - ones, rhobar)
-        log_f = special.logsumexp(log_g[None, :] + log_h, axis=1)
+        x = log_g[None, :] + log_h  # (window, ones + 1): log-sum-exp over the few columns
+        top = np.max(x, axis=1)
+        with np.errstate(invalid="ignore"):
+            log_f = np.log(np.sum(np.exp(x - top[:, None]), axis=1)) + top
+        log_f = np.where(np.isfinite(top), log_f, -np.inf)
     # the count c of ones in the view, c in [lo, hi]: f(c) and f(c-1)
     log_f_c = log_f[1:]
     log_f_cm1 = log_f[:-1]
     log_p = np.logaddexp(log_rhobar + log_f_cm1, log_rho + log_f_c)  # user 1 holds 0
     log_q = np.logaddexp(log_rho + log_f_cm1, log_rhobar + log_f_c)  # user 1 holds 1
     return log_p, log_q
+
+
+@functools.lru_cache(maxsize=32)
+def _hockey_parts(n: int, epsilon0: float, ones: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``(exp(log P), log P - log Q)`` and ``(exp(log Q), log Q - log P)`` of one dataset, once per process
+    (a search evaluates the same views at many epsilons)."""
+    log_p, log_q = _log_views(n, epsilon0, ones)
+    return (np.exp(log_p), log_p - log_q), (np.exp(log_q), log_q - log_p)
+
+
+def _hockey_from_parts(a: np.ndarray, diff: np.ndarray, eps: float) -> float:
+    """:func:`_hockey` on precomputed ``exp(log_a)`` and ``log_a - log_b`` (the same numbers)."""
+    sel = diff > eps
+    if not np.any(sel):
+        return 0.0
+    return float(np.sum(a[sel] * -np.expm1(eps - diff[sel])))
 
 
 def _hockey(log_a: np.ndarray, log_b: np.ndarray, eps: float) -> float:
@@ -95,9 +114,9 @@ def rr_delta(eps: float, n: int, epsilon0: float, ones: int = 0) -> float:
     _check(n, epsilon0)
     if eps >= epsilon0:
         return 0.0
-    log_p, log_q = _log_views(n, float(epsilon0), int(ones))
+    pq, qp = _hockey_parts(int(n), float(epsilon0), int(ones))
     eps = max(float(eps), 0.0)
-    return max(_hockey(log_p, log_q, eps), _hockey(log_q, log_p, eps))
+    return max(_hockey_from_parts(*pq, eps), _hockey_from_parts(*qp, eps))
 
 
 def rr_lower_delta(eps: float, n: int, epsilon0: float) -> float:

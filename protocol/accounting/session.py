@@ -44,6 +44,7 @@ Approximate-DP randomizers are refused (:class:`AmplificationNotClaimed`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -202,32 +203,15 @@ class SessionAccountant:
         return self._discretization()
 
     def _group_pld(self, g: RoundGroup) -> "PrivacyLossDistribution":
-        if g._pld is not None:
-            return g._pld
-        n_in, gamma, tail = self._inner_n(g)
-        e_top = round_curve_support(g.local, n_in)
-        e_max = float(max(p.epsilon_max for p in dominating_pairs(g.local, n_in).values()))
-        grid = np.unique(np.concatenate([np.linspace(0.0, e_top, CURVE_POINTS), [e_max]]))
-        deltas = round_delta_curve(g.local, n_in, grid)
-        deltas[grid >= e_max] = 0.0
-        eps_p, del_p = subsampled_curve(grid, deltas, gamma, tail)
-        pld = _pld_from_curve(eps_p, del_p, self._discretization())
-        g._pld = pld.self_compose(g.count) if g.count > 1 else pld
+        if g._pld is None:
+            n_in, gamma, tail = self._inner_n(g)
+            g._pld = _group_pld(g.local, n_in, gamma, tail, self._discretization(), g.count)
         return g._pld
 
     def _group_rdp(self, g: RoundGroup) -> np.ndarray:
-        if g._rdp is not None:
-            return g._rdp
-        orders = self._orders
-        n_in, gamma, tail = self._inner_n(g)
-        e0 = g.local.epsilon0
-        inner = girgis_rdp(e0, n_in, orders)
-        for name, pair in dominating_pairs(g.local, n_in).items():
-            if isinstance(pair, ClonePair) and pair.a2 == 0.0 and pair.scale == 1.0:
-                inner = np.minimum(inner, clone_pair_rdp(pair, orders))
-        if gamma < 1.0:
-            inner = subsampled_rdp(inner, orders, gamma, tail, e0)
-        g._rdp = g.count * inner
+        if g._rdp is None:
+            n_in, gamma, tail = self._inner_n(g)
+            g._rdp = _group_rdp(g.local, n_in, gamma, tail, self._orders, g.count).copy()
         return g._rdp
 
     # ------------------------------------------------------------- answers
@@ -309,6 +293,48 @@ class SessionAccountant:
                 }
             )
         return rows
+
+
+@functools.lru_cache(maxsize=32)
+def _round_curve(local: LocalGuarantee, n_in: int) -> tuple[np.ndarray, np.ndarray]:
+    """One round's ``delta(eps)`` points (grid to where the best curve drops below 1e-15, plus the
+    point where it is 0), once per process: sessions sharing a round reuse it."""
+    e_top = round_curve_support(local, n_in)
+    e_max = float(max(p.epsilon_max for p in dominating_pairs(local, n_in).values()))
+    grid = np.unique(np.concatenate([np.linspace(0.0, e_top, CURVE_POINTS), [e_max]]))
+    deltas = round_delta_curve(local, n_in, grid)
+    deltas[grid >= e_max] = 0.0
+    grid.setflags(write=False)
+    deltas.setflags(write=False)
+    return grid, deltas
+
+
+@functools.lru_cache(maxsize=32)
+def _group_pld(local: LocalGuarantee, n_in: int, gamma: float, tail: float, d: float,
+               count: int) -> "PrivacyLossDistribution":
+    """PLD of ``count`` identical rounds (one round's PLD composed ``count`` times by
+    ``self_compose``), once per process for the exact parameters and discretisation."""
+    grid, deltas = _round_curve(local, n_in)
+    eps_p, del_p = subsampled_curve(grid, deltas, gamma, tail)
+    pld = _pld_from_curve(eps_p, del_p, d)
+    return pld.self_compose(count) if count > 1 else pld
+
+
+@functools.lru_cache(maxsize=32)
+def _group_rdp(local: LocalGuarantee, n_in: int, gamma: float, tail: float, orders: tuple,
+               count: int) -> np.ndarray:
+    """RDP of ``count`` identical rounds (minimum of Girgis et al. and the clone pairs' RDP, then
+    subsampling), once per process."""
+    e0 = local.epsilon0
+    inner = girgis_rdp(e0, n_in, orders)
+    for name, pair in dominating_pairs(local, n_in).items():
+        if isinstance(pair, ClonePair) and pair.a2 == 0.0 and pair.scale == 1.0:
+            inner = np.minimum(inner, clone_pair_rdp(pair, orders))
+    if gamma < 1.0:
+        inner = subsampled_rdp(inner, orders, gamma, tail, e0)
+    out = count * inner
+    out.setflags(write=False)
+    return out
 
 
 def subsampled_curve(grid: np.ndarray, deltas: np.ndarray, gamma: float, tail: float) -> tuple[np.ndarray, np.ndarray]:
