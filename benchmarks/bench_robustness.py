@@ -12,7 +12,13 @@ largest valid grid value, the worst in-range summand, or one arbitrary residue):
 * vector mean (Alg. 5, d = 8, eps0 = 4, sampled mode), attackers on the coordinates honest
   users would use (``spread``) or all on one rotated coordinate (``one``);
 * scalar summation (central eps = 1, delta = n^-1.1 over [-B, B]): every attacker
-  inputs ``B`` (``in-range``), or in addition one share carries ``q // 2`` (``residue``).
+  inputs ``B`` (``in-range``), or in addition one share carries ``q // 2`` (``residue``);
+* the instance-optimal mean (Huang, Liang & Yi, Sec. 5; the vector population, session
+  eps = 1), shuffle and local: attackers drag every tree descent to the top edge, claim
+  the largest norm bin and send the worst summand (``+radius e_1`` about the centre) or
+  ``+bound`` local values; the shuffle version also with the radius at the median of the
+  shifted norms (``fixed_quantile = 0.5``), which fewer than half the users cannot move
+  past the honest norms.
 
 Error is |estimate - mean of all users' local means| (l2 for vectors), absolute and in
 units of the honest run's standard error (the RMS error of the plain decoder at f = 0 over
@@ -75,7 +81,25 @@ def _sum_cases(seed: int):
     return data, {"summation": lambda: SummationProtocol(params, 1.0, delta)}
 
 
+def _instance_optimal_cases(seed: int):
+    from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
+    from shuffledp.analyzer.instance_optimal_budget import round_budgets
+    from shuffledp.vector_population import VectorPopulation
+
+    population = VectorPopulation("gaussian", 8, 50, 1.7, 1.0, 20.0)
+    data = population.block_local_means(population.blocks(N, seed))[0]
+    cases = {}
+    for model, quantile in (("shuffle", None), ("shuffle", 0.5), ("local", None)):
+        config = InstanceOptimalConfig(8, N, 20.0 * math.sqrt(8), 1.0, N**-1.1, model=model, fixed_quantile=quantile)
+        budgets = round_budgets(config)
+        name = f"instance-optimal {model}" + (", radius at q = 0.5" if quantile else "")
+        cases[name] = lambda c=config, b=budgets: InstanceOptimalProtocol(c, b)
+    return data, cases
+
+
 def _estimate(result) -> np.ndarray:
+    if hasattr(result, "threshold"):
+        return np.asarray(result.estimate)
     if hasattr(result, "found_range"):
         return np.array([result.mean.estimate])
     if hasattr(result, "ranges"):
@@ -105,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     errors: dict[str, dict[float, list[float]]] = {}
     extra: dict[str, dict[float, list[dict]]] = {}
-    runs_per_seed = len(FRACTIONS) * (3 + 2 + 2)
+    runs_per_seed = len(FRACTIONS) * (3 + 2 + 2 + 3)
     with progress_bar(seeds * runs_per_seed, unit="run") as step:
         for seed in range(seeds):
-            for make in (_scalar_cases, _vector_cases, _sum_cases):
+            for make in (_scalar_cases, _vector_cases, _sum_cases, _instance_optimal_cases):
                 data, cases = make(seed)
                 truth = np.atleast_1d(data.mean(axis=0))
                 for name, protocol in cases.items():
@@ -155,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             "scalar": "gaussian mu=1.7 sigma=1 m=50, B=20, eps0=1 (tau from the data model)",
             "vector": "gaussian d=8 m=50 mu=1.7 sigma=1, B=20, eps0=4, sampled mode",
             "summation": "scalar, [-20, 20], central eps=1, delta=n^-1.1",
+            "instance-optimal": "the vector population, R = 20 sqrt(8), session eps=1, delta=n^-1.1, shuffle and local",
         },
         "rows": rows,
     })

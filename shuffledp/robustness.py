@@ -26,7 +26,15 @@ The attacks, per mechanism (``direction`` +1 pushes up, -1 down):
   clipping range (``upper``, or ``radius e_1``: input manipulation, which summation
   cannot detect); with ``residue=True`` the first attacker also adds ``q // 2`` to one
   share, which no check can refuse since a share may be any residue mod ``q``
-  (summation has no input validation: ``docs/threat-model.md``).
+  (summation has no input validation: ``docs/threat-model.md``). ``shifted-vector-sum``:
+  the same about the announced centre.
+* ``coordinate-tree``: at every level of every rotated coordinate, claim the extreme node
+  and deny the honest median's node (``focus="one"``: all on rotated coordinate 0), which
+  drags each descent toward an edge of ``[-R, R]``.
+* ``shifted-norm``: claim the largest (smallest) norm bin and deny the honest mode: the
+  clipping radius is pushed up (more noise) or down (everyone clipped).
+* ``local-vector``: the value ``+bound`` (``-bound``) on the coordinates drawn (``focus="one"``:
+  all on coordinate 0).
 
 Reference for the robust decoding these attacks are measured against:
 ``analyzer/robust.py``.
@@ -48,9 +56,13 @@ from shuffledp.engine import _check_data, draw_round
 from shuffledp.protocol.errors import InvalidParameter, ValueOutOfRange
 from shuffledp.protocol.hadamard import hadamard_entry
 from shuffledp.protocol.messages import (
+    CoordinateTreeParams,
     HadamardRangeParams,
+    LocalVectorParams,
     ModularSumParams,
     ProjectedMeanParams,
+    ShiftedNormParams,
+    ShiftedVectorSumParams,
     VectorMeanParams,
     VectorRangeParams,
     VectorSumParams,
@@ -147,12 +159,42 @@ def craft_reports(plan: RoundPlan, honest_data: np.ndarray, honest_reports: np.n
             proxy = ProjectedMeanParams(0.0, 1.0, params.noise, params.grid_levels)
             low, high = report_range(proxy, plan.epsilon0, plan.delta0)
             flat[:, 1] = high if up else low
+    elif isinstance(params, CoordinateTreeParams):
+        # every level of every coordinate: claim the extreme node, deny the honest median's node
+        if adversary.focus == "one":
+            flat[:, 0] = flat[:, 0] % params.levels  # coordinate 0, the level each report drew
+        coords, level = flat[:, 0] // params.levels, flat[:, 0] % params.levels + 1
+        scalar = params.scalar
+        leaf_modes = _mode_bins(rotation_of(params).apply(honest_data), scalar)
+        honest_node = np.right_shift(leaf_modes[coords], params.levels - level)
+        target = (np.left_shift(1, level) - 1) if up else np.zeros_like(level)
+        rows = np.empty(coords.size, dtype=np.int64)
+        bits = np.empty(coords.size, dtype=np.int64)
+        for t in np.unique(target):
+            pick = target == t
+            rows[pick], bits[pick] = claim_and_deny(int(t), honest_node[pick], int(pick.sum()), scalar.padded_bins, rng)
+        flat[:, 1], flat[:, 2] = rows, bits
+    elif isinstance(params, ShiftedNormParams):
+        # the largest norm bin (raise the clipping radius: more noise) or the smallest (clip everyone)
+        from shuffledp.client.quantile_randomizer import shifted_log_norms
+
+        scalar = params.scalar
+        logs = np.maximum(shifted_log_norms(honest_data, np.asarray(params.center)), params.low)
+        honest_mode = int(np.bincount(bin_index(logs, scalar), minlength=scalar.num_bins).argmax())
+        target = scalar.num_bins - 1 if up else 0
+        flat[:, 0], flat[:, 1] = claim_and_deny(target, np.full(k * per_user, honest_mode), k * per_user, scalar.padded_bins, rng)
+    elif isinstance(params, LocalVectorParams):
+        if adversary.focus == "one":
+            flat[:, 0] = 0
+        flat[:, 1] = params.bound if up else -params.bound
     elif isinstance(params, (ModularSumParams, VectorSumParams)):
         if isinstance(params, ModularSumParams):
             worst = np.full(k, params.upper if up else params.lower)
         else:
             worst = np.zeros((k, params.dim))
             worst[:, 0] = params.radius if up else -params.radius
+            if isinstance(params, ShiftedVectorSumParams):
+                worst += np.asarray(params.center)[None, :]
         out = randomize_round(params, plan.epsilon0, plan.delta0, worst, source)
         if adversary.residue and k:
             out[0, 0, -1] = (out[0, 0, -1] + params.modulus // 2) % params.modulus

@@ -221,3 +221,32 @@ def test_summation_attacks():
     residue = run_attacked(protocol, data, Adversary(0.05, residue=True), seed=2).result.estimate.mean
     step = (params.upper - params.lower) / params.precision
     assert abs(residue - expected) > 0.4 * params.modulus * step / n
+
+
+@pytest.mark.parametrize("model", ["shuffle", "local"])
+def test_instance_optimal_attacks_are_well_formed_and_the_detection_threshold_holds_them_off(model):
+    """Every crafted row of the four instance-optimal rounds passes the round's report ranges
+    (run_attacked checks each row); with no corrupted user the run is run_fast's exactly.
+
+    The norm round's detection threshold is a tolerance: each attacker's claim adds c to the
+    count estimate of the (honestly empty) top bin, whose noise has sd c sqrt(n). At n = 3,000
+    (shuffle: c = 1.02, detection 246; local: c = 2.16, detection 522) 2 % of attackers (60)
+    need 3.3+ sd of noise to reach detection, so the radius does not rise (their denials of the
+    honest mode can only lower counts, so it may fall); 20 % (600) clear it by 6.5+ sd, and the
+    radius jumps to the top of the grid."""
+    from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
+
+    rng = np.random.default_rng(3)
+    n = 3000
+    data = np.array([3.0, -1.0, 2.0, 0.5]) + rng.normal(size=(n, 4)) * 0.5
+    config = InstanceOptimalConfig(4, n, 40.0, 4.0, 1e-6, model=model, leaves=64)
+    honest = InstanceOptimalProtocol(config)
+    expected = run_fast(honest, data, seed=2).result
+    clean = run_attacked(InstanceOptimalProtocol(config, honest.budgets), data, Adversary(0.0), seed=2)
+    np.testing.assert_array_equal(clean.result.estimate, expected.estimate)
+    few = run_attacked(InstanceOptimalProtocol(config, honest.budgets), data, Adversary(0.02), seed=2)
+    assert [p.params.MECHANISM for p in few.plans][:2] == ["coordinate-tree", "shifted-norm"]
+    assert few.result.threshold.radius <= expected.threshold.radius
+    many = run_attacked(InstanceOptimalProtocol(config, honest.budgets), data, Adversary(0.2), seed=2)
+    norm_params = many.plans[1].params
+    assert many.result.threshold.radius == 2.0**norm_params.high
