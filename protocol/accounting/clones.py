@@ -134,10 +134,13 @@ def _tail_and_pmf_half(k: np.ndarray, N: np.ndarray, memo: dict | None = None) -
     return tail[inverse].reshape(shape), pmf[inverse].reshape(shape)
 
 
-def _binom_cdf_pair(t: np.ndarray, c: np.ndarray, p: float) -> tuple[np.ndarray, np.ndarray]:
+def _binom_cdf_pair(t: np.ndarray, c: np.ndarray, p: float, memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(Pr[Bin(c, p) <= t - 1], Pr[Bin(c, p) <= t])`` elementwise (integer ``t``, ``c``), each
     distinct ``(c, t)`` evaluated once: where block edges are consecutive integers the two
-    arrays share most of their points. The same numbers as two elementwise calls."""
+    arrays share most of their points, and ``memo`` (one per clone-count grid of a pair) keeps
+    every value computed so far, so a finer z-grid over the same rows (which contains most of
+    the coarser one's edges) only evaluates its new points. The same numbers as two
+    elementwise calls."""
     t = np.asarray(t, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
     if not (t.size >= 64 and np.all(np.abs(t) < 2.0**30) and np.all(np.abs(c) < 2.0**31)
@@ -146,8 +149,25 @@ def _binom_cdf_pair(t: np.ndarray, c: np.ndarray, p: float) -> tuple[np.ndarray,
     kk = np.concatenate([(t - 1.0).ravel(), t.ravel()])
     cc = np.concatenate([c.ravel(), c.ravel()])
     key = (cc.astype(np.int64) << 32) + (kk.astype(np.int64) + 2**31)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    vals = binom_cdf_le(kk[first], cc[first], p)[inverse]
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    vals = np.empty(len(uniq))
+    known = np.zeros(len(uniq), dtype=bool)
+    if memo is not None and len(memo.get("keys", ())) > 0:
+        mk = memo["keys"]
+        pos = np.minimum(np.searchsorted(mk, uniq), len(mk) - 1)
+        known = mk[pos] == uniq
+        vals[known] = memo["vals"][pos[known]]
+    miss = ~known
+    if np.any(miss):
+        vals[miss] = binom_cdf_le(kk[first[miss]], cc[first[miss]], p)
+        if memo is not None:
+            if len(memo.get("keys", ())) > 0:
+                keys = np.concatenate([memo["keys"], uniq[miss]])
+                order = np.argsort(keys, kind="stable")
+                memo["keys"], memo["vals"] = keys[order], np.concatenate([memo["vals"], vals[miss]])[order]
+            else:
+                memo["keys"], memo["vals"] = uniq, vals.copy()
+    vals = vals[inverse]
     return vals[: t.size].reshape(t.shape), vals[t.size:].reshape(t.shape)
 
 
@@ -273,13 +293,14 @@ class ClonePair:
             for name, cs in (("up", c_first), ("mid", c_last), ("dn", c_last), ("hi", c_hi)):
                 layout[name] = (cs + 1.0, np.zeros_like(cs), np.ones_like(cs), np.zeros_like(cs))
         else:
-            layout["up"], _ = self._z_blocks(c_first, hz)
-            layout["mid"], layout["dn"] = self._z_blocks(c_last, hz)
-            layout["hi"], _ = self._z_blocks(c_hi, hz)
+            memo = self._cache.setdefault(("z-cdf", lc), {"first": {}, "last": {}, "hi": {}})
+            layout["up"], _ = self._z_blocks(c_first, hz, memo["first"])
+            layout["mid"], layout["dn"] = self._z_blocks(c_last, hz, memo["last"])
+            layout["hi"], _ = self._z_blocks(c_hi, hz, memo["hi"])
         self._cache[key] = layout
         return layout
 
-    def _z_blocks(self, cs: np.ndarray, hz: float):
+    def _z_blocks(self, cs: np.ndarray, hz: float, memo: dict | None = None):
         """Upper and lower corners ``(s, w)``, weights and outside mass of the z-blocks, per c.
 
         Given ``c``, ``z = Bin(c, pi2) + Bern(a2)`` (same law under both inputs) and
@@ -306,7 +327,7 @@ class ClonePair:
         c_col = cs[:, None]
 
         def cdf_z(t):  # Pr[z <= t | c]; the binomial cdf at t - 1 and t, each distinct (c, t) once
-            f_lo, f_hi = _binom_cdf_pair(t, np.broadcast_to(c_col, t.shape), pi2)
+            f_lo, f_hi = _binom_cdf_pair(t, np.broadcast_to(c_col, t.shape), pi2, memo)
             return a2 * f_lo + (1.0 - a2) * f_hi
 
         cz = cdf_z(edges - 1.0)
