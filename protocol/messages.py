@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import ClassVar, Union, get_args
 
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.hadamard import next_power_of_two
@@ -711,21 +711,8 @@ MechanismParams = Union[
     ShiftedVectorSumParams,
     LocalVectorParams,
 ]
-MECHANISMS: dict[str, type] = {
-    cls.MECHANISM: cls
-    for cls in (
-        HadamardRangeParams,
-        ProjectedMeanParams,
-        VectorRangeParams,
-        VectorMeanParams,
-        ModularSumParams,
-        VectorSumParams,
-        CoordinateTreeParams,
-        ShiftedNormParams,
-        ShiftedVectorSumParams,
-        LocalVectorParams,
-    )
-}
+#: Every mechanism's parameter class by its wire name (the members of :data:`MechanismParams`).
+MECHANISMS: dict[str, type] = {cls.MECHANISM: cls for cls in get_args(MechanismParams)}
 
 
 def messages_per_user(params: MechanismParams) -> int:
