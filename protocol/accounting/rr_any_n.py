@@ -303,26 +303,28 @@ def dataset_epsilon(delta: float, ones: int, zeros: int, epsilon0: float) -> tup
     ``ones`` / ``zeros``: the other users' bits (user 1's direction 1 -> 0; the other direction
     is this one at ``(zeros, ones)``, Step 1). Closed form of Step 2 with the bounds of Step 4.
     """
+    return (_dataset_epsilon_side(delta, ones, zeros, epsilon0, True),
+            _dataset_epsilon_side(delta, ones, zeros, epsilon0, False))
+
+
+def _dataset_epsilon_side(delta: float, ones: int, zeros: int, epsilon0: float, upper: bool) -> float:
+    """One side of :func:`dataset_epsilon`: the upper bound if ``upper``, else the lower bound
+    (the certificate needs only one of them per dataset; each is the same number either way)."""
     tail = _view_tail(ones + zeros, epsilon0, delta)
     v = _view(int(ones), int(zeros), float(epsilon0), tail)
-    out = []
-    for upper in (True, False):
-        a, b = _tail_arrays(v, epsilon0, upper)
-        num = a - delta
-        pos = num > 0
-        if upper and (v.out >= delta or np.any(pos & (b <= 0))):
-            out.append(epsilon0)
-            continue
-        if not np.any(pos & (b > 0)):
-            out.append(0.0)
-            continue
-        ratio = float(np.max(num[pos & (b > 0)] / b[pos & (b > 0)]))
-        if upper:
-            e = math.log(ratio * (1 + 4 * _U)) * (1 + 4 * _U) + 1e-300 if ratio > 1 else 0.0
-        else:
-            e = math.log(ratio * (1 - 4 * _U)) * (1 - 4 * _U) if ratio > 1 else 0.0
-        out.append(min(max(e, 0.0), epsilon0))
-    return out[0], out[1]
+    a, b = _tail_arrays(v, epsilon0, upper)
+    num = a - delta
+    pos = num > 0
+    if upper and (v.out >= delta or np.any(pos & (b <= 0))):
+        return epsilon0
+    if not np.any(pos & (b > 0)):
+        return 0.0
+    ratio = float(np.max(num[pos & (b > 0)] / b[pos & (b > 0)]))
+    if upper:
+        e = math.log(ratio * (1 + 4 * _U)) * (1 + 4 * _U) + 1e-300 if ratio > 1 else 0.0
+    else:
+        e = math.log(ratio * (1 - 4 * _U)) * (1 - 4 * _U) if ratio > 1 else 0.0
+    return min(max(e, 0.0), epsilon0)
 
 
 def dataset_delta(eps: float, ones: int, zeros: int, epsilon0: float) -> tuple[float, float]:
@@ -380,7 +382,7 @@ def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = N
     def core_upper(k1: int, k2: int) -> float:
         nonlocal evals
         evals += 1
-        return dataset_epsilon(delta, k1, m - k2, epsilon0)[0]
+        return _dataset_epsilon_side(delta, k1, m - k2, epsilon0, True)
 
     best_lower, best_k = 0.0, 0
     lowered: set[int] = set()
@@ -391,7 +393,7 @@ def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = N
             return
         lowered.add(k)
         evals += 1
-        lo = dataset_epsilon(delta, k, m - k, epsilon0)[1]
+        lo = _dataset_epsilon_side(delta, k, m - k, epsilon0, False)
         if lo > best_lower:
             best_lower, best_k = lo, k
 
@@ -490,11 +492,11 @@ def rr_monotone_epsilon(delta: float, n: int, epsilon0: float, certify=None) -> 
     # eps^+(g') >= eps(g') >= eps(prev) >= lower(prev) >= best for every g' <= prev.
     # (Once best >= eps0 nothing can be gained either way: eps0 is the cap of every bound.)
     while prev is not None and best < epsilon0:
-        if dataset_epsilon(delta, prev - 1, 0, epsilon0)[1] >= best:  # cheap: one dataset at prev
+        if _dataset_epsilon_side(delta, prev - 1, 0, epsilon0, False) >= best:  # cheap: one dataset at prev
             break
         # ... or the grid point's worst dataset, scaled to prev (one more dataset: a lower bound too)
         k_prev = int(round(here.worst_ones * (prev - 1) / max(g - 1, 1)))
-        if dataset_epsilon(delta, k_prev, prev - 1 - k_prev, epsilon0)[1] >= best:
+        if _dataset_epsilon_side(delta, k_prev, prev - 1 - k_prev, epsilon0, False) >= best:
             break
         c = certify(delta, prev, epsilon0)
         if c.upper < best:
@@ -504,7 +506,8 @@ def rr_monotone_epsilon(delta: float, n: int, epsilon0: float, certify=None) -> 
         prev = _grid_prev(prev)
     m = n - 1
     k = here.worst_ones if g == n else int(round(here.worst_ones * m / max(g - 1, 1)))
-    lower = max(dataset_epsilon(delta, k, m - k, epsilon0)[1], dataset_epsilon(delta, m, 0, epsilon0)[1])
+    lower = max(_dataset_epsilon_side(delta, k, m - k, epsilon0, False),
+                _dataset_epsilon_side(delta, m, 0, epsilon0, False))
     return RRMonotone(epsilon=best, from_n=best_g, lower=min(lower, best), certificate=here)
 
 
