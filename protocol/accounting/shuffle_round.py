@@ -99,7 +99,8 @@ def dominating_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | Wor
     different blocks; ``guarantees.block_hadamard_pair_types``) combined by
     :class:`WorstOfPairs` (the maximum over the types).
 
-    The pair objects are shared within the process (keyed on the exact parameters), so
+    The pair objects are shared within the process (keyed on the exact parameters; the last
+    two questions only: a fine two-dimensional pair at n = 1e6 holds ~45 MB of layouts), so
     their block layouts and finished epsilon searches are computed once for the single-round
     bound, the session's grid and curve; the dictionary itself is a fresh copy.
     """
@@ -107,7 +108,7 @@ def dominating_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | Wor
     return dict(_shared_pairs(local, n))
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=2)
 def _shared_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | WorstOfPairs]:
     """:func:`dominating_pairs`, built once per (local, n)."""
     e0 = local.epsilon0
