@@ -83,7 +83,7 @@ def _log_views(n: int, epsilon0: float, ones: int) -> tuple[np.ndarray, np.ndarr
     return log_p, log_q
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)
 def _hockey_parts(n: int, epsilon0: float, ones: int) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """``(exp(log P), log P - log Q)`` and ``(exp(log Q), log Q - log P)`` of one dataset, once per process
     (a search evaluates the same views at many epsilons)."""

@@ -309,7 +309,7 @@ def _round_curve(local: LocalGuarantee, n_in: int) -> tuple[np.ndarray, np.ndarr
     return grid, deltas
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=8)
 def _group_pld(local: LocalGuarantee, n_in: int, gamma: float, tail: float, d: float,
                count: int) -> "PrivacyLossDistribution":
     """PLD of ``count`` identical rounds (one round's PLD composed ``count`` times by
