@@ -20,6 +20,7 @@ BOUND_LABELS = {
     "rr-exact": "exact shuffled binary RR (all datasets)",
     "rr-exact-smaller-n": "exact shuffled binary RR at n = 1,500 (valid for larger n)",
     "variation-ratio": "variation-ratio, corrected (Wang et al. 2024)",
+    "blanket": "privacy blanket, this mechanism (Balle et al. 2019)",
     "strong-clone": "stronger clone (Feldman et al. 2023)",
     "fmt21-numerical": "clones, numerical (Feldman et al. 2021, Thm 3.2)",
     "fmt21-closed": "clones, closed form (Feldman et al. 2021, Thm 3.1)",
@@ -91,6 +92,10 @@ def add_parser(subparsers) -> None:
         "--blocks", type=_positive_int, default=None,
         help="block count B (block-hadamard-response; default: the client's variance-optimal B)",
     )
+    p.add_argument(
+        "--grid-levels", type=_positive_int, default=None,
+        help="grid size G of the Laplace report (laplace-mean; enables its privacy-blanket bound)",
+    )
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (gaussian-mean)")
     p.add_argument("--n", "-n", type=_positive_int, required=True, help="reports in the shuffled batch")
     p.add_argument("--delta", "-d", type=_probability, default=1e-6, help="central delta")
@@ -125,6 +130,7 @@ def _local(args):
         delta0=args.delta0,
         num_bins=args.num_bins if args.mechanism == "hadamard-response" else None,
         k=args.k if args.mechanism == "k-rr" else None,
+        grid_levels=args.grid_levels,
     )
 
 

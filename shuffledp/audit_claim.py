@@ -304,12 +304,17 @@ def round_guarantee(spec: RoundSpec):
       ones. With one bin the report does not depend on the input at all, and the K = 2
       guarantee (any valid bound) is used, as :func:`shuffledp.simulation.central_guarantee_at` does.
     * ``projected-mean`` with Laplace noise: the projected discrete-Laplace report, pure
-      eps0-LDP (``laplace-mean``: the generic FMT21 / RDP bounds).
-    * ``vector-range`` and ``vector-mean`` (Laplace): pure eps0-LDP per user (a coordinate
-      drawn independently of the data, then a pure eps0-LDP report of it; in ``paper``
-      mode ``D`` reports at ``eps0 / D`` each, basic composition), so the generic
-      guarantee (valid for every pure eps0-LDP randomizer); no mechanism-specific bound
-      is claimed for these mixtures.
+      eps0-LDP, on its ``grid_levels`` (``laplace-mean``: the eps0-only FMT21 / RDP bounds and
+      the report's own privacy-blanket bound, :mod:`shuffledp.protocol.accounting.blanket`).
+    * ``vector-mean`` (Laplace): one coordinate drawn uniformly and independently of the
+      data, then the same projected Laplace report on that coordinate's grid of the same
+      ``grid_levels``; the blanket law of this mixture is covered by the scalar report's
+      (the argument is in :mod:`~shuffledp.protocol.accounting.blanket`), so the same
+      ``laplace-mean`` guarantee.
+    * ``vector-range``: pure eps0-LDP per user (a coordinate drawn independently of the
+      data, then a pure eps0-LDP report of it; in ``paper`` mode ``D`` reports at
+      ``eps0 / D`` each, basic composition), so the generic guarantee (valid for every
+      pure eps0-LDP randomizer); no mechanism-specific bound is claimed for it.
     * Gaussian noise (``projected-mean``, ``vector-mean``): ``(eps0, delta0)``-LDP only;
       every amplification bound here needs pure LDP (see
       :class:`~shuffledp.protocol.accounting.AmplificationNotClaimed`): None.
@@ -336,11 +341,11 @@ def plan_guarantee(params, epsilon0: float):
     if isinstance(params, HadamardRangeParams):
         return hadamard_response_guarantee(epsilon0, max(2, params.padded_bins))
     if isinstance(params, ProjectedMeanParams):
-        return laplace_mean_guarantee(epsilon0) if params.noise == "laplace" else None
+        return laplace_mean_guarantee(epsilon0, params.grid_levels) if params.noise == "laplace" else None
     if isinstance(params, VectorRangeParams):
         return generic_guarantee(epsilon0)
-    if isinstance(params, VectorMeanParams):
-        return generic_guarantee(epsilon0) if params.noise == "laplace" else None
+    if isinstance(params, VectorMeanParams):  # one uniform coordinate, same G: the scalar report's law
+        return laplace_mean_guarantee(epsilon0, params.grid_levels) if params.noise == "laplace" else None
     if isinstance(params, (ModularSumParams, VectorSumParams, LocalVectorParams)):
         return None
     if isinstance(params, CoordinateTreeParams):

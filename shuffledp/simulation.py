@@ -225,11 +225,11 @@ def central_guarantee_at(protocol, n: int, delta: float) -> dict[str, Any]:
             "delta": None,
             "method": "none: Gaussian reports are (eps0, delta0)-LDP; no amplification is claimed",
         }
-    return dict(_central_for(protocol.round_epsilon, protocol.range_params().padded_bins, n, delta))
+    return dict(_central_for(protocol.round_epsilon, protocol.range_params().padded_bins, n, delta, protocol.grid_levels))
 
 
 @functools.lru_cache(maxsize=32)
-def _central_for(round_epsilon: float, padded_bins: int, n: int, delta: float) -> dict[str, Any]:
+def _central_for(round_epsilon: float, padded_bins: int, n: int, delta: float, grid_levels: int | None = None) -> dict[str, Any]:
     from shuffledp.protocol.accounting import (
         SessionAccountant,
         hadamard_response_guarantee,
@@ -238,7 +238,7 @@ def _central_for(round_epsilon: float, padded_bins: int, n: int, delta: float) -
     )
     from shuffledp.protocol.errors import ShuffleDPError
 
-    guarantees = [hadamard_response_guarantee(round_epsilon, max(2, padded_bins)), laplace_mean_guarantee(round_epsilon)]
+    guarantees = [hadamard_response_guarantee(round_epsilon, max(2, padded_bins)), laplace_mean_guarantee(round_epsilon, grid_levels)]
     try:
         per_round = [shuffled_round(g, n, delta / 2) for g in guarantees]
         session = SessionAccountant()

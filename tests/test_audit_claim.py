@@ -82,8 +82,9 @@ def report(session_file) -> dict:
 def test_each_round_is_accounted_as_the_accountant_does_at_its_smallest_batch(report):
     hadamard, mean = report["rounds"]
     range_local = hadamard_response_guarantee(EPS0, PARAMS.padded_bins)
-    assert round_guarantee(RANGE_SPEC) == range_local and round_guarantee(MEAN_SPEC) == laplace_mean_guarantee(EPS0)
-    for row, local, n in ((hadamard, range_local, min(RANGE_BATCHES)), (mean, laplace_mean_guarantee(EPS0), min(MEAN_BATCHES))):
+    mean_local = laplace_mean_guarantee(EPS0, MEAN_SPEC.params.grid_levels)
+    assert round_guarantee(RANGE_SPEC) == range_local and round_guarantee(MEAN_SPEC) == mean_local
+    for row, local, n in ((hadamard, range_local, min(RANGE_BATCHES)), (mean, mean_local, min(MEAN_BATCHES))):
         direct = shuffled_round(local, n, DELTA)
         assert row["users"] == n and row["smallest_batch"] == n
         assert row["central_epsilon"] == direct.epsilon and row["method"] == direct.method
@@ -97,7 +98,7 @@ def test_each_round_is_accounted_as_the_accountant_does_at_its_smallest_batch(re
 def test_the_session_composes_the_rounds(report):
     rows, session = report["rounds"], report["session"]
     locals_ = [(hadamard_response_guarantee(EPS0, PARAMS.padded_bins), min(RANGE_BATCHES)),
-               (laplace_mean_guarantee(EPS0), min(MEAN_BATCHES))]
+               (laplace_mean_guarantee(EPS0, MEAN_SPEC.params.grid_levels), min(MEAN_BATCHES))]
     naive = sum(shuffled_round(local, n, DELTA / 2).epsilon for local, n in locals_)  # basic composition at delta
     accountant = SessionAccountant()
     for local, n in locals_:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shuffledp.learning_data import breast_cancer_users, real_dataset_available, synthetic_logistic
-from shuffledp.protocol.accounting import SessionAccountant, generic_guarantee
+from shuffledp.protocol.accounting import SessionAccountant, generic_guarantee, laplace_mean_guarantee
 from shuffledp.protocol.accounting.steps import SubsampledStepAccountant
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.uldp_sgd import (
@@ -24,6 +24,7 @@ from shuffledp.uldp_sgd import (
     exact_error_model,
     executed_guarantees,
     privatize_mean,
+    STEP_GRID_LEVELS,
     step_guarantees,
     step_has_range_round,
     step_vector_config,
@@ -109,7 +110,7 @@ def test_executed_rounds_are_the_accounted_rounds():
     cfg = step_vector_config(5, 1.0, 4.0, 300, rotation_seed=3)
     assert not cfg.range_round and not step_has_range_round(5, 1.0, 300)
     _, run = privatize_mean(grads, cfg, seed=0)
-    assert executed_guarantees(run) == step_guarantees(4.0, range_round=False) == [generic_guarantee(4.0)]
+    assert executed_guarantees(run) == step_guarantees(4.0, range_round=False) == [laplace_mean_guarantee(4.0, STEP_GRID_LEVELS)]
     (only,) = run.rounds
     assert only.plan.epsilon0 == 4.0
     assert set(only.plan.params.lower) == {-1.0} and set(only.plan.params.upper) == {1.0}
@@ -117,7 +118,7 @@ def test_executed_rounds_are_the_accounted_rounds():
     cfg = step_vector_config(200, 1.0, 4.0, 3000, rotation_seed=3)
     assert cfg.range_round and step_has_range_round(200, 1.0, 3000)
     _, run = privatize_mean(wide, cfg, seed=0)
-    assert executed_guarantees(run) == step_guarantees(4.0) == [generic_guarantee(2.0)] * 2
+    assert executed_guarantees(run) == step_guarantees(4.0) == [generic_guarantee(2.0), laplace_mean_guarantee(2.0, STEP_GRID_LEVELS)]
 
 
 def test_skipping_the_one_bin_range_round_saves_noise():

@@ -99,7 +99,9 @@ class LocalGuarantee:
     ``num_bins`` is the Hadamard size K (``hadamard-response``), ``k`` the domain
     size of k-ary randomized response (``k-rr``) or of block Hadamard response
     (``block-hadamard-response``, which also needs ``num_blocks`` = B); they are
-    ignored otherwise.
+    ignored otherwise. ``grid_levels`` (``laplace-mean`` only) is the report's grid size
+    G; given, the round also gets the mechanism-specific privacy-blanket bound
+    (:mod:`.blanket`), otherwise only the bounds that use ``epsilon0`` alone.
     """
 
     mechanism: str
@@ -108,6 +110,7 @@ class LocalGuarantee:
     num_bins: int | None = None
     k: int | None = None
     num_blocks: int | None = None
+    grid_levels: int | None = None
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -140,6 +143,12 @@ class LocalGuarantee:
             if isinstance(nb, bool) or not isinstance(nb, (int, np.integer)) or not 1 <= nb <= self.k:
                 raise InvalidParameter("num_blocks", f"must be an integer in [1, k = {self.k}], got {nb!r}")
             _block_hr_params(self)  # the client's own checks (e.g. eps0 too small for B)
+        G = self.grid_levels
+        if G is not None:
+            if self.mechanism != "laplace-mean":
+                raise InvalidParameter("grid_levels", f"only applies to laplace-mean, not {self.mechanism}")
+            if isinstance(G, bool) or not isinstance(G, (int, np.integer)) or not 1 <= G <= 2**24:
+                raise InvalidParameter("grid_levels", f"must be an integer in [1, 2^24], got {G!r}")
 
     @property
     def pure(self) -> bool:
@@ -181,9 +190,13 @@ def block_hadamard_response_guarantee(epsilon0: float, k: int, num_blocks: int |
     return LocalGuarantee("block-hadamard-response", epsilon0, k=params.k, num_blocks=params.blocks)
 
 
-def laplace_mean_guarantee(epsilon0: float) -> LocalGuarantee:
-    """Projected discrete-Laplace mean report (pure ``epsilon0``-LDP)."""
-    return LocalGuarantee("laplace-mean", epsilon0)
+def laplace_mean_guarantee(epsilon0: float, grid_levels: int | None = None) -> LocalGuarantee:
+    """Projected discrete-Laplace mean report (pure ``epsilon0``-LDP) on ``grid_levels`` levels.
+
+    With ``grid_levels`` the accountant also applies the report's own privacy-blanket
+    bound (:mod:`.blanket`); without it only bounds that use ``epsilon0`` alone.
+    """
+    return LocalGuarantee("laplace-mean", epsilon0, grid_levels=None if grid_levels is None else int(grid_levels))
 
 
 def gaussian_mean_guarantee(epsilon0: float, delta0: float) -> LocalGuarantee:

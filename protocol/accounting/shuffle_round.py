@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shuffledp.protocol.accounting.blanket import BlanketLaw, blanket_delta, blanket_epsilon, laplace_report_law
 from shuffledp.protocol.accounting.cache import cached
 
 from shuffledp.protocol.accounting.clones import (
@@ -50,6 +51,7 @@ BOUND_NAMES = (
     "rr-exact",
     "rr-exact-smaller-n",
     "variation-ratio",
+    "blanket",
     "strong-clone",
     "fmt21-numerical",
     "fmt21-closed",
@@ -131,12 +133,21 @@ def _shared_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | WorstO
     return pairs
 
 
+def blanket_law(local: LocalGuarantee) -> BlanketLaw | None:
+    """The mechanism's privacy-blanket law where its worst pair is known (:mod:`.blanket`), else None."""
+    if local.mechanism == "laplace-mean" and local.grid_levels is not None:
+        return laplace_report_law(float(local.epsilon0), int(local.grid_levels))
+    return None
+
+
 def rr_floor_applies(local: LocalGuarantee) -> bool:
     """Whether shuffled binary RR's exact epsilon is a floor for this mechanism's bounds.
 
     It is for bounds that only use ``eps0`` (generic, laplace-mean) and for binary RR
     itself; k-ary RR and Hadamard response can genuinely be more private than binary
-    RR at the same ``eps0``.
+    RR at the same ``eps0``, and so can the Laplace report: with ``grid_levels`` its
+    mechanism-specific ``blanket`` bound may go below the floor, which then only
+    screens the eps0-only bounds and is not reported as the round's lower bound.
     """
     return local.mechanism in ("generic", "laplace-mean", "binary-rr")
 
@@ -195,6 +206,9 @@ def _shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
             lower = min(eps_rr, max(lower, rr_lower_epsilon(delta, n, e0)))
     elif rr_floor_applies(local):
         lower = rr_lower_epsilon(delta, n, e0)
+    law = blanket_law(local)
+    if law is not None:
+        cand["blanket"] = min(e0, blanket_epsilon(law, n, delta, e0))
     valid = {k: v for k, v in cand.items() if v is not None}
     if lower is not None:
         # A candidate below a proven lower bound is numerically wrong, not an upper bound: it is
@@ -202,10 +216,12 @@ def _shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
         # eps0 >= 28.5, where the clone probability e^-eps0 is below the evaluation's precision
         # (28.4998 against an RR floor of 28.49997); ``local`` (eps0) always remains.
         for name, value in list(valid.items()):
-            if name != "local" and value < lower * (1 - 1e-6) - 1e-9:
+            if name not in ("local", "blanket") and value < lower * (1 - 1e-6) - 1e-9:
                 del valid[name]
                 cand[name] = None
                 cand[f"{name} (dropped: below the exact floor)"] = value
+    if law is not None:
+        lower = None  # the RR floor is not a lower bound for this mechanism
     best = min(valid.values())
     method = "local" if best >= e0 else next(k for k in BOUND_NAMES if valid.get(k) == best)
     return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=lower)
@@ -219,11 +235,14 @@ def round_delta_curve(local: LocalGuarantee, n: int, eps_grid: np.ndarray, rtol:
     for p in pairs:  # every curve starts from the coarsest blocks, as on fresh pairs
         p.reset_start()
     exact_rr = local.mechanism == "binary-rr" and n <= RR_EXACT_MAX_N
+    law = blanket_law(local)
     out = np.empty_like(eps_grid)
     for i, e in enumerate(eps_grid):
         vals = [p.delta(float(e), rtol=rtol) for p in pairs]
         if exact_rr:
             vals.append(rr_exact_delta(float(e), n, local.epsilon0))
+        if law is not None:
+            vals.append(blanket_delta(law, n, float(e)))
         out[i] = min(vals)
     return out
 

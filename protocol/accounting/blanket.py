@@ -1,0 +1,318 @@
+"""Privacy-blanket bound for a mechanism, worst input pair by convex order, tilted FFT.
+
+**The bound** (Balle, Bell, Gascon & Nissim, CRYPTO 2019, "The privacy blanket of the
+shuffle model", Thm 3.1; Su, Cheng & Wang 2025, arXiv 2504.07414, show this blanket
+decomposition is the optimal one among all decomposition ("general clone") analyses).
+Let ``R(x)`` be the randomizer's output distribution, ``w(y) = min_x R(x)(y)`` its
+pointwise floor over *every* input, ``gamma = sum_y w(y)`` and ``omega = w / gamma``.
+Each other user's report is, with probability ``gamma`` and independently of its input,
+a draw from ``omega`` (the blanket), and otherwise a draw from its own remainder. Tell
+the analyst which other users did not land in the blanket and what they sent (post-
+processing can only lower the divergence, so this only weakens the claim). What is
+left is the multiset of ``M ~ Bin(n-1, gamma)`` blanket draws plus user 1's report;
+its likelihood ratio against ``omega^(M+1)`` is a uniform average, and with
+``Bin(k-1; n-1, gamma) gamma / k = Bin(k; n, gamma) / n``:
+
+    delta(eps) <= (1/n) E[(sum_{i=1}^{n} B_i l(V_i))_+],
+    l(y) = (R(x1)(y) - e^eps R(x1')(y)) / w(y) = A1(y) - e^eps A2(y),
+
+with ``B_i ~ Bern(gamma)`` and ``V_i ~ omega`` independent. The same argument with the two
+inputs swapped gives the other direction; the laws below are symmetric, so one suffices.
+This holds for every dataset of the other users and needs only ``w > 0`` where
+``R(x1) > 0`` (true for any pure eps0-LDP randomizer). Inputs that are mixtures of
+grid inputs (randomized rounding) are covered by joint convexity of the hockey-stick
+divergence.
+
+**The worst input pair** (our argument). ``E[A_x(V)] = 1/gamma`` for every ``x``. If
+``A_x <=_cx X*`` (convex order) for every input ``x`` then, for every pair,
+``l = A_x1 - e^eps A_x1' <=_cx`` the comonotone sum of ``X*`` and ``-e^eps X*``
+(the comonotone coupling is the largest in convex order among couplings with given
+marginals, and comonotone sums are monotone in the convex order of the marginals:
+Dhaene, Denuit, Goovaerts, Kaas & Vyncke 2002, "The concept of comonotonicity in
+actuarial science and finance: theory", Thms 6-7). Convex order is preserved by the
+independent Bernoulli thinning and by sums of independent terms, and ``(.)_+`` is
+convex, so the bound for that comonotone law holds for every pair.
+
+* *Projected discrete-Laplace mean report* (``client/mean_randomizer.py``): grid inputs
+  ``u in {0..G}``, report ``u + N``, ``P(N = k) ~ r^|k|``, ``r = e^(-eps0/G)``. With
+  ``m(y) = max(|y|, |y - G|)``, ``w(y) ~ r^m(y)`` and ``A_u(y) = r^(|y-u| - m(y))``. For
+  ``u <= G/2`` the exponent is ``a_u(y) = clip(a_0(y) + u, u, G - u)`` (check the regions
+  ``y <= u``, ``u <= y <= G/2``, ``y >= G/2``), so ``A_u = h_u(A_0)`` with ``h_u`` non-
+  decreasing, above the identity below one point and below it above: a contraction
+  with the same mean, hence ``A_u <=_cx A_0`` (Shaked & Shanthikumar 2007, Thm 3.A.44
+  via the single crossing of the distribution functions); ``u > G/2`` by the reflection
+  ``y -> G - y``. ``A_0`` is non-increasing and ``A_G`` non-decreasing in ``y``, so the
+  extreme pair ``(0, G)`` *is* the comonotone law: the bound below is the blanket bound
+  of the pair ``(0, G)``, and it holds for every pair. Clamping reports to
+  ``[-B, G + B]`` is post-processing of each report, and the clamped law is in fact
+  the same (the clamped atoms have the same ``(A1, A2)`` as their neighbours). The
+  vector protocol's report ``(j, u_j + N)`` with ``j`` uniform and the same ``G`` on
+  every coordinate has the same law of ``A`` (a mixture over ``j`` of laws each
+  ``<=_cx A_0``), so the bound covers it too.
+  ``tests/accounting/test_blanket.py`` checks the lemma's consequence by brute force:
+  every input pair's exact blanket divergence at small ``G`` and ``n`` is at most the
+  extreme pair's, and the bound is above the exact shuffled divergence maximised over
+  every dataset and pair.
+* *Binary and k-ary RR* (:func:`k_rr_law`): every pair has the same law; the bound
+  equals the stronger clone / corrected variation-ratio values (an independent
+  implementation the tests compare against); it is kept for those cross-checks only.
+
+**Numerics** (:func:`blanket_delta`: an upper bound, every approximation on the safe side):
+
+1. *Lattice.* Each atom ``x`` is first raised by a margin covering its floating-point
+   error, then rounded *randomly* to the two neighbouring multiples of ``h`` with the
+   probabilities that keep its mean: a mean-preserving spread, hence larger in convex
+   order (Strassen), so the bound can only grow. The inflation of the variance is
+   ``h^2/4`` per term (``h = sd / resolution``), not a bias growing with ``n``.
+2. *Tilting.* With ``p`` the lattice pmf of one term, ``M(theta) = sum_k p(k) e^(theta k)``
+   and ``p_theta = p e^(theta k) / M``, ``E[T_+] = M^n sum_{t>0} t e^(-theta t) P_theta(T = t)``
+   exactly; ``theta`` is the saddle point (tilted mean 0) so the FFT works on the bulk.
+3. *FFT.* ``P_theta(T = .)`` on a circle of ``N`` points: aliasing only adds mass, so the
+   computed values (before rounding) are upper bounds. Frequencies where
+   ``|phi|^n`` matters are recomputed by direct summation with ``phi - 1`` formed without
+   cancellation, so the ``n``-fold power keeps relative accuracy; the error of every
+   step (input pmf, direct sums, the power, the dropped frequencies bounded by
+   ``(|phi_fft| + e_fft)^n`` with Higham's FFT bound ``e_fft``, and the inverse
+   transform) is bounded per point and added.
+4. *Tail.* For ``t`` beyond the window, ``P(T = t) <= M^n e^(-theta t)`` (Chernoff), summed
+   in closed form.
+
+References: Balle et al. 2019 (above); Su, Cheng & Wang 2025 (above); Koskela,
+Heikkila & Honkela, TMLR 2023 ("Numerical accounting in the shuffle model") for FFT
+accounting of shuffled mechanisms; Higham 2002, *Accuracy and Stability of Numerical
+Algorithms*, Thm 24.2 for the FFT error bound.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+
+from shuffledp.protocol.errors import InvalidParameter
+
+_U = 2.0**-53
+#: Lattice step = sd of one term / this (variance inflation 1 / (4 RESOLUTION^2)).
+RESOLUTION = 10
+#: Frequencies whose |phi|^n is below e^-DROP_LOG are dropped (their mass is bounded and added).
+DROP_LOG = 80.0
+#: Largest FFT length used; beyond it the bound reports the trivial delta = 1.
+MAX_FFT = 1 << 25
+
+
+@dataclass(frozen=True)
+class BlanketLaw:
+    """The law of ``(A1, A2) = (R(x1), R(x1')) / w`` under the blanket ``omega``, and ``gamma``."""
+
+    a1: np.ndarray
+    a2: np.ndarray
+    weight: np.ndarray
+    gamma: float
+    name: str
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.gamma <= 1.0):
+            raise InvalidParameter("gamma", f"must be in (0, 1], got {self.gamma}")
+        if not (len(self.a1) == len(self.a2) == len(self.weight)):
+            raise InvalidParameter("law", "a1, a2 and weight must have the same length")
+
+
+@functools.lru_cache(maxsize=64)
+def laplace_report_law(epsilon0: float, grid_levels: int) -> BlanketLaw:
+    """Blanket law of the projected discrete-Laplace report, extreme pair ``(0, G)`` (worst: module doc)."""
+    G = int(grid_levels)
+    if G < 1:
+        raise InvalidParameter("grid_levels", f"must be >= 1, got {grid_levels!r}")
+    if not (math.isfinite(epsilon0) and epsilon0 > 0):
+        raise InvalidParameter("epsilon0", f"must be finite and > 0, got {epsilon0!r}")
+    s = G / float(epsilon0)
+    log_r = -1.0 / s
+    c = -math.expm1(log_r) / (1.0 + math.exp(log_r))  # (1 - r) / (1 + r)
+    y = np.arange(0, G + 1, dtype=np.float64)
+    m = np.maximum(y, G - y)
+    w_mid = c * np.exp(m * log_r)
+    # y < 0 (and, by symmetry, y > G): w(y) = c r^(G - y), summed; A = (e^eps0, 1) there.
+    lump = c * math.exp((G + 1) * log_r) / -math.expm1(log_r)
+    a1 = np.concatenate([np.exp((np.abs(y) - m) * log_r), [math.exp(epsilon0), 1.0]])
+    a2 = np.concatenate([np.exp((np.abs(y - G) - m) * log_r), [1.0, math.exp(epsilon0)]])
+    w = np.concatenate([w_mid, [lump, lump]])
+    gamma = float(w.sum())
+    return BlanketLaw(a1, a2, w / gamma, min(1.0, gamma), f"laplace-report(G={G})")
+
+
+def k_rr_law(epsilon0: float, k: int) -> BlanketLaw:
+    """Blanket law of k-ary randomized response (``k = 2``: binary), any pair (all alike)."""
+    E = math.exp(epsilon0)
+    q = 1.0 / (E + k - 1)
+    if k == 2:
+        a1, a2, w = np.array([E, 1.0]), np.array([1.0, E]), np.array([q, q])
+    else:
+        a1, a2, w = np.array([E, 1.0, 1.0]), np.array([1.0, E, 1.0]), np.array([q, q, (k - 2) * q])
+    gamma = float(w.sum())
+    return BlanketLaw(a1, a2, w / gamma, gamma, f"{k}-rr")
+
+
+def law_from_matrix(R: np.ndarray, x1: int, x2: int) -> BlanketLaw:
+    """Blanket law of the pair ``(x1, x2)`` of a finite randomizer matrix ``R[x, y]`` (tests, small cases)."""
+    R = np.asarray(R, dtype=np.float64)
+    w = R.min(axis=0)
+    keep = w > 0
+    gamma = float(w.sum())
+    return BlanketLaw(R[x1, keep] / w[keep], R[x2, keep] / w[keep], w[keep] / gamma, gamma, "matrix")
+
+
+# ----------------------------------------------------------------------------- numerics
+def _lattice(law: BlanketLaw, eps: float, resolution: int) -> tuple[np.ndarray, int, float, float] | None:
+    """Lattice pmf ``p`` of one term ``B l`` (index 0 = value ``kmin h``), ``kmin``, ``h``, and a bound
+    on the relative error of each entry; ``None`` when ``l <= 0`` everywhere (delta = 0)."""
+    E = math.exp(eps)
+    x = law.a1 - E * law.a2
+    top = float(np.max(np.abs(law.a1)) + E * np.max(np.abs(law.a2)))
+    x = x + 16 * _U * top  # covers the error of a1 - E a2 (each <= few u relative)
+    if float(x.max()) <= 0.0:
+        return None
+    g = law.gamma
+    pw = g * law.weight
+    mean = float(pw @ x)
+    var = max(float(pw @ (x * x)) - mean * mean, 1e-300)
+    h = math.sqrt(var) / resolution
+    z = x / h
+    fl = np.floor(z)
+    frac = z - fl
+    # The margin above absorbs the rounding of z = x / h (relative u): E[rounded] >= x.
+    kmin = int(min(fl.min(), 0.0))
+    kmax = int(max(fl.max() + 1.0, 0.0))
+    p = np.zeros(kmax - kmin + 1)
+    idx = (fl - kmin).astype(np.int64)
+    np.add.at(p, idx, pw * (1.0 - frac))
+    np.add.at(p, idx + 1, pw * frac)
+    p[-kmin] += 1.0 - g
+    return p, kmin, h, 8 * _U
+
+
+def _tail_sum(theta: float, U: int) -> float:
+    """``sum_{t > U} t e^(-theta t)`` in closed form."""
+    q = math.exp(-theta)
+    return math.exp(-theta * (U + 1)) * ((U + 1) * (1 - q) + q) / (1 - q) ** 2
+
+
+def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUTION) -> float:
+    """Certified upper bound on ``(1/n) E[(sum_{i<=n} B_i l(V_i))_+]`` (module doc, steps 1-4)."""
+    if eps < 0:
+        raise InvalidParameter("eps", f"must be >= 0, got {eps}")
+    lat = _lattice(law, eps, resolution)
+    if lat is None:
+        return 0.0
+    p, kmin, h, rel_p = lat
+    k = np.arange(kmin, kmin + len(p), dtype=np.float64)
+    nz = p > 0
+    p, k = p[nz], k[nz]
+    if float(p @ k) >= 0.0:  # no negative drift (eps ~ 0): no useful tilt
+        return 1.0
+    kmax = float(k.max())
+
+    def tilted_mean(th: float) -> float:
+        e = np.exp(th * (k - kmax))
+        return float((p * e) @ k)
+
+    hi = 1.0
+    while tilted_mean(hi) < 0:
+        hi *= 2.0
+        if hi > 1e6:
+            return 1.0
+    theta = optimize.brentq(tilted_mean, 0.0, hi, xtol=1e-12, rtol=1e-10)
+    if theta <= 0:
+        return 1.0
+    logw = np.log(p) + theta * k
+    log_m = float(np.logaddexp.reduce(logw))
+    pt = np.exp(logw - log_m)
+    mu_t = float(pt @ k)
+    var_t = float(pt @ (k - mu_t) ** 2)
+    sd_T = math.sqrt(n * var_t)
+    U = int(math.ceil(max(DROP_LOG / theta, 14.0 * sd_T + n * max(mu_t, 0.0)))) + 1
+    L = int(math.ceil(14.0 * sd_T + n * max(-mu_t, 0.0) + (kmax - k.min())))
+    N = 1 << max(4, int(math.ceil(math.log2(U + L + 2))))
+    if N > MAX_FFT:
+        return 1.0
+    m_support = len(p)
+    arr = np.zeros(N)
+    np.add.at(arr, (k.astype(np.int64) % N), pt)
+    phi_fft = np.fft.rfft(arr)
+    kappa = math.log2(N) * 4 * (_U + 4 * _U / (1 - 4 * _U) * (math.sqrt(2) + 2 * _U))
+    e_fft = (kappa + 3 * _U) * math.sqrt(N) * float(np.linalg.norm(pt)) + rel_p
+    mag = np.abs(phi_fft) + e_fft
+    with np.errstate(divide="ignore"):
+        keep = n * np.log(np.minimum(mag, 1.0 + 1e-300)) > -DROP_LOG
+    keep[0] = True
+    ks = np.nonzero(keep)[0]
+    if len(ks) * m_support > 5e8:
+        return 1.0
+    dropped = float(np.sum(np.exp(n * np.log(mag[~keep])))) if np.any(~keep) else 0.0
+    # Direct sums at the kept frequencies, phi - 1 without cancellation.
+    omega = 2.0 * math.pi * ks.astype(np.float64) / N
+    ang = np.outer(omega, k)
+    re_m1 = -2.0 * (np.sin(0.5 * ang) ** 2) @ pt
+    im = -(np.sin(ang) @ pt)
+    abs2_m1 = 2.0 * re_m1 + re_m1 * re_m1 + im * im  # |phi|^2 - 1
+    log_abs = 0.5 * np.log1p(abs2_m1)
+    arg = np.arctan2(im, 1.0 + re_m1)
+    big = float(np.max(np.abs(k)))
+    dphi = 4.0 * (m_support + 8) * _U * (1.0 + omega * big) + 2 * rel_p * (1 + theta * big)
+    Yk = np.exp(n * log_abs) * np.exp(1j * n * arg)
+    absphi = np.exp(log_abs)
+    with np.errstate(over="ignore"):
+        err_k = n * dphi * np.exp((n - 1) * np.log1p(np.minimum(absphi + dphi - 1.0, 1e300)))
+    err_k += np.abs(Yk) * (4.0 * n * _U * (np.abs(log_abs) + np.abs(arg)) + 16 * _U)
+    Y = np.zeros(N // 2 + 1, dtype=np.complex128)
+    Y[ks] = Yk
+    c = np.fft.irfft(Y, N)
+    weights = np.where((ks == 0) | (ks == N // 2), 1.0, 2.0)  # Hermitian halves
+    y_norm = math.sqrt(float(np.sum(weights * np.abs(Yk) ** 2)))
+    err_c = (float(weights @ err_k) + 2.0 * dropped) / N + (kappa + 3 * _U) * y_norm / math.sqrt(N)
+    t = np.arange(1, U + 1, dtype=np.float64)
+    vals = c[1: U + 1]
+    body = float(np.sum(t * np.exp(-theta * t) * (np.maximum(vals, 0.0) + err_c)))
+    total = body + _tail_sum(theta, U)
+    log_delta = n * log_m + math.log(h) - math.log(n) + math.log(total)
+    log_delta += 4.0 * n * (m_support + 4) * _U  # error of log M, n times
+    return math.exp(min(log_delta, 0.0))
+
+
+def blanket_epsilon(law: BlanketLaw, n: int, delta: float, epsilon0: float, rtol: float = 1e-4) -> float:
+    """Smallest eps (to ``rtol``) at which :func:`blanket_delta` ``<= delta``, checked at the returned value.
+
+    Brent's method on ``log delta(eps)`` (smooth; ~6-9 evaluations) finds the crossing; the
+    returned value is the first point at or above it where the certified bound was checked.
+    """
+    if not 0 < delta < 1:
+        raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
+    e0 = float(epsilon0)
+    memo: dict[float, float] = {}
+
+    def bound(e: float) -> float:
+        if e not in memo:
+            memo[e] = blanket_delta(law, n, e)
+        return memo[e]
+
+    if bound(e0) > delta:
+        return e0
+    hi = e0
+    lo = e0 / 2.0
+    while bound(lo) <= delta:  # evaluations above the crossing are the cheap ones
+        if lo < 1e-6 * e0:
+            return lo
+        hi, lo = lo, lo / 2.0
+    log_target = math.log(delta)
+
+    def f(e: float) -> float:
+        d = bound(e)
+        return (math.log(d) if d > 0 else -800.0) - log_target
+
+    root = optimize.brentq(f, lo, hi, xtol=0.25 * rtol * lo, rtol=0.25 * rtol)
+    e = min(hi, root * (1.0 + 0.5 * rtol))
+    while bound(e) > delta:
+        e = min(hi, e * (1.0 + rtol))
+    return e
