@@ -83,7 +83,6 @@ def test_chi_square_false_alarms_match_the_nominal_rate():
     # 400 pooled tables of 10 uniform batches of 32 under H0: the scaled statistic's p-values are
     # uniform, so the count below 0.1 is Binomial(400, 0.1): mean 40, sd 6. Without the (B-1)/B
     # scaling the mean statistic is 49 * 32/31 = 50.6 and the rate at 0.1 rises to about 0.12.
-    rng = np.random.default_rng(7)
     batch, replicates = 32, 400
     below, statistics = 0, []
     for _ in range(replicates):
