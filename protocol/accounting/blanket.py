@@ -75,7 +75,18 @@ convex, so the bound for that comonotone law holds for every pair.
    ``(|phi_fft| + e_fft)^n`` with Higham's FFT bound ``e_fft``, and the inverse
    transform) is bounded per point and added.
 4. *Tail.* For ``t`` beyond the window, ``P(T = t) <= M^n e^(-theta t)`` (Chernoff), summed
-   in closed form.
+   in closed form. Far above the crossing, ``E[T_+] <= M^n / (e theta)`` alone (from
+   ``t e^(-theta t) <= 1/(e theta)``) already certifies a small delta without an FFT.
+5. *Two stages* (``n >= 2^18``). The bound is computed for ``n' = a n1 <= n`` users with
+   ``n1 ~ sqrt(n)`` (valid at ``n``: a larger batch is a post-processing of a smaller one).
+   Step 3 gives each block's tilted pmf on a window, plus its error bound (an upper
+   envelope); the event that some block leaves its window adds at most
+   ``a P_theta(out) / (e theta)`` (Chernoff). Each block value is then rounded randomly and
+   mean-preservingly (in the untilted measure: convex order again) to a coarser lattice
+   and re-tilted, and step 3 runs on the ``a`` coarse blocks. The FFTs shrink from
+   ``~sqrt(n)`` points per sd to ``~10``: about 1 ms per evaluation at ``n = 1e8`` instead of
+   1 s, for a bound at most a few percent larger in delta (0.05-0.25 % in eps; the tests
+   compare both ways). Heavy-tailed terms (large eps0) fall back to one stage.
 
 References: Balle et al. 2019 (above); Su, Cheng & Wang 2025 (above); Koskela,
 Heikkila & Honkela, TMLR 2023 ("Numerical accounting in the shuffle model") for FFT
@@ -199,45 +210,19 @@ def _tail_sum(theta: float, U: int) -> float:
     return math.exp(-theta * (U + 1)) * ((U + 1) * (1 - q) + q) / (1 - q) ** 2
 
 
-def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUTION) -> float:
-    """Certified upper bound on ``(1/n) E[(sum_{i<=n} B_i l(V_i))_+]`` (module doc, steps 1-4)."""
-    if eps < 0:
-        raise InvalidParameter("eps", f"must be >= 0, got {eps}")
-    lat = _lattice(law, eps, resolution)
-    if lat is None:
-        return 0.0
-    p, kmin, h, rel_p = lat
-    k = np.arange(kmin, kmin + len(p), dtype=np.float64)
-    nz = p > 0
-    p, k = p[nz], k[nz]
-    if float(p @ k) >= 0.0:  # no negative drift (eps ~ 0): no useful tilt
-        return 1.0
-    kmax = float(k.max())
+def _sum_window(pt: np.ndarray, k: np.ndarray, count: int, lo: int, hi: int, bulk_lo: int, bulk_hi: int,
+                theta: float, rel_p: float) -> tuple[np.ndarray, float] | None:
+    """``P(sum of count iid draws of pt = z)`` for ``z`` in ``[lo, hi]`` on a circle (aliasing only adds
+    mass) and a bound on each value's floating-point error (module doc, step 3); ``None`` if too large.
 
-    def tilted_mean(th: float) -> float:
-        e = np.exp(th * (k - kmax))
-        return float((p * e) @ k)
-
-    hi = 1.0
-    while tilted_mean(hi) < 0:
-        hi *= 2.0
-        if hi > 1e6:
-            return 1.0
-    theta = optimize.brentq(tilted_mean, 0.0, hi, xtol=1e-12, rtol=1e-10)
-    if theta <= 0:
-        return 1.0
-    logw = np.log(p) + theta * k
-    log_m = float(np.logaddexp.reduce(logw))
-    pt = np.exp(logw - log_m)
-    mu_t = float(pt @ k)
-    var_t = float(pt @ (k - mu_t) ** 2)
-    sd_T = math.sqrt(n * var_t)
-    U = int(math.ceil(max(DROP_LOG / theta, 14.0 * sd_T + n * max(mu_t, 0.0)))) + 1
-    L = int(math.ceil(14.0 * sd_T + n * max(-mu_t, 0.0) + (kmax - k.min())))
-    N = 1 << max(4, int(math.ceil(math.log2(U + L + 2))))
+    ``pt``: a pmf on the integers ``k`` with relative error at most ``rel_p`` per entry;
+    ``[bulk_lo, bulk_hi]`` must hold the sum's bulk, so the circle is laid out around it.
+    """
+    span_lo, span_hi = min(lo, bulk_lo), max(hi, bulk_hi)
+    N = 1 << max(4, int(math.ceil(math.log2(span_hi - span_lo + 2 + (k.max() - k.min())))))
     if N > MAX_FFT:
-        return 1.0
-    m_support = len(p)
+        return None
+    m_support = len(pt)
     arr = np.zeros(N)
     np.add.at(arr, (k.astype(np.int64) % N), pt)
     phi_fft = np.fft.rfft(arr)
@@ -245,12 +230,12 @@ def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUT
     e_fft = (kappa + 3 * _U) * math.sqrt(N) * float(np.linalg.norm(pt)) + rel_p
     mag = np.abs(phi_fft) + e_fft
     with np.errstate(divide="ignore"):
-        keep = n * np.log(np.minimum(mag, 1.0 + 1e-300)) > -DROP_LOG
+        keep = count * np.log(np.minimum(mag, 1.0 + 1e-300)) > -DROP_LOG
     keep[0] = True
     ks = np.nonzero(keep)[0]
     if len(ks) * m_support > 5e8:
-        return 1.0
-    dropped = float(np.sum(np.exp(n * np.log(mag[~keep])))) if np.any(~keep) else 0.0
+        return None
+    dropped = float(np.sum(np.exp(count * np.log(mag[~keep])))) if np.any(~keep) else 0.0
     # Direct sums at the kept frequencies, phi - 1 without cancellation.
     omega = 2.0 * math.pi * ks.astype(np.float64) / N
     ang = np.outer(omega, k)
@@ -261,23 +246,191 @@ def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUT
     arg = np.arctan2(im, 1.0 + re_m1)
     big = float(np.max(np.abs(k)))
     dphi = 4.0 * (m_support + 8) * _U * (1.0 + omega * big) + 2 * rel_p * (1 + theta * big)
-    Yk = np.exp(n * log_abs) * np.exp(1j * n * arg)
+    Yk = np.exp(count * log_abs) * np.exp(1j * count * arg)
     absphi = np.exp(log_abs)
     with np.errstate(over="ignore"):
-        err_k = n * dphi * np.exp((n - 1) * np.log1p(np.minimum(absphi + dphi - 1.0, 1e300)))
-    err_k += np.abs(Yk) * (4.0 * n * _U * (np.abs(log_abs) + np.abs(arg)) + 16 * _U)
+        err_k = count * dphi * np.exp((count - 1) * np.log1p(np.minimum(absphi + dphi - 1.0, 1e300)))
+    err_k += np.abs(Yk) * (4.0 * count * _U * (np.abs(log_abs) + np.abs(arg)) + 16 * _U)
     Y = np.zeros(N // 2 + 1, dtype=np.complex128)
     Y[ks] = Yk
     c = np.fft.irfft(Y, N)
     weights = np.where((ks == 0) | (ks == N // 2), 1.0, 2.0)  # Hermitian halves
     y_norm = math.sqrt(float(np.sum(weights * np.abs(Yk) ** 2)))
     err_c = (float(weights @ err_k) + 2.0 * dropped) / N + (kappa + 3 * _U) * y_norm / math.sqrt(N)
+    return c[np.arange(lo, hi + 1) % N], err_c
+
+
+def _tilt(p: np.ndarray, k: np.ndarray) -> tuple[float, float, np.ndarray] | None:
+    """Saddle point ``theta`` (tilted mean 0), ``log M(theta)`` and the tilted pmf; None without a negative drift."""
+    if float(p @ k) >= 0.0:
+        return None
+    kmax = float(k.max())
+
+    def tilted_mean(th: float) -> float:
+        return float((p * np.exp(th * (k - kmax))) @ k)
+
+    hi = 1.0
+    while tilted_mean(hi) < 0:
+        hi *= 2.0
+        if hi > 1e6:
+            return None
+    theta = optimize.brentq(tilted_mean, 0.0, hi, xtol=1e-12, rtol=1e-10)
+    if theta <= 0:
+        return None
+    logw = np.log(p) + theta * k
+    log_m = float(np.logaddexp.reduce(logw))
+    return theta, log_m, np.exp(logw - log_m)
+
+
+def _chernoff_log_tail(pt: np.ndarray, k: np.ndarray, count: int, edge: float) -> float:
+    """``log`` of the Chernoff bound ``min_lambda M(lambda)^count e^(-lambda edge)`` on
+    ``P(sum of count draws of pt >= edge)`` (``edge`` above the mean; ``-k`` for the left tail).
+    Any ``lambda >= 0`` gives a valid bound; the convex exponent is minimised numerically."""
+    with np.errstate(divide="ignore"):
+        log_pt = np.log(pt)
+    kmax = float(np.max(k))
+    if edge > count * kmax:
+        return -math.inf
+
+    def exponent(lam: float) -> float:
+        return count * float(np.logaddexp.reduce(log_pt + lam * k)) - lam * edge
+
+    hi = 1.0 / max(kmax, 1.0)
+    while exponent(2 * hi) < exponent(hi) and hi < 1e6:
+        hi *= 2.0
+    res = optimize.minimize_scalar(exponent, bounds=(0.0, 2 * hi), method="bounded", options={"xatol": 1e-10 * hi})
+    return min(0.0, float(exponent(float(res.x))))
+
+
+#: Above this many users the sum is computed in two stages (blocks of ~sqrt(n), then blocks).
+TWO_STAGE_MIN_N = 1 << 18
+
+
+def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUTION,
+                  cheap_below: float | None = None) -> float:
+    """Certified upper bound on ``(1/n) E[(sum_{i<=n} B_i l(V_i))_+]`` (module doc, steps 1-5).
+
+    ``cheap_below``: if the Chernoff-type bound ``h M(theta)^n / (n e theta)`` (from
+    ``t e^(-theta t) <= 1/(e theta)``) is already below it, that (valid, looser) value is returned
+    without the FFT; searches use it far above the crossing.
+    """
+    if eps < 0:
+        raise InvalidParameter("eps", f"must be >= 0, got {eps}")
+    lat = _lattice(law, eps, resolution)
+    if lat is None:
+        return 0.0
+    p, kmin, h, rel_p = lat
+    k = np.arange(kmin, kmin + len(p), dtype=np.float64)
+    nz = p > 0
+    p, k = p[nz], k[nz]
+    tilted = _tilt(p, k)
+    if tilted is None:  # no negative drift (eps ~ 0): no useful tilt
+        return 1.0
+    theta, log_m, pt = tilted
+    log_quick = n * log_m + math.log(h) - math.log(n) - 1.0 - math.log(theta) + 4.0 * n * (len(pt) + 4) * _U
+    if cheap_below is not None and log_quick <= math.log(cheap_below):
+        return math.exp(log_quick)
+    if n >= TWO_STAGE_MIN_N:
+        two = _two_stage(pt, k, n, theta, log_m, h, rel_p, resolution)
+        if two is not None:
+            return two
+    mu_t = float(pt @ k)
+    var_t = float(pt @ (k - mu_t) ** 2)
+    sd_T = math.sqrt(n * var_t)
+    U = int(math.ceil(max(DROP_LOG / theta, 14.0 * sd_T + n * max(mu_t, 0.0)))) + 1
+    L = int(math.ceil(14.0 * sd_T + n * max(-mu_t, 0.0)))
+    got = _sum_window(pt, k, n, 1, U, -L, U, theta, rel_p)
+    if got is None:
+        return 1.0
+    vals, err_c = got
     t = np.arange(1, U + 1, dtype=np.float64)
-    vals = c[1: U + 1]
     body = float(np.sum(t * np.exp(-theta * t) * (np.maximum(vals, 0.0) + err_c)))
     total = body + _tail_sum(theta, U)
     log_delta = n * log_m + math.log(h) - math.log(n) + math.log(total)
-    log_delta += 4.0 * n * (m_support + 4) * _U  # error of log M, n times
+    log_delta += 4.0 * n * (len(pt) + 4) * _U  # error of log M, n times
+    return math.exp(min(log_delta, 0.0))
+
+
+def _coarsen(q: np.ndarray, z: np.ndarray, kc: int, theta: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """Round each value ``z`` randomly and mean-preservingly to the multiples of ``kc`` (untilted measure),
+    re-tilt by ``e^(theta kc J)``: the normalised coarse pmf, its support ``J`` and its total ``R0``."""
+    J0 = np.floor(z / kc)
+    w_hi = (z - kc * J0) / kc
+    J = np.concatenate([J0, J0 + 1])
+    weight = np.concatenate([q * (1.0 - w_hi) * np.exp(theta * (kc * J0 - z)),
+                             q * w_hi * np.exp(theta * (kc * (J0 + 1) - z))])
+    Jmin = int(J.min())
+    r = np.zeros(int(J.max()) - Jmin + 1)
+    np.add.at(r, (J - Jmin).astype(np.int64), weight)
+    r *= 1.0 + 1e-12  # covers the rounding of the sums above (relative, a few u)
+    kv = np.arange(Jmin, Jmin + len(r), dtype=np.float64)
+    nz = r > 0
+    r, kv = r[nz], kv[nz]
+    R0 = float(r.sum())
+    return r / R0, kv, R0
+
+
+def _two_stage(pt: np.ndarray, k: np.ndarray, n: int, theta: float, log_m: float, h: float, rel_p: float,
+               resolution: int) -> float | None:
+    """Step 5 of the module doc: blocks of ``n1 ~ sqrt(n)`` terms, rounded to a coarser lattice.
+
+    The bound is computed for ``n' = a n1 <= n`` users (valid at ``n``: a larger batch is a
+    post-processing of a smaller one). Each block's tilted pmf is computed on a window
+    ``[-L1, U1]`` (upper envelope: values plus their error bound); events where a block leaves
+    its window contribute at most ``a P_theta(out) / (e theta)`` to ``E_theta[T_+ e^(-theta T)]``
+    (``t e^(-theta t) <= 1/(e theta)``), with ``P_theta(out)`` bounded by Chernoff. Inside, each
+    block value ``z`` is rounded *randomly* and mean-preservingly to the multiples of ``kc``
+    (in the untilted measure: convex order again, per block), then re-tilted, which multiplies
+    its weight by ``e^(theta (kc J - z))``; the ``a``-fold sum of the rounded blocks is the
+    single-stage computation on the coarse lattice. ``None`` when the blocks are heavy-tailed
+    (their window would exceed 48 sd: large eps0), where the single stage is cheaper.
+    """
+    n1 = max(2, math.isqrt(n))
+    a = n // n1
+    n_eff = a * n1
+    mu_t = float(pt @ k)
+    var_t = float(pt @ (k - mu_t) ** 2)
+    s1 = math.sqrt(n1 * var_t)
+    # block window: wide enough that a block leaves it with tilted probability below e^-60 / a
+    half = int(math.ceil(16.0 * s1 + n1 * abs(mu_t))) + 1
+    while True:
+        log_out = float(np.logaddexp(_chernoff_log_tail(pt, k, n1, half + 1.0),
+                                     _chernoff_log_tail(pt, -k, n1, half + 1.0)))
+        if log_out < -60.0 - math.log(a):
+            break
+        half = int(half * 1.5)
+        if half > 48.0 * s1 + n1 * abs(mu_t):  # heavy-tailed terms (large eps0): one stage is cheaper
+            return None
+    got = _sum_window(pt, k, n1, -half, half, -half, half, theta, rel_p)
+    if got is None:
+        return 1.0
+    vals, err1 = got
+    q1 = np.maximum(vals, 0.0) + err1  # upper envelope of the tilted block pmf on [-half, half]
+    # coarse lattice: step kc fine units, ~resolution points per block sd; halved while the re-tilting
+    # (Jensen) inflation R0^a of the bound exceeds 2 % (the cost of the spread under the tilt)
+    kc = max(1, int(s1 // resolution))
+    z = np.arange(-half, half + 1, dtype=np.float64)
+    while True:
+        rhat, kv, R0 = _coarsen(q1, z, kc, theta)
+        if a * math.log(R0) <= 0.02 or kc == 1:
+            break
+        kc = max(1, kc // 2)
+    th2 = theta * kc
+    mu2 = float(rhat @ kv)
+    sd2 = math.sqrt(a * max(float(rhat @ (kv - mu2) ** 2), 1e-300))
+    U2 = int(math.ceil(max(DROP_LOG / th2, 14.0 * sd2 + a * max(mu2, 0.0)))) + 1
+    L2 = int(math.ceil(14.0 * sd2 + a * max(-mu2, 0.0)))
+    got2 = _sum_window(rhat, kv, a, 1, U2, -L2, U2, th2, 8 * _U)
+    if got2 is None:
+        return 1.0
+    vals2, err2 = got2
+    t = np.arange(1, U2 + 1, dtype=np.float64)
+    body = kc * float(np.sum(t * np.exp(-th2 * t) * (np.maximum(vals2, 0.0) + err2))) + kc * _tail_sum(th2, U2)
+    # log of: h M^n' [R0^a body + a P(out) / (e theta)] / n'
+    log_main = a * math.log(R0) + math.log(body)
+    log_out_term = math.log(a) + float(log_out) - 1.0 - math.log(theta)
+    log_delta = n_eff * log_m + math.log(h) - math.log(n_eff) + float(np.logaddexp(log_main, log_out_term))
+    log_delta += 4.0 * n_eff * (len(pt) + 4) * _U  # error of log M, n' times
     return math.exp(min(log_delta, 0.0))
 
 
@@ -294,7 +447,7 @@ def blanket_epsilon(law: BlanketLaw, n: int, delta: float, epsilon0: float, rtol
 
     def bound(e: float) -> float:
         if e not in memo:
-            memo[e] = blanket_delta(law, n, e)
+            memo[e] = blanket_delta(law, n, e, cheap_below=1e-3 * delta)
         return memo[e]
 
     if bound(e0) > delta:
