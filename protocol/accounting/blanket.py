@@ -112,6 +112,8 @@ RESOLUTION = 10
 DROP_LOG = 80.0
 #: Largest FFT length used; beyond it the bound reports the trivial delta = 1.
 MAX_FFT = 1 << 25
+#: Above this many (frequency, atom) products the characteristic function comes from the FFT.
+DIRECT_BUDGET = 1e6
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,70 @@ def k_rr_law(epsilon0: float, k: int) -> BlanketLaw:
     return BlanketLaw(a1, a2, w / gamma, gamma, f"{k}-rr")
 
 
+def hadamard_response_law(epsilon0: float, K: int) -> BlanketLaw:
+    """Blanket law of one-bit Hadamard response over ``K >= 2`` columns, any pair (all alike).
+
+    Outputs ``(j, b)`` with the row ``j`` uniform over all ``K`` rows (``client.range_randomizer``):
+    every column puts ``rho/K`` on its own bit of row ``j`` and ``(1 - rho)/K`` on the other. Row 0
+    of the Sylvester matrix is constant, so every input puts ``rho/K`` on ``(0, +1)``: the floor is
+    ``w = rho/K`` there and ``(1 - rho)/K`` on the other ``2K - 1`` outputs, and
+    ``gamma = 2 (1 - rho) + (2 rho - 1)/K`` (row 0 is pure blanket: ``1 + (e^eps0 - 1)/(2K)`` times
+    the blanket that ignores it). ``A_x = e^eps0`` on ``x``'s own outputs off row 0, 1 elsewhere.
+    Two distinct columns agree on ``K/2`` rows, row 0 among them: on the ``K/2 - 1`` others the
+    pair's outputs are ``(e^eps0, e^eps0)`` and ``(1, 1)``; on the ``K/2`` rows where they differ,
+    ``(e^eps0, 1)`` and ``(1, e^eps0)``; row 0 gives ``(1, 1)``. The weights depend only on ``K``,
+    so every pair has this law (``tests/accounting/test_blanket_mechanisms.py`` rebuilds it from
+    the randomizer matrix for every pair, K <= 16).
+    """
+    K = int(K)
+    if K < 2 or K & (K - 1):
+        raise InvalidParameter("K", f"must be a power of two >= 2, got {K!r}")
+    E = math.exp(epsilon0)
+    r = 1.0 / (E + 1.0)  # 1 - rho
+    w_agree = (K / 2 - 1) * r / K  # per kind, agreeing rows other than row 0
+    w_differ = (K / 2) * r / K
+    w = np.array([w_agree, w_agree + 1.0 / K, w_differ, w_differ])
+    a1 = np.array([E, 1.0, E, 1.0])
+    a2 = np.array([E, 1.0, 1.0, E])
+    gamma = float(w.sum())
+    keep = w > 0
+    return BlanketLaw(a1[keep], a2[keep], w[keep] / gamma, min(1.0, gamma), f"hadamard-response(K={K})")
+
+
+def block_hadamard_laws(epsilon0: float, blocks: int, rows_per_block: int) -> tuple[BlanketLaw, ...]:
+    """Blanket laws of block Hadamard response, one per type of input pair present.
+
+    ``K = B b`` outputs; every symbol puts ``p_out = 2/(b D)`` on every output and ``e^eps0 p_out``
+    on its set ``C_x`` of ``s = b/2`` outputs (``D = e^eps0 - 1 + 2B``, ideal ``t``; the client's
+    rounded-down ``t`` is a post-processing of it, ``guarantees.block_hadamard_pair_types``). So
+    ``w = p_out`` everywhere (a floor of every input's distribution; where the true floor is larger,
+    as on the overlap of a block holding only two symbols, the bound is valid and a little loose),
+    ``gamma = K p_out = 2B/D``, ``omega`` uniform and
+    ``A_x = 1 + (e^eps0 - 1) 1[y in C_x]``. With ``s/K = 1/(2B)``:
+
+    * ``different-blocks`` (``B >= 2``, disjoint sets): ``(e^eps0, 1)`` and ``(1, e^eps0)`` with
+      ``1/(2B)`` each, ``(1, 1)`` on the rest;
+    * ``same-block`` (two rows in a block, ``|C_x0 n C_x1| = s/2``): ``(e^eps0, e^eps0)``,
+      ``(e^eps0, 1)`` and ``(1, e^eps0)`` with ``1/(4B)`` each, ``(1, 1)`` on the rest.
+
+    Every input pair is of one of the two types, so the round's ``delta(eps)`` is at most the
+    larger of the two laws' bounds (the tests rebuild both from the matrix for every pair).
+    """
+    E = math.exp(epsilon0)
+    B, rows = int(blocks), int(rows_per_block)
+    gamma = 2.0 * B / (E - 1.0 + 2.0 * B)
+    laws = []
+    if B >= 2:
+        f = 1.0 / (2.0 * B)
+        laws.append(BlanketLaw(np.array([E, 1.0, 1.0]), np.array([1.0, E, 1.0]),
+                               np.array([f, f, 1.0 - 2.0 * f]), gamma, "block-hadamard/different-blocks"))
+    if rows >= 2:
+        f = 1.0 / (4.0 * B)
+        laws.append(BlanketLaw(np.array([E, E, 1.0, 1.0]), np.array([E, 1.0, E, 1.0]),
+                               np.array([f, f, f, 1.0 - 3.0 * f]), gamma, "block-hadamard/same-block"))
+    return tuple(laws)
+
+
 def law_from_matrix(R: np.ndarray, x1: int, x2: int) -> BlanketLaw:
     """Blanket law of the pair ``(x1, x2)`` of a finite randomizer matrix ``R[x, y]`` (tests, small cases)."""
     R = np.asarray(R, dtype=np.float64)
@@ -189,7 +255,12 @@ def _lattice(law: BlanketLaw, eps: float, resolution: int) -> tuple[np.ndarray, 
     pw = g * law.weight
     mean = float(pw @ x)
     var = max(float(pw @ (x * x)) - mean * mean, 1e-300)
-    h = math.sqrt(var) / resolution
+    # The step resolves both the spread of one term and its largest positive value: with a rare
+    # positive atom far below the sd (a huge negative atom dominates it: large eps), a step of
+    # sd / resolution would round that atom up to a whole step most of the mass.
+    # (Not below sd / 64: the lattice of one term stays at most 64 times longer.)
+    sd = math.sqrt(var)
+    h = min(sd, max(float(x.max()), sd / 64.0)) / resolution
     z = x / h
     fl = np.floor(z)
     frac = z - fl
@@ -233,19 +304,27 @@ def _sum_window(pt: np.ndarray, k: np.ndarray, count: int, lo: int, hi: int, bul
         keep = count * np.log(np.minimum(mag, 1.0 + 1e-300)) > -DROP_LOG
     keep[0] = True
     ks = np.nonzero(keep)[0]
-    if len(ks) * m_support > 5e8:
-        return None
     dropped = float(np.sum(np.exp(count * np.log(mag[~keep])))) if np.any(~keep) else 0.0
-    # Direct sums at the kept frequencies, phi - 1 without cancellation.
     omega = 2.0 * math.pi * ks.astype(np.float64) / N
-    ang = np.outer(omega, k)
-    re_m1 = -2.0 * (np.sin(0.5 * ang) ** 2) @ pt
-    im = -(np.sin(ang) @ pt)
-    abs2_m1 = 2.0 * re_m1 + re_m1 * re_m1 + im * im  # |phi|^2 - 1
-    log_abs = 0.5 * np.log1p(abs2_m1)
-    arg = np.arctan2(im, 1.0 + re_m1)
     big = float(np.max(np.abs(k)))
-    dphi = 4.0 * (m_support + 8) * _U * (1.0 + omega * big) + 2 * rel_p * (1 + theta * big)
+    if len(ks) * m_support <= DIRECT_BUDGET:
+        # Direct sums at the kept frequencies, phi - 1 without cancellation.
+        ang = np.outer(omega, k)
+        re_m1 = -2.0 * (np.sin(0.5 * ang) ** 2) @ pt
+        im = -(np.sin(ang) @ pt)
+        abs2_m1 = 2.0 * re_m1 + re_m1 * re_m1 + im * im  # |phi|^2 - 1
+        log_abs = 0.5 * np.log1p(abs2_m1)
+        arg = np.arctan2(im, 1.0 + re_m1)
+        dphi = 4.0 * (m_support + 8) * _U * (1.0 + omega * big) + 2 * rel_p * (1 + theta * big)
+    else:
+        # Wide pmfs with many kept frequencies (heavy-tailed terms, large eps0): the FFT's own
+        # values, each within e_fft of phi (Higham's 2-norm bound bounds every component).
+        # Their relative accuracy near |phi| = 1 is e_fft, which the power's error term below
+        # carries (count * dphi), instead of the direct sums' (m + 8) u (1 + omega |k|).
+        phi_k = phi_fft[ks]
+        log_abs = np.log(np.abs(phi_k))
+        arg = np.angle(phi_k)
+        dphi = np.full(len(ks), e_fft + 2 * rel_p * (1 + theta * big))
     Yk = np.exp(count * log_abs) * np.exp(1j * count * arg)
     absphi = np.exp(log_abs)
     with np.errstate(over="ignore"):
@@ -304,6 +383,8 @@ def _chernoff_log_tail(pt: np.ndarray, k: np.ndarray, count: int, edge: float) -
 
 #: Above this many users the sum is computed in two stages (blocks of ~sqrt(n), then blocks).
 TWO_STAGE_MIN_N = 1 << 18
+#: Widest block window (in block sd) the two-stage sum accepts before falling back to one stage.
+HEAVY_TAIL_SD = 48.0
 
 
 def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUTION,
@@ -399,7 +480,7 @@ def _two_stage(pt: np.ndarray, k: np.ndarray, n: int, theta: float, log_m: float
         if log_out < -60.0 - math.log(a):
             break
         half = int(half * 1.5)
-        if half > 48.0 * s1 + n1 * abs(mu_t):  # heavy-tailed terms (large eps0): one stage is cheaper
+        if half > HEAVY_TAIL_SD * s1 + n1 * abs(mu_t):  # heavy-tailed terms (large eps0): one stage is cheaper
             return None
     got = _sum_window(pt, k, n1, -half, half, -half, half, theta, rel_p)
     if got is None:

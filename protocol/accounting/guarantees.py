@@ -285,7 +285,7 @@ def block_hadamard_pair_types(local: LocalGuarantee) -> dict[str, BlockPairType]
     ``(p - 1)/(p - 1 + 2B)`` and a smaller ``t' <= t`` is a post-processing of ``t``:
     ``R_t' = (t'/t) R_t + (1 - t'/t) U[K]`` report by report, which commutes with
     shuffling, so the round's divergence is at most that at the ideal ``t``; we use it).
-    With ``D = p - 1 + 2B``: ``p_out = (1 - t)/K = 2/(K D)`` and ``p_in = p p_out``.
+    With ``D = p - 1 + 2B``: ``p_out = (1 - t)/K = 2/(b D)`` and ``p_in = p p_out``.
 
     Every input puts ``p_out`` on every output plus ``p_in - p_out`` on its set ``C_x``
     (``s = b/2`` outputs). Two inputs ``x0 != x1`` (sets ``A``, ``A'``) are of one of

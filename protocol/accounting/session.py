@@ -65,8 +65,9 @@ from shuffledp.protocol.accounting.rdp import (
 )
 from shuffledp.protocol.accounting.shuffle_round import (
     _check_round,
-    dominating_pairs,
     round_curve_support,
+    round_pairs,
+    round_reference_epsilon,
     round_delta_curve,
     shuffled_round,
 )
@@ -191,8 +192,7 @@ class SessionAccountant:
             smallest = math.inf
             for g in self._groups:
                 n_in, gamma, _ = self._inner_n(g)
-                pairs = dominating_pairs(g.local, n_in).values()
-                e_in = min(p.epsilon(self._reference_delta, rtol=1e-3) for p in pairs)
+                e_in = round_reference_epsilon(g.local, n_in, self._reference_delta)
                 smallest = min(smallest, math.log1p(gamma * math.expm1(e_in)))
             self._d = float(min(1e-4, max(1e-5, smallest / 100.0)))
         return self._d
@@ -300,7 +300,7 @@ def _round_curve(local: LocalGuarantee, n_in: int) -> tuple[np.ndarray, np.ndarr
     """One round's ``delta(eps)`` points (grid to where the best curve drops below 1e-15, plus the
     point where it is 0), once per process: sessions sharing a round reuse it."""
     e_top = round_curve_support(local, n_in)
-    e_max = float(max(p.epsilon_max for p in dominating_pairs(local, n_in).values()))
+    e_max = float(max(p.epsilon_max for p in round_pairs(local, n_in).values()))
     grid = np.unique(np.concatenate([np.linspace(0.0, e_top, CURVE_POINTS), [e_max]]))
     deltas = round_delta_curve(local, n_in, grid)
     deltas[grid >= e_max] = 0.0
@@ -327,7 +327,7 @@ def _group_rdp(local: LocalGuarantee, n_in: int, gamma: float, tail: float, orde
     subsampling), once per process."""
     e0 = local.epsilon0
     inner = girgis_rdp(e0, n_in, orders)
-    for name, pair in dominating_pairs(local, n_in).items():
+    for name, pair in round_pairs(local, n_in).items():
         if isinstance(pair, ClonePair) and pair.a2 == 0.0 and pair.scale == 1.0:
             inner = np.minimum(inner, clone_pair_rdp(pair, orders))
     if gamma < 1.0:

@@ -38,6 +38,7 @@ from shuffledp.protocol.accounting import (
     variation_ratio_parameters,
 )
 from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.accounting.shuffle_round import blanket_laws, blanket_round_delta
 from shuffledp.protocol.randomness import SeededSource
 
 from .brute import add_user, clone_pair_delta, histogram_distribution, hockey
@@ -180,8 +181,8 @@ def test_b1_parameters_equal_one_bit_hadamard(e0, k):
     alpha = vr.beta / (vr.p - 1)
     assert (t.a0, t.a1, t.a2, t.r, t.r2) == pytest.approx((vr.p * alpha, alpha, vr.a2, alpha * vr.p / vr.q, vr.r2), rel=TOL)
     n = 300_000
-    a = shuffled_round(blk, n, 1e-6).candidates["variation-ratio"]
-    b = shuffled_round(hadamard_response_guarantee(e0, 16), n, 1e-6).candidates["variation-ratio"]
+    a = dominating_pairs(blk, n)["variation-ratio"].epsilon(1e-6)
+    b = dominating_pairs(hadamard_response_guarantee(e0, 16), n)["variation-ratio"].epsilon(1e-6)
     assert a == pytest.approx(b, rel=TOL)
 
 
@@ -231,12 +232,14 @@ def test_bound_dominates_exact_worst_case(k, B, e0, n):
     local = block_hadamard_response_guarantee(e0, k, B)
     pair = dominating_pairs(local, n)["variation-ratio"]
     assert isinstance(pair, WorstOfPairs)
+    laws = blanket_laws(local)  # what rounds use: the worst of the pair types' blanket laws
     eps_list = (0.1, 0.3, 0.6, 0.9, 1.5)
     for R in (randomizer_matrix(local), _rounded_matrix(local)):
         worst = _worst_over_datasets_and_pairs(R, n, eps_list)
         for eps in eps_list:
             bound = pair.delta(eps, rtol=1e-4)
             assert bound >= worst[eps] * (1 - REL), (eps, bound, worst[eps])
+            assert blanket_round_delta(laws, n, eps) >= worst[eps], eps
 
 
 # ----------------------------------------------------------- shape of the bound
@@ -252,16 +255,16 @@ def grid():
 
 def test_bound_below_generic_and_eps0_and_monotone(grid):
     for (e0, n), (rb, gen) in grid.items():
-        vr = rb.candidates["variation-ratio"]
+        vr = rb.candidates["blanket"]  # rounds use the blanket laws (test_blanket_mechanisms.py)
         assert vr is not None and vr <= e0
         assert rb.epsilon <= gen.epsilon <= e0
         assert rb.epsilon == min(v for v in rb.candidates.values() if v is not None)
         if n >= 10_000:  # amplification clearly kicks in: the mechanism-specific bound wins
             assert vr < gen.candidates["fmt21-numerical"]
-            assert rb.method == "variation-ratio"
+            assert rb.method == "blanket"
         assert rb.lower_bound is None  # binary RR is not a floor for this mechanism
     for e0 in (1.0, 4.0):
-        eps = [grid[(e0, n)][0].candidates["variation-ratio"] for n in (1_000, 10_000, 100_000)]
+        eps = [grid[(e0, n)][0].candidates["blanket"] for n in (1_000, 10_000, 100_000)]
         assert eps[0] > eps[1] > eps[2]
 
 
@@ -292,7 +295,7 @@ def test_session_and_cli(capsys):
             "-n", "1000000", "--json"]
     assert main(argv) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["num_blocks"] == 4 and rep["round"]["method"] == "variation-ratio"
+    assert rep["num_blocks"] == 4 and rep["round"]["method"] == "blanket"
     assert rep["round"]["epsilon"] == pytest.approx(one, rel=1e-12)
     assert main(["account", "-e", "2", "--mechanism", "block-hadamard-response", "--k", "64", "-n", "1000000"]) == 0
     assert "B=" in capsys.readouterr().out

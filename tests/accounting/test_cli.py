@@ -22,8 +22,8 @@ def test_text_output_lists_bounds_and_choice(capsys):
 def test_json_output_parses(capsys):
     assert main(["account", "-e", "2", "--mechanism", "k-rr", "--k", "6", "-n", "20000", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["round"]["method"] == "variation-ratio"
-    assert set(rep["round"]["candidates"]) >= {"fmt21-numerical", "fmt21-closed", "variation-ratio"}
+    assert rep["round"]["method"] == "blanket"
+    assert set(rep["round"]["candidates"]) >= {"fmt21-numerical", "fmt21-closed", "blanket"}
     assert rep["round"]["epsilon"] == min(v for v in rep["round"]["candidates"].values() if v is not None)
     assert rep["session"] is None
 
