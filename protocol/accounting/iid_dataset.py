@@ -1,0 +1,224 @@
+"""Exact shuffled divergence of one i.i.d. dataset after a three-class post-processing: a lower bound.
+
+**The quantity.** Let every other user's report be an independent draw from ``pi`` and user 1's
+from ``R0`` or ``R1`` (two neighbouring inputs). The shuffled view is the multiset of the ``n``
+reports; user 1 sits at a uniform position, so ``P0(y_1..y_n) = pi^n(y) (1/n) sum_i R0(y_i)/pi(y_i)``
+and likewise ``P1``, hence the exact hockey-stick divergence is
+
+    D_{e^eps}(P0 || P1) = (1/n) E_{Y ~ pi^n}[(sum_i l(Y_i))_+],   l = (R0 - e^eps R1) / pi.
+
+Every report is first mapped to one of three classes, ``A``, ``B`` or ``U`` (a post-processing of
+each report, so of the view): user 1 lands in them with ``(a0, a1, a2)`` under ``x0`` and
+``(a1, a0, a2)`` under ``x1``, the others with ``(pi_A, pi_B, pi_U)``. With ``M = N_A + N_B ~
+Bin(n, pi_A + pi_B)`` and ``N_A | M ~ Bin(M, s)``, ``s = pi_A / (pi_A + pi_B)``, the sum is
+``alpha N_A + beta_M`` and
+
+    E[(alpha N + beta)_+] = alpha M s Pr[Bin(M-1, s) >= j0 - 1] + beta Pr[Bin(M, s) >= j0],
+
+``j0`` the first count with ``alpha j0 + beta > 0``: one pair of incomplete-beta tails per ``M``,
+so an evaluation costs ``O(sqrt n)`` at any ``n``.
+
+**Why it is a lower bound.** A fixed dataset (here: the others' inputs drawn i.i.d., a mixture of
+fixed datasets, whose divergence is at most the largest of theirs by joint convexity) can only
+be below the maximum over datasets, and the three-class map is a post-processing. Numerically:
+the ``M`` window drops only non-negative terms; each tail carries at most ``TAIL_RTOL`` relative
+error (``_numerics``: ``betainc`` is good to 5e-12 up to ``n = 1e8``), so each term is lowered by
+``TAIL_RTOL (alpha M s T1 + |beta| T2)``; the binomial pmf of ``M`` (``gammaln``) is lowered by
+``PMF_RTOL``, which covers its rounding up to ``n = 1e9``. The returned epsilon is one where the
+lowered divergence was checked to exceed ``delta``.
+
+**Datasets used** (:func:`lower_bound_candidates`): for k-RR, the others all holding a third value
+``c`` (classes: the pair's two values and the rest) -- for ``k >= 3`` this differs from the
+blanket law only in merging uninformative atoms whose privacy losses are within ``|1 - e^eps|``,
+so it nearly meets the blanket upper bound; the others all holding ``x1`` (thinned binary RR,
+:mod:`.thinned_rr`, which this module reproduces and extends to any ``n``). For Hadamard response:
+the others at ``x1`` and at a third column. For block Hadamard response with ``B >= 3``: a pair in
+different blocks, the others in a third block (its ``2B``-ary-RR-like type). For the Laplace report: ``(0, G)`` with the others at
+``G`` or at ``G/2``, classes ``y <= 0``, ``0 < y < G``, ``y >= G``. For binary RR use
+:mod:`.rr_any_n` (all datasets).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import optimize
+
+from shuffledp.protocol.accounting._numerics import TAIL_RTOL, binom_range, binom_sf_ge, log_binom_pmf
+from shuffledp.protocol.errors import InvalidParameter
+
+#: Relative allowance for the gammaln-based log pmf of ``M`` (its absolute error in the log is
+#: a few ulps of ``gammaln(n + 1) ~ n log n``: under 1e-5 up to n = 1e9).
+PMF_RTOL = 1e-5
+#: Half-width of the window of ``M`` in standard deviations (the dropped terms are non-negative,
+#: and their mass is below 1e-18: dropping them keeps a lower bound and costs nothing visible).
+WINDOW_SD = 9.0
+
+
+@dataclass(frozen=True)
+class ThreeClassView:
+    """User 1's class probabilities ``(a0, a1, a2)`` under ``x0`` (swapped ``a0, a1`` under ``x1``)
+    and every other user's ``(pi_a, pi_b, pi_u)``."""
+
+    a0: float
+    a1: float
+    a2: float
+    pi_a: float
+    pi_b: float
+    pi_u: float
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name in ("a0", "a1", "a2", "pi_a", "pi_b", "pi_u"):
+            v = getattr(self, field_name)
+            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+                raise InvalidParameter(field_name, f"must be a probability, got {v!r}")
+        if abs(self.a0 + self.a1 + self.a2 - 1.0) > 1e-9 or abs(self.pi_a + self.pi_b + self.pi_u - 1.0) > 1e-9:
+            raise InvalidParameter("view", "class probabilities must sum to 1")
+        if self.pi_a <= 0 or self.pi_b <= 0 or (self.a2 > 0 and self.pi_u <= 0):
+            raise InvalidParameter("view", "the others must reach every class user 1 reaches")
+
+
+def _direction_delta(v: ThreeClassView, n: int, eps: float, forward: bool) -> float:
+    """Lowered ``(1/n) E[(sum l)_+]`` for one direction (``forward``: ``D(P0 || P1)``)."""
+    E = math.exp(eps)
+    a0, a1 = (v.a0, v.a1) if forward else (v.a1, v.a0)
+    l_a = (a0 - E * a1) / v.pi_a
+    l_b = (a1 - E * a0) / v.pi_b
+    l_u = v.a2 * (1.0 - E) / v.pi_u if v.pi_u > 0 else 0.0
+    p_inf = v.pi_a + v.pi_b
+    s = v.pi_a / p_inf
+    alpha = l_a - l_b
+    lo, hi = binom_range(n, p_inf, WINDOW_SD)
+    M = np.arange(lo, hi + 1, dtype=np.float64)
+    beta = M * l_b + (n - M) * l_u
+    if alpha < 0:  # count the B class instead: alpha N_A + beta = (-alpha) N_B + (beta + alpha M)
+        alpha, beta, s = -alpha, beta + alpha * M, 1.0 - s
+    elif alpha == 0:
+        pmf = np.exp(log_binom_pmf(M, n, p_inf)) * (1.0 - PMF_RTOL)
+        return float(np.sum(pmf * np.maximum(beta, 0.0))) * (1.0 - 1e-12) / n
+    j0 = np.maximum(np.floor(-beta / alpha) + 1.0, 0.0)
+    j0 = np.where(alpha * j0 + beta <= 0.0, j0 + 1.0, j0)  # strictly positive terms only
+    t1 = binom_sf_ge(j0 - 1.0, np.maximum(M - 1.0, 0.0), s)
+    t2 = binom_sf_ge(j0, M, s)
+    pos = alpha * M * s * t1
+    val = pos + beta * t2
+    err = TAIL_RTOL * (pos + np.abs(beta) * t2) + 8e-16 * (pos + np.abs(beta) * t2)
+    per_m = np.maximum(val - err, 0.0)
+    pmf = np.exp(log_binom_pmf(M, n, p_inf)) * (1.0 - PMF_RTOL)
+    return float(np.sum(pmf * per_m)) * (1.0 - 1e-12) / n
+
+
+def iid_delta(view: ThreeClassView, n: int, eps: float) -> float:
+    """A certified lower bound on the round's ``delta(eps)``: this view's exact divergence, lowered
+    by its numerical error, the larger of the two directions."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise InvalidParameter("eps", f"must be finite and >= 0, got {eps!r}")
+    return max(_direction_delta(view, int(n), eps, True), _direction_delta(view, int(n), eps, False))
+
+
+def iid_lower_epsilon(view: ThreeClassView, n: int, delta: float, epsilon0: float, rtol: float = 1e-4) -> float:
+    """A lower bound on the round's ``eps(delta)``: the largest ``eps`` (to ``rtol``) at which
+    :func:`iid_delta` was checked to exceed ``delta`` (0 if it never does)."""
+    if not 0 < delta < 1:
+        raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
+    if iid_delta(view, n, 0.0) <= delta:
+        return 0.0
+    hi = float(epsilon0)
+    if iid_delta(view, n, hi) > delta:
+        return hi
+    log_target = math.log(delta)
+
+    def f(e: float) -> float:
+        d = iid_delta(view, n, e)
+        return (math.log(d) if d > 0 else -800.0) - log_target
+
+    root = optimize.brentq(f, 0.0, hi, xtol=1e-14, rtol=0.25 * rtol)
+    lo = root * (1.0 - 0.5 * rtol)
+    while f(lo) <= 0.0:
+        lo *= 1.0 - rtol
+    return lo
+
+
+# ------------------------------------------------------------------ the mechanisms' datasets
+def thinned_rr_view(epsilon0: float, tau: float) -> ThreeClassView:
+    """The others all at ``x1`` of a thinned-RR mechanism (:mod:`.thinned_rr`): informative with
+    probability ``tau``, then RR at ``eps0``."""
+    rho = 1.0 / (1.0 + math.exp(-epsilon0))
+    return ThreeClassView(tau * rho, tau * (1 - rho), 1 - tau, tau * (1 - rho), tau * rho, 1 - tau,
+                          f"thinned-rr(tau={tau:.6g})")
+
+
+def k_rr_third_value_view(epsilon0: float, k: int) -> ThreeClassView:
+    """k-RR, pair ``(a, b)``, the others all at a third value ``c`` (``k >= 3``); classes ``a``, ``b``,
+    everything else."""
+    if k < 3:
+        raise InvalidParameter("k", f"needs a third value, k >= 3, got {k}")
+    E = math.exp(epsilon0)
+    q = 1.0 / (E + k - 1)
+    return ThreeClassView(E * q, q, (k - 2) * q, q, q, 1 - 2 * q, f"{k}-rr/others-at-third-value")
+
+
+def hadamard_third_column_view(epsilon0: float) -> ThreeClassView:
+    """Hadamard response (``K >= 4``), the others at a third column; classes: a row where the pair
+    differs with ``x0``'s bit, with ``x1``'s bit, and every agreeing row. The third column agrees
+    with ``x0`` on half of the rows where ``x0`` and ``x1`` differ (Sylvester matrix)."""
+    rho = 1.0 / (1.0 + math.exp(-epsilon0))
+    return ThreeClassView(rho / 2, (1 - rho) / 2, 0.5, 0.25, 0.25, 0.5, "hadamard/others-at-third-column")
+
+
+def block_hadamard_third_block_view(epsilon0: float, blocks: int) -> ThreeClassView:
+    """Block Hadamard response with ``B >= 3`` blocks, a pair in different blocks and the others
+    holding a symbol of a third block; classes ``C_x0``, ``C_x1`` and the rest
+    (``guarantees.block_hadamard_pair_types``: ``s p_out = 1/D``, ``s p_in = e^eps0/D``)."""
+    if blocks < 3:
+        raise InvalidParameter("blocks", f"needs a third block, B >= 3, got {blocks}")
+    E = math.exp(epsilon0)
+    D = E - 1.0 + 2.0 * blocks
+    return ThreeClassView(E / D, 1 / D, 1 - (E + 1) / D, 1 / D, 1 / D, 1 - 2 / D, "block-hadamard/others-in-third-block")
+
+
+def laplace_middle_view(epsilon0: float, grid_levels: int) -> ThreeClassView:
+    """The Laplace report, pair ``(0, G)``, the others at ``floor(G/2)``; classes ``y <= 0``,
+    ``y >= G`` and the middle. ``P(N <= -d) = r^d / (1 + r)`` for ``P(N = k) ~ r^|k|``."""
+    G = int(grid_levels)
+    r = math.exp(-epsilon0 / G)
+    mid = G // 2
+    lo_mid, hi_mid = r ** mid / (1 + r), r ** (G - mid) / (1 + r)
+    a0 = 1.0 / (1.0 + r)
+    a1 = r**G / (1.0 + r)
+    return ThreeClassView(a0, a1, 1.0 - a0 - a1, lo_mid, hi_mid, 1.0 - lo_mid - hi_mid, "laplace/others-at-middle")
+
+
+def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = None, num_bins: int | None = None,
+                           grid_levels: int | None = None, num_blocks: int | None = None) -> list[ThreeClassView]:
+    """The datasets whose exact (post-processed) divergence this module offers as lower bounds."""
+    from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau
+
+    if mechanism == "k-rr":
+        return [k_rr_third_value_view(epsilon0, int(k)), thinned_rr_view(epsilon0, k_rr_tau(epsilon0, int(k)))]
+    if mechanism == "hadamard-response":
+        views = [thinned_rr_view(epsilon0, 0.5)]
+        if num_bins is not None and num_bins >= 4:
+            views.append(hadamard_third_column_view(epsilon0))
+        return views
+    if mechanism == "block-hadamard-response":  # none offered with fewer than three blocks
+        return [block_hadamard_third_block_view(epsilon0, int(num_blocks))] if (num_blocks or 0) >= 3 else []
+    if mechanism == "laplace-mean":
+        return [thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, int(grid_levels))),
+                laplace_middle_view(epsilon0, int(grid_levels))]
+    raise InvalidParameter("mechanism", f"no i.i.d.-dataset lower bound for {mechanism!r}")
+
+
+def best_lower_epsilon(views: list[ThreeClassView], n: int, delta: float, epsilon0: float) -> tuple[float, str]:
+    """The largest of the views' lower bounds on ``eps(delta)``, and the view that gave it."""
+    best, name = 0.0, ""
+    for v in views:
+        e = iid_lower_epsilon(v, n, delta, epsilon0)
+        if e > best:
+            best, name = e, v.name
+    return best, name
