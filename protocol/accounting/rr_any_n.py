@@ -104,12 +104,12 @@ _U = 2.0**-53
 #: Every batch size up to this is a grid point (and maximised dataset by dataset).
 EXACT_ALL_N = 2000
 #: Above EXACT_ALL_N the grid is geometric with this ratio minus one.
-GRID_STEP = 1.0 / 64.0
+GRID_STEP = 1.0 / 128.0
 #: Relative gap (upper vs lower, in eps) at which the block refinement stops above EXACT_ALL_N.
 BLOCK_TOL = 1e-3
 #: Above EXACT_ALL_N the refinement also stops after this many dataset evaluations (the
 #: reported gap is then larger than BLOCK_TOL; see the certificate's ``lower``).
-MAX_EVALUATIONS = 48
+MAX_EVALUATIONS = 96
 #: Largest batch size handled (the FFT windows grow like sqrt(n)).
 MAX_N = 10**9
 #: Direct convolution when the product of the window lengths is at most this.
