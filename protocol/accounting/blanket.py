@@ -112,6 +112,10 @@ RESOLUTION = 10
 DROP_LOG = 80.0
 #: Largest FFT length used; beyond it the bound reports the trivial delta = 1.
 MAX_FFT = 1 << 25
+#: Half-width of the summed window around the tilted mean, in sd of the sum: beyond it on the
+#: right a Chernoff bound is added (``_window_tail``), and the left side's mass (below e^-40 of
+#: the total) only aliases onto the circle, which adds mass.
+WINDOW_SD = 10.0
 #: Above this many (frequency, atom) products the characteristic function comes from the FFT.
 DIRECT_BUDGET = 1e6
 
@@ -281,6 +285,20 @@ def _tail_sum(theta: float, U: int) -> float:
     return math.exp(-theta * (U + 1)) * ((U + 1) * (1 - q) + q) / (1 - q) ** 2
 
 
+def _window_tail(pt: np.ndarray, k: np.ndarray, count: int, theta: float, U: int) -> float:
+    """Bound on ``sum_{t > U} t e^(-theta t) P_theta(T = t)`` for the sum ``T`` of ``count`` draws of ``pt``.
+
+    The smaller of ``sum_{t > U} t e^(-theta t)`` (every probability at most 1; small once
+    ``theta U`` is large) and ``P_theta(T > U) / (e theta)`` (from ``t e^(-theta t) <= 1/(e theta)``,
+    with the Chernoff bound on ``P_theta(T > U)``; small once ``U`` is many sd above the tilted
+    mean 0). The second keeps the window at 14 sd where ``theta`` is small (eps near 0), instead of
+    stretching it to ``80/theta`` points.
+    """
+    plain = _tail_sum(theta, U)
+    log_out = _chernoff_log_tail(pt, k, count, U + 1.0)
+    return min(plain, math.exp(log_out - 1.0) / theta)
+
+
 def _sum_window(pt: np.ndarray, k: np.ndarray, count: int, lo: int, hi: int, bulk_lo: int, bulk_hi: int,
                 theta: float, rel_p: float) -> tuple[np.ndarray, float] | None:
     """``P(sum of count iid draws of pt = z)`` for ``z`` in ``[lo, hi]`` on a circle (aliasing only adds
@@ -418,15 +436,15 @@ def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUT
     mu_t = float(pt @ k)
     var_t = float(pt @ (k - mu_t) ** 2)
     sd_T = math.sqrt(n * var_t)
-    U = int(math.ceil(max(DROP_LOG / theta, 14.0 * sd_T + n * max(mu_t, 0.0)))) + 1
-    L = int(math.ceil(14.0 * sd_T + n * max(-mu_t, 0.0)))
+    U = int(math.ceil(WINDOW_SD * sd_T + n * max(mu_t, 0.0))) + 1
+    L = int(math.ceil(WINDOW_SD * sd_T + n * max(-mu_t, 0.0)))
     got = _sum_window(pt, k, n, 1, U, -L, U, theta, rel_p)
     if got is None:
         return 1.0
     vals, err_c = got
     t = np.arange(1, U + 1, dtype=np.float64)
     body = float(np.sum(t * np.exp(-theta * t) * (np.maximum(vals, 0.0) + err_c)))
-    total = body + _tail_sum(theta, U)
+    total = body + _window_tail(pt, k, n, theta, U)
     log_delta = n * log_m + math.log(h) - math.log(n) + math.log(total)
     log_delta += 4.0 * n * (len(pt) + 4) * _U  # error of log M, n times
     return math.exp(min(log_delta, 0.0))
@@ -499,14 +517,14 @@ def _two_stage(pt: np.ndarray, k: np.ndarray, n: int, theta: float, log_m: float
     th2 = theta * kc
     mu2 = float(rhat @ kv)
     sd2 = math.sqrt(a * max(float(rhat @ (kv - mu2) ** 2), 1e-300))
-    U2 = int(math.ceil(max(DROP_LOG / th2, 14.0 * sd2 + a * max(mu2, 0.0)))) + 1
-    L2 = int(math.ceil(14.0 * sd2 + a * max(-mu2, 0.0)))
+    U2 = int(math.ceil(WINDOW_SD * sd2 + a * max(mu2, 0.0))) + 1
+    L2 = int(math.ceil(WINDOW_SD * sd2 + a * max(-mu2, 0.0)))
     got2 = _sum_window(rhat, kv, a, 1, U2, -L2, U2, th2, 8 * _U)
     if got2 is None:
         return 1.0
     vals2, err2 = got2
     t = np.arange(1, U2 + 1, dtype=np.float64)
-    body = kc * float(np.sum(t * np.exp(-th2 * t) * (np.maximum(vals2, 0.0) + err2))) + kc * _tail_sum(th2, U2)
+    body = kc * float(np.sum(t * np.exp(-th2 * t) * (np.maximum(vals2, 0.0) + err2))) + kc * _window_tail(rhat, kv, a, th2, U2)
     # log of: h M^n' [R0^a body + a P(out) / (e theta)] / n'
     log_main = a * math.log(R0) + math.log(body)
     log_out_term = math.log(a) + float(log_out) - 1.0 - math.log(theta)
