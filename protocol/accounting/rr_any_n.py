@@ -329,17 +329,22 @@ def _dataset_epsilon_side(delta: float, ones: int, zeros: int, epsilon0: float, 
 
 def dataset_delta(eps: float, ones: int, zeros: int, epsilon0: float) -> tuple[float, float]:
     """Certified (upper, lower) bounds on ``D_{e^eps}(P1 || P0)`` for one dataset."""
+    return (_dataset_delta_side(eps, ones, zeros, epsilon0, True),
+            _dataset_delta_side(eps, ones, zeros, epsilon0, False))
+
+
+def _dataset_delta_side(eps: float, ones: int, zeros: int, epsilon0: float, upper: bool) -> float:
+    """One side of :func:`dataset_delta` (the upper bound if ``upper``)."""
     if eps >= epsilon0:
-        return 0.0, 0.0
+        return 0.0
     eps = max(float(eps), 0.0)
     tail = _view_tail(ones + zeros, epsilon0, None)
     v = _view(int(ones), int(zeros), float(epsilon0), tail)
     E = math.exp(eps)
-    a, b = _tail_arrays(v, epsilon0, True)
-    up = max(float(np.max(a - E * b)) * (1 + 4 * _U), v.out * (1 + 4 * _U), 0.0)
-    a, b = _tail_arrays(v, epsilon0, False)
-    lo = max(float(np.max(a - E * b)) * (1 - 4 * _U), 0.0)
-    return min(1.0, up), lo
+    a, b = _tail_arrays(v, epsilon0, upper)
+    if upper:
+        return min(1.0, max(float(np.max(a - E * b)) * (1 + 4 * _U), v.out * (1 + 4 * _U), 0.0))
+    return max(float(np.max(a - E * b)) * (1 - 4 * _U), 0.0)
 
 
 # ------------------------------------------------------------- all datasets at n
@@ -435,6 +440,59 @@ def certified_delta(eps: float, n: int, epsilon0: float) -> float:
     return max(dataset_delta(eps, k, m - k, epsilon0)[0] for k in range(m + 1))
 
 
+def certified_delta_curve(eps_grid: np.ndarray, n: int, epsilon0: float, reference_eps: float,
+                          max_evaluations: int | None = None) -> np.ndarray:
+    """Certified upper bounds on the central ``delta_n(eps)`` of shuffled binary RR at every ``eps``
+    of ``eps_grid`` (every dataset; for privacy-loss curves and composition).
+
+    Step 3 with ``delta`` in place of ``eps``: the datasets ``k in [0, n-1]`` are split into blocks,
+    refined where the block bound at ``reference_eps`` is largest (at most ``max_evaluations``
+    cores above :data:`EXACT_ALL_N`), and each block is bounded by its core dataset at *every*
+    ``eps`` (post-processing holds eps by eps). Each core's view is built once (windows cut at
+    1e-25) and reused across the grid, so a curve costs about one certificate. Valid at ``n``;
+    callers may pass a grid ``n' <= n`` (a larger batch is a post-processing of a smaller one).
+    """
+    n, epsilon0 = _check(n, epsilon0)
+    eps_grid = np.asarray(eps_grid, dtype=np.float64)
+    if max_evaluations is None:
+        max_evaluations = 4 * n + 64 if n <= EXACT_ALL_N else MAX_EVALUATIONS
+    m = n - 1
+
+    def core(k1: int, k2: int, e: float) -> float:
+        return _dataset_delta_side(e, k1, m - k2, epsilon0, True)
+
+    blocks0 = min(m + 1, 24)
+    edges = np.unique(np.round(np.linspace(0, m + 1, blocks0 + 1)).astype(np.int64))
+    heap: list[tuple[float, int, int]] = []
+    for k1, k2 in zip(edges[:-1], edges[1:] - 1):
+        heapq.heappush(heap, (-core(int(k1), int(k2), reference_eps), int(k1), int(k2)))
+    evals = len(heap)
+    best_lower = max(_dataset_delta_side(reference_eps, k, m - k, epsilon0, False) for k in (0, m))
+    while evals + 2 <= max_evaluations:
+        neg, k1, k2 = heap[0]
+        if k1 == k2 or -neg <= best_lower * (1.0 + BLOCK_TOL):
+            break
+        heapq.heappop(heap)
+        mid = (k1 + k2) // 2
+        for a, b in ((k1, mid), (mid + 1, k2)):
+            heapq.heappush(heap, (-core(a, b, reference_eps), a, b))
+        evals += 2
+    E = np.exp(np.maximum(eps_grid, 0.0))
+    out = np.zeros(len(eps_grid))
+    tail = _view_tail(m, epsilon0, None)
+    for _, k1, k2 in heap:  # the core's tail arrays once, every eps of the grid at once
+        v = _view(int(k1), int(m - k2), float(epsilon0), tail)
+        a, b = _tail_arrays(v, epsilon0, True)
+        best = np.full(len(E), -np.inf)
+        step = max(1, 4_000_000 // max(len(E), 1))
+        for i in range(0, len(a), step):
+            best = np.maximum(best, np.max(a[None, i:i + step] - E[:, None] * b[None, i:i + step], axis=1))
+        core_delta = np.maximum(np.maximum(best * (1 + 4 * _U), v.out * (1 + 4 * _U)), 0.0)
+        out = np.maximum(out, core_delta)
+    out[eps_grid >= epsilon0] = 0.0
+    return np.minimum(out, 1.0)
+
+
 # --------------------------------------------------------------- monotone in n
 def grid_floor(n: int) -> int:
     """Largest grid point <= n (Step 5)."""
@@ -517,6 +575,7 @@ __all__ = [
     "RRCertificate",
     "RRMonotone",
     "certified_delta",
+    "certified_delta_curve",
     "certify_epsilon",
     "dataset_delta",
     "dataset_epsilon",

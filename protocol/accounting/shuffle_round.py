@@ -51,7 +51,13 @@ from shuffledp.protocol.accounting.guarantees import (
     variation_ratio_parameters,
 )
 from shuffledp.protocol.accounting.rdp import EXTENDED_ORDERS, girgis_rdp, rdp_epsilon
-from shuffledp.protocol.accounting.rr_any_n import RRCertificate, certify_epsilon, rr_monotone_epsilon
+from shuffledp.protocol.accounting.rr_any_n import (
+    RRCertificate,
+    certified_delta_curve,
+    certify_epsilon,
+    grid_floor,
+    rr_monotone_epsilon,
+)
 from shuffledp.protocol.accounting.rr_exact import RR_EXACT_MAX_N, rr_exact_delta, rr_lower_epsilon
 from shuffledp.protocol.errors import InvalidParameter
 
@@ -293,7 +299,18 @@ def round_delta_curve(local: LocalGuarantee, n: int, eps_grid: np.ndarray, rtol:
         if laws:
             vals.append(blanket_round_delta(laws, n, float(e)))
         out[i] = min(vals)
+    if local.mechanism == "binary-rr" and not exact_rr:
+        out = np.minimum(out, binary_rr_delta_curve(eps_grid, n, float(local.epsilon0)))
     return out
+
+
+def binary_rr_delta_curve(eps_grid: np.ndarray, n: int, epsilon0: float) -> np.ndarray:
+    """Certified ``delta(eps)`` of shuffled binary RR over every dataset (``rr_any_n``, Step 3 with
+    blocks refined at the round's own epsilon at delta = 1e-6), at the grid batch size below ``n``
+    (a batch of ``n`` is a post-processing of a smaller one)."""
+    g = grid_floor(n)
+    reference = binary_rr_epsilon(1e-6, g, epsilon0)[0]
+    return certified_delta_curve(eps_grid, g, epsilon0, reference)
 
 
 def round_curve_support(local: LocalGuarantee, n: int, floor_delta: float = 1e-15) -> float:
