@@ -200,7 +200,7 @@ def test_delta_curve_is_above_every_dataset(n, e0, evals):
     def lower(e: float) -> float:  # the largest certified *lower* bound over every dataset
         return max(dataset_delta(e, k, n - 1 - k, e0)[1] for k in range(n))
 
-    grid = np.linspace(0.0, min(e0, 0.6), 9)
+    grid = np.linspace(0.0, min(e0, 0.6), 6)
     capped = certified_delta_curve(grid, n, e0, float(grid[3]), max_evaluations=evals)
     for e, c in zip(grid, capped):
         assert c >= lower(float(e)), e

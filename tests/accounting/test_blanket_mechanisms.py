@@ -104,8 +104,8 @@ def test_k_rr_law_is_every_pairs_law(k):
 
 
 @pytest.mark.parametrize("local,n", [
-    (hadamard_response_guarantee(1.0, 4), 6),
-    (hadamard_response_guarantee(3.0, 4), 5),
+    (hadamard_response_guarantee(1.0, 4), 4),
+    (hadamard_response_guarantee(3.0, 4), 4),
     (k_rr_guarantee(2.0, 3), 8),
     (block_hadamard_response_guarantee(2.0, 3, 2), 5),
 ], ids=["hr4-e1", "hr4-e3", "3rr-e2", "bhr3-B2-e2"])
