@@ -246,9 +246,11 @@ def law_from_matrix(R: np.ndarray, x1: int, x2: int) -> BlanketLaw:
 
 
 # ----------------------------------------------------------------------------- numerics
-def _lattice(law: BlanketLaw, eps: float, resolution: int) -> tuple[np.ndarray, int, float, float] | None:
-    """Lattice pmf ``p`` of one term ``B l`` (index 0 = value ``kmin h``), ``kmin``, ``h``, and a bound
-    on the relative error of each entry; ``None`` when ``l <= 0`` everywhere (delta = 0)."""
+def _lattice(law: BlanketLaw, eps: float, resolution: int) -> tuple[np.ndarray, np.ndarray, float, float] | None:
+    """Lattice pmf of one term ``B l`` on its support: the masses ``p``, their lattice indices ``k``
+    (increasing; value ``k h``), ``h``, and a bound on the relative error of each entry; ``None``
+    when ``l <= 0`` everywhere (delta = 0). Only the occupied points are stored: with a huge
+    negative atom (large eps0) the lattice spans many points of which a few carry mass."""
     E = math.exp(eps)
     x = law.a1 - E * law.a2
     top = float(np.max(np.abs(law.a1)) + E * np.max(np.abs(law.a2)))
@@ -269,14 +271,13 @@ def _lattice(law: BlanketLaw, eps: float, resolution: int) -> tuple[np.ndarray, 
     fl = np.floor(z)
     frac = z - fl
     # The margin above absorbs the rounding of z = x / h (relative u): E[rounded] >= x.
-    kmin = int(min(fl.min(), 0.0))
-    kmax = int(max(fl.max() + 1.0, 0.0))
-    p = np.zeros(kmax - kmin + 1)
-    idx = (fl - kmin).astype(np.int64)
-    np.add.at(p, idx, pw * (1.0 - frac))
-    np.add.at(p, idx + 1, pw * frac)
-    p[-kmin] += 1.0 - g
-    return p, kmin, h, 8 * _U
+    idx = np.concatenate([fl, fl + 1.0, [0.0]])
+    mass = np.concatenate([pw * (1.0 - frac), pw * frac, [1.0 - g]])
+    k, where = np.unique(idx, return_inverse=True)
+    p = np.zeros(len(k))
+    np.add.at(p, where, mass)
+    nz = p > 0
+    return p[nz], k[nz], h, 8 * _U
 
 
 def _tail_sum(theta: float, U: int) -> float:
@@ -418,10 +419,7 @@ def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUT
     lat = _lattice(law, eps, resolution)
     if lat is None:
         return 0.0
-    p, kmin, h, rel_p = lat
-    k = np.arange(kmin, kmin + len(p), dtype=np.float64)
-    nz = p > 0
-    p, k = p[nz], k[nz]
+    p, k, h, rel_p = lat
     tilted = _tilt(p, k)
     if tilted is None:  # no negative drift (eps ~ 0): no useful tilt
         return 1.0
