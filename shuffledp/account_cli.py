@@ -148,10 +148,6 @@ def _dataset_lower_bound(local, n: int, delta: float) -> dict[str, Any] | None:
     (``accounting.iid_dataset``), or None where none is offered (binary RR has its own)."""
     from shuffledp.protocol.accounting.iid_dataset import best_lower_epsilon, lower_bound_candidates
 
-    if local.mechanism not in ("k-rr", "hadamard-response", "block-hadamard-response", "laplace-mean"):
-        return None
-    if local.mechanism == "laplace-mean" and local.grid_levels is None:
-        return None
     views = lower_bound_candidates(local.mechanism, local.epsilon0, k=local.k, num_bins=local.num_bins,
                                    grid_levels=local.grid_levels, num_blocks=local.num_blocks)
     if not views:

@@ -292,7 +292,7 @@ def _window_tail(pt: np.ndarray, k: np.ndarray, count: int, theta: float, U: int
     The smaller of ``sum_{t > U} t e^(-theta t)`` (every probability at most 1; small once
     ``theta U`` is large) and ``P_theta(T > U) / (e theta)`` (from ``t e^(-theta t) <= 1/(e theta)``,
     with the Chernoff bound on ``P_theta(T > U)``; small once ``U`` is many sd above the tilted
-    mean 0). The second keeps the window at 14 sd where ``theta`` is small (eps near 0), instead of
+    mean 0). The second keeps the window at ``WINDOW_SD`` sd where ``theta`` is small (eps near 0), instead of
     stretching it to ``80/theta`` points.
     """
     plain = _tail_sum(theta, U)

@@ -44,9 +44,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize
-
-from shuffledp.protocol.accounting._numerics import TAIL_RTOL, binom_range, binom_sf_ge, log_binom_pmf
+from shuffledp.protocol.accounting._numerics import TAIL_RTOL, binom_range, binom_sf_ge, log_binom_pmf, search_epsilon
 from shuffledp.protocol.errors import InvalidParameter
 
 #: Relative allowance for the gammaln-based log pmf of ``M`` (its absolute error in the log is
@@ -94,20 +92,18 @@ def _direction_delta(v: ThreeClassView, n: int, eps: float, forward: bool) -> fl
     lo, hi = binom_range(n, p_inf, WINDOW_SD)
     M = np.arange(lo, hi + 1, dtype=np.float64)
     beta = M * l_b + (n - M) * l_u
+    pmf = np.exp(log_binom_pmf(M, n, p_inf)) * (1.0 - PMF_RTOL)
     if alpha < 0:  # count the B class instead: alpha N_A + beta = (-alpha) N_B + (beta + alpha M)
         alpha, beta, s = -alpha, beta + alpha * M, 1.0 - s
     elif alpha == 0:
-        pmf = np.exp(log_binom_pmf(M, n, p_inf)) * (1.0 - PMF_RTOL)
         return float(np.sum(pmf * np.maximum(beta, 0.0))) * (1.0 - 1e-12) / n
     j0 = np.maximum(np.floor(-beta / alpha) + 1.0, 0.0)
     j0 = np.where(alpha * j0 + beta <= 0.0, j0 + 1.0, j0)  # strictly positive terms only
     t1 = binom_sf_ge(j0 - 1.0, np.maximum(M - 1.0, 0.0), s)
     t2 = binom_sf_ge(j0, M, s)
     pos = alpha * M * s * t1
-    val = pos + beta * t2
-    err = TAIL_RTOL * (pos + np.abs(beta) * t2) + 8e-16 * (pos + np.abs(beta) * t2)
-    per_m = np.maximum(val - err, 0.0)
-    pmf = np.exp(log_binom_pmf(M, n, p_inf)) * (1.0 - PMF_RTOL)
+    err = (TAIL_RTOL + 8e-16) * (pos + np.abs(beta) * t2)  # each tail's error, and the sum's rounding
+    per_m = np.maximum(pos + beta * t2 - err, 0.0)
     return float(np.sum(pmf * per_m)) * (1.0 - 1e-12) / n
 
 
@@ -122,26 +118,13 @@ def iid_delta(view: ThreeClassView, n: int, eps: float) -> float:
 
 
 def iid_lower_epsilon(view: ThreeClassView, n: int, delta: float, epsilon0: float, rtol: float = 1e-4) -> float:
-    """A lower bound on the round's ``eps(delta)``: the largest ``eps`` (to ``rtol``) at which
-    :func:`iid_delta` was checked to exceed ``delta`` (0 if it never does)."""
+    """A lower bound on the round's ``eps(delta)``: the lower end of the bracket of
+    :func:`_numerics.search_epsilon`, a point where :func:`iid_delta` was checked to exceed
+    ``delta`` (0 if it never does, ``eps0`` if it still does there)."""
     if not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
-    if iid_delta(view, n, 0.0) <= delta:
-        return 0.0
-    hi = float(epsilon0)
-    if iid_delta(view, n, hi) > delta:
-        return hi
-    log_target = math.log(delta)
-
-    def f(e: float) -> float:
-        d = iid_delta(view, n, e)
-        return (math.log(d) if d > 0 else -800.0) - log_target
-
-    root = optimize.brentq(f, 0.0, hi, xtol=1e-14, rtol=0.25 * rtol)
-    lo = root * (1.0 - 0.5 * rtol)
-    while f(lo) <= 0.0:
-        lo *= 1.0 - rtol
-    return lo
+    lower, _ = search_epsilon(lambda e: iid_delta(view, n, e), delta, 0.0, float(epsilon0), rtol=rtol)
+    return lower
 
 
 # ------------------------------------------------------------------ the mechanisms' datasets
@@ -196,7 +179,9 @@ def laplace_middle_view(epsilon0: float, grid_levels: int) -> ThreeClassView:
 
 def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = None, num_bins: int | None = None,
                            grid_levels: int | None = None, num_blocks: int | None = None) -> list[ThreeClassView]:
-    """The datasets whose exact (post-processed) divergence this module offers as lower bounds."""
+    """The datasets whose exact (post-processed) divergence this module offers as lower bounds
+    (empty where it offers none: binary RR, generic reports, the Laplace report without a grid,
+    block Hadamard response with fewer than three blocks)."""
     from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau
 
     if mechanism == "k-rr":
@@ -208,10 +193,10 @@ def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = N
         return views
     if mechanism == "block-hadamard-response":  # none offered with fewer than three blocks
         return [block_hadamard_third_block_view(epsilon0, int(num_blocks))] if (num_blocks or 0) >= 3 else []
-    if mechanism == "laplace-mean":
+    if mechanism == "laplace-mean" and grid_levels is not None:
         return [thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, int(grid_levels))),
                 laplace_middle_view(epsilon0, int(grid_levels))]
-    raise InvalidParameter("mechanism", f"no i.i.d.-dataset lower bound for {mechanism!r}")
+    return []  # binary RR has its own all-dataset certificate; generic reports have no dataset here
 
 
 def best_lower_epsilon(views: list[ThreeClassView], n: int, delta: float, epsilon0: float) -> tuple[float, str]:

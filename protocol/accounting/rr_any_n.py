@@ -348,6 +348,25 @@ def _dataset_delta_side(eps: float, ones: int, zeros: int, epsilon0: float, uppe
 
 
 # ------------------------------------------------------------- all datasets at n
+def _block_heap(m: int, blocks: int, core_bound) -> list[tuple[float, int, int]]:
+    """The datasets ``k in [0, m]`` in about ``blocks`` equal blocks, as a max-heap on
+    ``core_bound(k1, k2)`` (the bound of the block's core dataset; Step 3)."""
+    blocks = min(m + 1, blocks)
+    edges = np.unique(np.round(np.linspace(0, m + 1, blocks + 1)).astype(np.int64))
+    heap: list[tuple[float, int, int]] = []
+    for k1, k2 in zip(edges[:-1], edges[1:] - 1):
+        heapq.heappush(heap, (-core_bound(int(k1), int(k2)), int(k1), int(k2)))
+    return heap
+
+
+def _split_top(heap: list[tuple[float, int, int]], core_bound) -> None:
+    """Replace the block with the largest bound by its two halves (two core evaluations)."""
+    _, k1, k2 = heapq.heappop(heap)
+    mid = (k1 + k2) // 2
+    for a, b in ((k1, mid), (mid + 1, k2)):
+        heapq.heappush(heap, (-core_bound(a, b), a, b))
+
+
 @dataclass(frozen=True)
 class RRCertificate:
     """Certified central eps (upper, lower) of shuffled binary RR at one n and delta."""
@@ -402,11 +421,7 @@ def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = N
         if lo > best_lower:
             best_lower, best_k = lo, k
 
-    blocks0 = min(m + 1, 16 if n <= EXACT_ALL_N else 24)
-    edges = np.unique(np.round(np.linspace(0, m + 1, blocks0 + 1)).astype(np.int64))
-    heap: list[tuple[float, int, int]] = []
-    for k1, k2 in zip(edges[:-1], edges[1:] - 1):
-        heapq.heappush(heap, (-core_upper(int(k1), int(k2)), int(k1), int(k2)))
+    heap = _block_heap(m, 16 if n <= EXACT_ALL_N else 24, core_upper)
     for k in (0, m):
         lower_at(k)
     while True:
@@ -420,10 +435,7 @@ def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = N
         if evals + 3 > max_evaluations:
             lower_at((k1 + k2) // 2)  # the best lower estimate inside the top block
             break
-        heapq.heappop(heap)
-        mid = (k1 + k2) // 2
-        for a, b in ((k1, mid), (mid + 1, k2)):
-            heapq.heappush(heap, (-core_upper(a, b), a, b))
+        _split_top(heap, core_upper)
     upper = -heap[0][0]
     exact = all(k1 == k2 for _, k1, k2 in heap[:1]) and tol == 0.0
     return RRCertificate(n=n, epsilon0=epsilon0, delta=float(delta), upper=max(upper, best_lower),
@@ -458,24 +470,17 @@ def certified_delta_curve(eps_grid: np.ndarray, n: int, epsilon0: float, referen
         max_evaluations = 4 * n + 64 if n <= EXACT_ALL_N else MAX_EVALUATIONS
     m = n - 1
 
-    def core(k1: int, k2: int, e: float) -> float:
-        return _dataset_delta_side(e, k1, m - k2, epsilon0, True)
+    def core_at_reference(k1: int, k2: int) -> float:
+        return _dataset_delta_side(reference_eps, k1, m - k2, epsilon0, True)
 
-    blocks0 = min(m + 1, 24)
-    edges = np.unique(np.round(np.linspace(0, m + 1, blocks0 + 1)).astype(np.int64))
-    heap: list[tuple[float, int, int]] = []
-    for k1, k2 in zip(edges[:-1], edges[1:] - 1):
-        heapq.heappush(heap, (-core(int(k1), int(k2), reference_eps), int(k1), int(k2)))
+    heap = _block_heap(m, 24, core_at_reference)
     evals = len(heap)
     best_lower = max(_dataset_delta_side(reference_eps, k, m - k, epsilon0, False) for k in (0, m))
     while evals + 2 <= max_evaluations:
         neg, k1, k2 = heap[0]
         if k1 == k2 or -neg <= best_lower * (1.0 + BLOCK_TOL):
             break
-        heapq.heappop(heap)
-        mid = (k1 + k2) // 2
-        for a, b in ((k1, mid), (mid + 1, k2)):
-            heapq.heappush(heap, (-core(a, b, reference_eps), a, b))
+        _split_top(heap, core_at_reference)
         evals += 2
     E = np.exp(np.maximum(eps_grid, 0.0))
     out = np.zeros(len(eps_grid))

@@ -315,12 +315,7 @@ def binary_rr_delta_curve(eps_grid: np.ndarray, n: int, epsilon0: float) -> np.n
 
 def round_curve_support(local: LocalGuarantee, n: int, floor_delta: float = 1e-15) -> float:
     """Epsilon beyond which the round's best curve is below ``floor_delta`` (grid end)."""
-    n = _check_round(local, n)
-    best = min(p.epsilon(floor_delta, rtol=1e-3) for p in round_pairs(local, n).values())
-    laws = blanket_laws(local)
-    if laws:
-        best = min(best, blanket_round_epsilon(laws, n, floor_delta, local.epsilon0))
-    return min(best, local.epsilon0)
+    return round_reference_epsilon(local, n, floor_delta)
 
 
 def round_reference_epsilon(local: LocalGuarantee, n: int, delta: float) -> float:

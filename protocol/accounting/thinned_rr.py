@@ -38,7 +38,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import special, stats
+
+from shuffledp.protocol.accounting._numerics import search_epsilon
 
 from shuffledp.protocol.errors import InvalidParameter
 
@@ -96,26 +98,13 @@ def thinned_rr_delta(eps: float, n: int, epsilon0: float, tau: float, chunk: int
 
 
 def thinned_rr_lower_epsilon(delta: float, n: int, epsilon0: float, tau: float, rtol: float = 1e-4) -> float:
-    """A lower bound on the round's eps(delta): the largest eps (to ``rtol``) where this dataset's
-    divergence was checked to exceed ``delta`` (0 if it never does)."""
+    """A lower bound on the round's eps(delta): the lower end of the bracket of
+    :func:`_numerics.search_epsilon`, where this dataset's divergence was checked to exceed ``delta``
+    (0 if it never does)."""
     if not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta!r}")
-    if thinned_rr_delta(0.0, n, epsilon0, tau) <= delta:
-        return 0.0
-    hi = float(epsilon0)
-    if thinned_rr_delta(hi, n, epsilon0, tau) > delta:
-        return hi
-    log_target = math.log(delta)
-
-    def f(e: float) -> float:
-        d = thinned_rr_delta(e, n, epsilon0, tau)
-        return (math.log(d) if d > 0 else -800.0) - log_target
-
-    root = optimize.brentq(f, 0.0, hi, xtol=1e-12, rtol=0.25 * rtol)
-    lo = root * (1.0 - 0.5 * rtol)
-    while f(lo) <= 0.0:  # the returned value is one where the divergence was checked above delta
-        lo *= 1.0 - rtol
-    return lo
+    lower, _ = search_epsilon(lambda e: thinned_rr_delta(e, n, epsilon0, tau), delta, 0.0, float(epsilon0), rtol=rtol)
+    return lower
 
 
 def k_rr_tau(epsilon0: float, k: int) -> float:

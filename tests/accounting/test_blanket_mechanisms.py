@@ -35,28 +35,11 @@ from shuffledp.protocol.accounting.blanket import (
 from shuffledp.protocol.accounting.shuffle_round import blanket_laws, round_pairs
 
 from .brute import worst_dataset_delta
-
-
-def _atoms(law: BlanketLaw) -> dict[tuple[float, float], float]:
-    out: dict[tuple[float, float], float] = {}
-    for a1, a2, w in zip(law.a1, law.a2, law.weight):
-        key = (round(float(a1), 9), round(float(a2), 9))
-        out[key] = out.get(key, 0.0) + float(w)
-    return out
+from .test_blanket import law_atoms, law_mismatch
 
 
 def _law_with_floor(R: np.ndarray, x1: int, x2: int, w: np.ndarray) -> BlanketLaw:
     return BlanketLaw(R[x1] / w, R[x2] / w, w / w.sum(), float(w.sum()), "matrix")
-
-
-def _assert_same(a: BlanketLaw, b: BlanketLaw) -> None:
-    A, B = _atoms(a), _atoms(b)
-    A = {k: v for k, v in A.items() if v > 1e-15}
-    B = {k: v for k, v in B.items() if v > 1e-15}
-    assert A.keys() == B.keys()
-    for key in A:
-        assert A[key] == pytest.approx(B[key], rel=1e-9)
-    assert a.gamma == pytest.approx(b.gamma, rel=1e-12)
 
 
 @pytest.mark.parametrize("K", [2, 4, 8, 16])
@@ -66,7 +49,8 @@ def test_hadamard_law_is_every_pairs_law(K, e0):
     w = R.min(axis=0)
     law = hadamard_response_law(e0, K)
     for x0, x1 in itertools.permutations(range(K), 2):
-        _assert_same(law, _law_with_floor(R, x0, x1, w))
+        mismatch = law_mismatch(law, _law_with_floor(R, x0, x1, w))
+        assert mismatch is None, (x0, x1, mismatch)
 
 
 @pytest.mark.parametrize("k,B", [(6, 1), (6, 2), (7, 3), (12, 4), (5, 5)])
@@ -83,14 +67,14 @@ def test_block_hadamard_laws_cover_every_pair(k, B, e0):
     analytic = block_hadamard_laws(e0, local.num_blocks, math.ceil(k / local.num_blocks))
     assert [law.name for law in laws] == [law.name for law in analytic]
     for a, b in zip(laws, analytic):
-        _assert_same(a, b)
+        assert law_mismatch(a, b) is None
     seen = set()
     for x0, x1 in itertools.permutations(range(k), 2):
         got = _law_with_floor(R, x0, x1, w)
-        matches = [i for i, law in enumerate(laws) if _atoms(law).keys() == {
-            key for key, v in _atoms(got).items() if v > 1e-15}]
+        matches = [i for i, law in enumerate(laws) if law_atoms(law).keys() == law_atoms(got).keys()]
         assert matches, (x0, x1)
-        _assert_same(laws[matches[0]], got)
+        mismatch = law_mismatch(laws[matches[0]], got)
+        assert mismatch is None, (x0, x1, mismatch)
         seen.add(matches[0])
     assert seen == set(range(len(laws)))
 
@@ -100,7 +84,8 @@ def test_k_rr_law_is_every_pairs_law(k):
     R = randomizer_matrix(k_rr_guarantee(1.3, k))
     w = R.min(axis=0)
     for x0, x1 in itertools.permutations(range(k), 2):
-        _assert_same(k_rr_law(1.3, k), _law_with_floor(R, x0, x1, w))
+        mismatch = law_mismatch(k_rr_law(1.3, k), _law_with_floor(R, x0, x1, w))
+        assert mismatch is None, (x0, x1, mismatch)
 
 
 @pytest.mark.parametrize("local,n", [
