@@ -132,6 +132,7 @@ def thinned_rr_view(epsilon0: float, tau: float) -> ThreeClassView:
     """The others all at ``x1`` of a thinned-RR mechanism (:mod:`.thinned_rr`): informative with
     probability ``tau``, then RR at ``eps0``."""
     rho = 1.0 / (1.0 + math.exp(-epsilon0))
+    tau = min(1.0, tau)  # 2-RR: (e^eps0 + 1)/(e^eps0 + 1) may round to 1 + u
     return ThreeClassView(tau * rho, tau * (1 - rho), 1 - tau, tau * (1 - rho), tau * rho, 1 - tau,
                           f"thinned-rr(tau={tau:.6g})")
 
@@ -185,7 +186,10 @@ def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = N
     from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau
 
     if mechanism == "k-rr":
-        return [k_rr_third_value_view(epsilon0, int(k)), thinned_rr_view(epsilon0, k_rr_tau(epsilon0, int(k)))]
+        views = [thinned_rr_view(epsilon0, k_rr_tau(epsilon0, int(k)))]
+        if int(k) >= 3:  # a third value exists
+            views.insert(0, k_rr_third_value_view(epsilon0, int(k)))
+        return views
     if mechanism == "hadamard-response":
         views = [thinned_rr_view(epsilon0, 0.5)]
         if num_bins is not None and num_bins >= 4:

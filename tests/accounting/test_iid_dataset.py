@@ -140,3 +140,12 @@ def test_bad_views_are_refused():
     with pytest.raises(InvalidParameter):
         iid_delta(VIEWS["thinned-e1"], 0, 0.1)
     assert lower_bound_candidates("block-hadamard-response", 1.0, num_blocks=1) == []
+
+
+def test_binary_k_rr_gets_only_the_thinned_dataset():
+    """k = 2 has no third value, and its informative fraction (e^eps0 + 1)/(e^eps0 + 1) may round
+    above 1: the CLI once failed on it with a typed error instead of reporting the round."""
+    views = lower_bound_candidates("k-rr", 1.0, k=2)
+    assert [v.name.split("(")[0] for v in views] == ["thinned-rr"]
+    assert views[0].a2 == 0.0 and views[0].pi_u == 0.0
+    assert 0 < best_lower_epsilon(views, 1000, 1e-6, 1.0)[0] <= shuffled_round(k_rr_guarantee(1.0, 2), 1000, 1e-6).epsilon
