@@ -55,9 +55,10 @@ Step 4 -- certified numerics. For one dataset, ``X`` is evaluated on a window:
 
 * each binomial pmf on a window whose outside mass is bounded by the Chernoff bound
   ``Pr[Bin(N, p) >= a N] <= exp(-N KL(a || p))`` (and the lower analogue) below
-  ``tail_target``; inside, pmf values come from an anchor at the mode (mpmath,
-  30 digits) times the exact ratios ``(N-s)/(s+1) * p/(1-p)`` accumulated by
-  ``cumprod`` (relative error at most ``7 u`` per step, ``u = 2^-53``);
+  ``tail_target``; inside, pmf values come from the exact ratios
+  ``(N-s)/(s+1) * p/(1-p)`` accumulated from the mode by ``cumprod`` (relative error at
+  most ``7 u`` per step, ``u = 2^-53``), normalised by their sum (the true window mass is
+  within the cut mass of 1, which joins the relative error);
 * the convolution of the two windows is direct (all terms positive: relative error
   ``<= L u``) or by FFT, whose error is bounded in the 2-norm by
   ``(kappa + 3u)(||a||_2 + ||b||_2 + ||c||_2)`` with ``kappa = log2(N) eta``,
@@ -94,8 +95,8 @@ import heapq
 import math
 from dataclasses import dataclass
 
-import mpmath
 import numpy as np
+from scipy import fft as sp_fft
 
 from shuffledp.protocol.errors import InvalidParameter
 
@@ -109,7 +110,21 @@ GRID_STEP = 1.0 / 128.0
 BLOCK_TOL = 1e-3
 #: Above EXACT_ALL_N the refinement also stops after this many dataset evaluations (the
 #: reported gap is then larger than BLOCK_TOL; see the certificate's ``lower``).
-MAX_EVALUATIONS = 96
+MAX_EVALUATIONS = 72
+def evaluation_budget(n: int) -> int:
+    """Dataset evaluations a certificate may spend at ``n``: every one up to :data:`EXACT_ALL_N`
+    (``4n + 64``), then :data:`MAX_EVALUATIONS` from ``n = 1e6`` on, and more below it, where a
+    view is cheaper (its FFT length grows like ``sqrt(n)``): ``MAX_EVALUATIONS sqrt(1e6 / n)``,
+    at most 256. Moderate n at large eps0 has a peaked profile over datasets that needs them."""
+    if n <= EXACT_ALL_N:
+        return 4 * n + 64
+    return int(min(256.0, MAX_EVALUATIONS * math.sqrt(max(1e6 / n, 1.0))))
+
+
+#: Above EXACT_ALL_N the datasets start in this many equal blocks (the profile over datasets is
+#: flat to a fraction of a percent, so every block ends up at about the same width: starting
+#: there spends no evaluations on parents that would all be split).
+INITIAL_BLOCKS = 64
 #: Largest batch size handled (the FFT windows grow like sqrt(n)).
 MAX_N = 10**9
 #: Direct convolution when the product of the window lengths is at most this.
@@ -182,40 +197,40 @@ def _window(N: int, p: float, tail: float) -> tuple[int, int, float]:
     return lo, hi, out * (1.0 + 1e-9)
 
 
-@functools.lru_cache(maxsize=64)
-def _mp_log_r(epsilon0: float) -> tuple[mpmath.mpf, mpmath.mpf]:
-    with mpmath.workdps(30):
-        e = mpmath.exp(mpmath.mpf(epsilon0))
-        return -mpmath.log1p(e), mpmath.log(e) - mpmath.log1p(e)  # log r, log rho
-
-
-def _anchor(N: int, s: int, epsilon0: float) -> float:
-    """Bin(N, r)(s) to ~1e-25 relative (mpmath, 30 digits), r = 1/(1 + e^eps0)."""
-    log_r, log_rho = _mp_log_r(epsilon0)
-    with mpmath.workdps(30):
-        v = mpmath.loggamma(N + 1) - mpmath.loggamma(s + 1) - mpmath.loggamma(N - s + 1) + s * log_r + (N - s) * log_rho
-        return float(mpmath.exp(v))
-
-
 @functools.lru_cache(maxsize=256)
 def _binom_window(N: int, epsilon0: float, tail: float) -> tuple[int, np.ndarray, float, float]:
-    """(lo, pmf of Bin(N, r) on [lo, hi], relative error bound, outside mass bound)."""
+    """(lo, pmf of Bin(N, r) on [lo, hi], relative error bound, outside mass bound), r = 1/(1 + e^eps0).
+
+    The shape comes from the exact ratios ``(N-s)/(s+1) * r/rho`` accumulated from the mode by
+    ``cumprod``: the entry ``|s - mode|`` steps away is within ``7 u |s - mode|`` of the true
+    shape, relatively. It is normalised by its sum, taken in extended precision (``u_ext <= 2^-63``
+    on x86, ``2^-52`` where ``longdouble`` is plain double; per term, a bound): the sum
+    is then within ``7 u E|s - mode| + L u'`` of the true shape's (the weighted mean of the entries'
+    bounds, a fraction of the largest one), and the true window mass ``S`` is in ``[1 - out, 1]``. So
+    every normalised entry is within ``7 u (|s - mode| + E|s - mode|) + L u' + out`` of the true pmf
+    (no high-precision anchor is needed).
+    """
     r = 1.0 / (1.0 + math.exp(epsilon0))
     if N == 0:
         return 0, np.ones(1), 0.0, 0.0
     lo, hi, out = _window(N, r, tail)
     mode = min(max(int(math.floor((N + 1) * r)), lo), hi)
     w = math.exp(-epsilon0)  # r / rho, relative error <= 2u
-    a0 = _anchor(N, mode, epsilon0)
     up = np.arange(mode, hi, dtype=np.float64)  # s -> s + 1
     ratio_up = (N - up) / (up + 1.0) * w
     dn = np.arange(mode, lo, -1, dtype=np.float64)  # s -> s - 1
     ratio_dn = dn / (N - dn + 1.0) / w
-    right = a0 * np.cumprod(ratio_up) if len(up) else np.empty(0)
-    left = a0 * np.cumprod(ratio_dn) if len(dn) else np.empty(0)
-    pmf = np.concatenate([left[::-1], [a0], right])
-    steps = max(hi - mode, mode - lo) + 1
-    rel = 7.0 * _U * steps + 1e-20
+    right = np.cumprod(ratio_up) if len(up) else np.empty(0)
+    left = np.cumprod(ratio_dn) if len(dn) else np.empty(0)
+    shape = np.concatenate([left[::-1], [1.0], right])
+    total = np.sum(shape, dtype=np.longdouble)
+    pmf = (shape / total).astype(np.float64)
+    steps = np.abs(np.arange(lo, hi + 1, dtype=np.float64) - mode)
+    mean_steps = float(np.sum(shape * steps) / float(total)) * 1.01 + 1.0
+    u_sum = float(np.finfo(np.longdouble).eps)  # the type actually used (2^-52 where it is plain double)
+    e_norm = 7.0 * _U * mean_steps + len(shape) * u_sum
+    e1 = 7.0 * _U * (float(steps.max()) + 1.0)
+    rel = (e1 + e_norm + out + 4.0 * _U) * 1.01 + 1e-20
     return lo, pmf, rel, out
 
 
@@ -240,48 +255,80 @@ def _norm2(x: np.ndarray) -> float:
     return math.sqrt(float(np.sum(x * x)))
 
 
+def _fft_convolve(*parts: np.ndarray) -> tuple[np.ndarray, float]:
+    """Linear convolution of non-negative windows by one FFT product, and its 2-norm error bound.
+
+    With ``F`` the unnormalised DFT (``||F x||_2 = sqrt(N) ||x||_2``), each computed transform is
+    within ``kappa ||F x||_2`` (Higham 2002, Thm 24.2; ``kappa = log2(N) eta``, ``eta`` below, the
+    factor 4 for pocketfft's mixed radices). Every ``|F x|`` is at most ``||x||_1 <= 1`` (pmf
+    windows), so the product of ``k`` computed transforms is off by at most
+    ``kappa sqrt(N) sum ||x||_2`` plus ``2 (k - 1) u`` relative for the complex products, and the
+    inverse adds ``kappa ||c||_2``: ``||c_hat - c||_2 <= (kappa + 2 k u)(sum ||x||_2 + ||c||_2)``,
+    padded by 5 % for the second-order terms (``kappa sqrt(N) ||x||_2 << 1`` here).
+    """
+    size = sum(len(p) for p in parts) - len(parts) + 1
+    nfft = sp_fft.next_fast_len(size, real=True)  # 5-smooth: often ~2x faster than the next power of 2
+    spec = sp_fft.rfft(parts[0], nfft)
+    for p in parts[1:]:
+        spec = spec * sp_fft.rfft(p, nfft)
+    c = np.maximum(sp_fft.irfft(spec, nfft)[:size], 0.0)  # clipping towards the true (non-negative) value only shrinks errors
+    gamma4 = 4 * _U / (1 - 4 * _U)
+    eta = 4.0 * (_U + gamma4 * (math.sqrt(2.0) + 2 * _U))
+    kappa = math.log2(nfft) * eta
+    # 2-norms by pairwise summation (np.linalg.norm calls BLAS dot, which multi-threads and
+    # crawls on a loaded machine)
+    norm = float(sum(_norm2(p) for p in parts) + _norm2(c))
+    e2 = (kappa + 2 * len(parts) * _U) * norm * 1.05 + kappa * 1e-300
+    return c, e2
+
+
+def _direct_convolve(parts: list[np.ndarray]) -> tuple[np.ndarray, float]:
+    """Convolution of non-negative windows by direct sums (positive terms only) and the added
+    relative error: each output of ``a * b`` sums at most ``min(len)`` products, ``(min + 2) u``."""
+    c, rel = parts[0], 0.0
+    for p in parts[1:]:
+        if len(c) == 1 or len(p) == 1:
+            c, rel = c * p[0] if len(p) == 1 else p * c[0], rel + 2.0 * _U
+        else:
+            c, rel = np.convolve(c, p), rel + (min(len(c), len(p)) + 2) * _U * 1.01
+    return c, rel
+
+
 @functools.lru_cache(maxsize=512)
-def _view(j: int, l: int, epsilon0: float, tail: float) -> _View:
-    """The others' count for ``j`` users holding 1 and ``l`` holding 0 (Step 4)."""
-    la, a, rel_a, out_a = _binom_window(j, epsilon0, tail)  # Bin(j, r): ones flipped
-    lb, b, rel_b, out_b = _binom_window(l, epsilon0, tail)  # Bin(l, r)
+def _view(j: int, l: int, epsilon0: float, tail: float, coins: int = 0) -> _View:
+    """The others' count for ``j`` users holding 1, ``l`` holding 0 and ``coins`` users whose report
+    is a fair coin (the blanket part of a block's extra users, Step 3), with the bounds of Step 4."""
+    windows = [_binom_window(j, epsilon0, tail), _binom_window(l, epsilon0, tail)]  # Bin(., r)
+    if coins > 0:
+        windows.append(_binom_window(int(coins), 0.0, tail))  # Bin(coins, 1/2) = Bin(coins, r) at eps0 = 0
+    la, a, rel_a, out_a = windows[0]
     # Bin(j, rho) = j - Bin(j, r): reversed window starting at j - (la + len(a) - 1)
-    a = a[::-1]
-    la = j - (la + len(a) - 1)
-    lo = la + lb
-    rel = rel_a + rel_b + 2.0 * rel_a * rel_b
-    e2 = 0.0
-    if len(a) == 1 or len(b) == 1:
-        c = a * b[0] if len(b) == 1 else b * a[0]
-        rel += 2.0 * _U
-    elif len(a) * len(b) <= _DIRECT_MAX:
-        c = np.convolve(a, b)
-        rel += (min(len(a), len(b)) + 2) * _U * 1.01
+    parts = [a[::-1]] + [w[1] for w in windows[1:]]
+    lo = j - (la + len(a) - 1) + sum(w[0] for w in windows[1:])
+    rel = 0.0
+    for w in windows:  # product of (1 + rel_i), rounded up
+        rel = rel + w[2] + rel * w[2]
+    out = sum(w[3] for w in windows) * (1.0 + 1e-12)
+    lengths = sorted(len(p) for p in parts)
+    if lengths[-2] == 1 or lengths[-1] * lengths[-2] <= _DIRECT_MAX:
+        c, rel_c = _direct_convolve(parts)
+        e2 = 0.0
+        rel += rel_c
     else:
-        size = len(a) + len(b) - 1
-        nfft = 1 << (size - 1).bit_length()
-        c = np.fft.irfft(np.fft.rfft(a, nfft) * np.fft.rfft(b, nfft), nfft)[:size]
-        gamma4 = 4 * _U / (1 - 4 * _U)
-        eta = 4.0 * (_U + gamma4 * (math.sqrt(2.0) + 2 * _U))
-        kappa = math.log2(nfft) * eta
-        # 2-norms by pairwise summation (np.linalg.norm calls BLAS dot, which multi-threads and
-        # crawls on a loaded machine)
-        norm = float(_norm2(a) + _norm2(b) + _norm2(np.maximum(c, 0.0)))
-        e2 = (kappa + 3 * _U) * norm * 1.05 + kappa * 1e-300
-        c = np.maximum(c, 0.0)  # clipping towards the true (non-negative) value only shrinks errors
-    return _View(lo=int(lo), pmf=c, rel=rel, e2=e2, out=out_a + out_b)
+        c, e2 = _fft_convolve(*parts)
+    return _View(lo=int(lo), pmf=c, rel=rel, e2=e2, out=out)
 
 
-def _tail_arrays(v: _View, epsilon0: float, upper: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Bounds on (A_t, B_t) for t in [lo, hi + 1]: (A^+, B^-) if ``upper`` else (A^-, B^+)."""
+def _tail_arrays(v: _View, epsilon0: float, upper: bool, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds on (A_t, B_t) for t in [lo + start, hi + 1]: (A^+, B^-) if ``upper`` else (A^-, B^+)."""
     rho = 1.0 / (1.0 + math.exp(-epsilon0))
     r = 1.0 / (1.0 + math.exp(epsilon0))
     x = v.pmf
     L = len(x)
-    # Xbar over the window, summed from the top (small terms first): t = lo .. hi + 1
-    xbar = np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])
-    xm1 = np.concatenate([[0.0], x])  # X(t - 1)
-    count = np.arange(L, -1, -1, dtype=np.float64)  # window points >= t
+    # Xbar over the window, summed from the top (small terms first): t = lo + start .. hi + 1
+    xbar = np.concatenate([np.cumsum(x[start:][::-1])[::-1], [0.0]])
+    xm1 = np.concatenate([[0.0], x]) if start == 0 else x[start - 1:]  # X(t - 1)
+    count = np.arange(L - start, -1, -1, dtype=np.float64)  # window points >= t
     fft_sum = v.e2 * (np.sqrt(count) + 1.0)
     rel = v.rel + (L + 8) * _U * 1.01
     a = rho * xm1 + xbar
@@ -307,24 +354,51 @@ def dataset_epsilon(delta: float, ones: int, zeros: int, epsilon0: float) -> tup
             _dataset_epsilon_side(delta, ones, zeros, epsilon0, False))
 
 
-def _dataset_epsilon_side(delta: float, ones: int, zeros: int, epsilon0: float, upper: bool) -> float:
+def _dataset_epsilon_side(delta: float, ones: int, zeros: int, epsilon0: float, upper: bool,
+                          coins: int = 0) -> float:
     """One side of :func:`dataset_epsilon`: the upper bound if ``upper``, else the lower bound
-    (the certificate needs only one of them per dataset; each is the same number either way)."""
+    (the certificate needs only one of them per dataset; each is the same number either way).
+    ``coins``: other users whose reports are fair coins (a block's blanket, Step 3)."""
     tail = _view_tail(ones + zeros, epsilon0, delta)
-    v = _view(int(ones), int(zeros), float(epsilon0), tail)
-    a, b = _tail_arrays(v, epsilon0, upper)
-    num = a - delta
-    pos = num > 0
-    if upper and (v.out >= delta or np.any(pos & (b <= 0))):
+    v = _view(int(ones), int(zeros), float(epsilon0), tail, int(coins))
+    # Thresholds below the mode t0 cannot win (Step 2): there A_t - B_t = (rho - r) X(t-1) and
+    # B_t >= B_t0 (B is non-increasing in t), so every ratio (A_t - delta)/B_t is at most
+    # 1 + (rho - r) max X / B_t0, about 1 + 0.8 (rho - r)/sd against 1 + z (rho - r)/sd at the
+    # optimum (z ~ 4.5 at delta = 1e-6, the Mills ratio). Only t >= t0 is computed, and the cheap
+    # bound is checked to be below the best ratio found (else every t is computed).
+    start = int(np.argmax(v.pmf)) if len(v.pmf) > 64 else 0
+    ratio, b0 = _best_ratio(v, epsilon0, upper, delta, start)
+    if upper and start > 0:
+        rho_minus_r = math.tanh(epsilon0 / 2.0)  # rho - r
+        x_max = float(np.max(v.pmf)) * (1 + v.rel) + v.e2 + v.out
+        if ratio is None or b0 <= 0.0 or 1.0 + rho_minus_r * x_max / b0 * (1 + 1e-9) > ratio:
+            ratio, _ = _best_ratio(v, epsilon0, upper, delta, 0)
+    if ratio is None:
         return epsilon0
-    if not np.any(pos & (b > 0)):
-        return 0.0
-    ratio = float(np.max(num[pos & (b > 0)] / b[pos & (b > 0)]))
     if upper:
         e = math.log(ratio * (1 + 4 * _U)) * (1 + 4 * _U) + 1e-300 if ratio > 1 else 0.0
     else:
         e = math.log(ratio * (1 - 4 * _U)) * (1 - 4 * _U) if ratio > 1 else 0.0
     return min(max(e, 0.0), epsilon0)
+
+
+def _best_ratio(v: _View, epsilon0: float, upper: bool, delta: float, start: int) -> tuple[float | None, float]:
+    """``max_t (A_t - delta) / B_t`` over ``t >= lo + start`` from the bounds of :func:`_tail_arrays`
+    (0 where no term is positive; ``None``, i.e. no claim below eps0, where an upper bound cannot
+    be certified: the cut mass reaches delta, or a positive numerator meets a non-positive B),
+    and the bound on ``B`` at the first threshold."""
+    a, b = _tail_arrays(v, epsilon0, upper, start)
+    return _ratio_of(a, b, v, upper, delta), float(b[0])
+
+
+def _ratio_of(a: np.ndarray, b: np.ndarray, v: _View, upper: bool, delta: float) -> float | None:
+    num = a - delta
+    pos = num > 0
+    if upper and (v.out >= delta or np.any(pos & (b <= 0))):
+        return None
+    if not np.any(pos & (b > 0)):
+        return 0.0
+    return float(np.max(num[pos & (b > 0)] / b[pos & (b > 0)]))
 
 
 def dataset_delta(eps: float, ones: int, zeros: int, epsilon0: float) -> tuple[float, float]:
@@ -333,13 +407,15 @@ def dataset_delta(eps: float, ones: int, zeros: int, epsilon0: float) -> tuple[f
             _dataset_delta_side(eps, ones, zeros, epsilon0, False))
 
 
-def _dataset_delta_side(eps: float, ones: int, zeros: int, epsilon0: float, upper: bool) -> float:
-    """One side of :func:`dataset_delta` (the upper bound if ``upper``)."""
+def _dataset_delta_side(eps: float, ones: int, zeros: int, epsilon0: float, upper: bool,
+                        coins: int = 0) -> float:
+    """One side of :func:`dataset_delta` (the upper bound if ``upper``; ``coins`` as in
+    :func:`_dataset_epsilon_side`)."""
     if eps >= epsilon0:
         return 0.0
     eps = max(float(eps), 0.0)
     tail = _view_tail(ones + zeros, epsilon0, None)
-    v = _view(int(ones), int(zeros), float(epsilon0), tail)
+    v = _view(int(ones), int(zeros), float(epsilon0), tail, int(coins))
     E = math.exp(eps)
     a, b = _tail_arrays(v, epsilon0, upper)
     if upper:
@@ -348,6 +424,31 @@ def _dataset_delta_side(eps: float, ones: int, zeros: int, epsilon0: float, uppe
 
 
 # ------------------------------------------------------------- all datasets at n
+#: A block's fair-coin count fails (too few of its extra users in the blanket) with probability at
+#: most this fraction of the target delta (eps(delta) searches) ...
+COIN_TAIL_OF_DELTA = 1e-6
+#: ... or at most this absolute probability (delta curves, which go down to ~1e-15).
+COIN_TAIL_CURVE = 1e-26
+
+
+def block_coins(extra: int, epsilon0: float, tail_mass: float) -> int:
+    """Fair-coin reports certainly present among a block's ``extra`` users, but with probability at
+    most ``tail_mass`` (Step 3): each extra user lands in binary RR's blanket with probability
+    ``2 r = 2/(1 + e^eps0)``, so the count is ``Bin(extra, 2r)``; the largest ``w`` with the Chernoff
+    bound ``Pr[Bin(extra, 2r) <= w - 1] <= exp(-extra KL((w-1)/extra || 2r)) <= tail_mass``."""
+    if extra <= 0:
+        return 0
+    q = 2.0 / (1.0 + math.exp(epsilon0))
+    lo, hi = 0, int(math.floor(extra * q))  # w = lo always qualifies (Pr[... <= -1] = 0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _chernoff_lower(extra, q, mid - 1) <= tail_mass:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _block_heap(m: int, blocks: int, core_bound) -> list[tuple[float, int, int]]:
     """The datasets ``k in [0, m]`` in about ``blocks`` equal blocks, as a max-heap on
     ``core_bound(k1, k2)`` (the bound of the block's core dataset; Step 3)."""
@@ -399,14 +500,19 @@ def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = N
     if tol is None:
         tol = 0.0 if n <= EXACT_ALL_N else BLOCK_TOL
     if max_evaluations is None:
-        max_evaluations = 4 * n + 64 if n <= EXACT_ALL_N else MAX_EVALUATIONS
+        max_evaluations = evaluation_budget(n)
     m = n - 1
     evals = 0
+
+    coin_tail = delta * COIN_TAIL_OF_DELTA
 
     def core_upper(k1: int, k2: int) -> float:
         nonlocal evals
         evals += 1
-        return _dataset_epsilon_side(delta, k1, m - k2, epsilon0, True)
+        coins = block_coins(k2 - k1, epsilon0, coin_tail)
+        if coins == 0:
+            return _dataset_epsilon_side(delta, k1, m - k2, epsilon0, True)
+        return _dataset_epsilon_side(delta - coin_tail, k1, m - k2, epsilon0, True, coins)
 
     best_lower, best_k = 0.0, 0
     lowered: set[int] = set()
@@ -421,7 +527,7 @@ def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = N
         if lo > best_lower:
             best_lower, best_k = lo, k
 
-    heap = _block_heap(m, 16 if n <= EXACT_ALL_N else 24, core_upper)
+    heap = _block_heap(m, 16 if n <= EXACT_ALL_N else INITIAL_BLOCKS, core_upper)
     for k in (0, m):
         lower_at(k)
     while True:
@@ -467,11 +573,15 @@ def certified_delta_curve(eps_grid: np.ndarray, n: int, epsilon0: float, referen
     n, epsilon0 = _check(n, epsilon0)
     eps_grid = np.asarray(eps_grid, dtype=np.float64)
     if max_evaluations is None:
-        max_evaluations = 4 * n + 64 if n <= EXACT_ALL_N else MAX_EVALUATIONS
+        max_evaluations = evaluation_budget(n)
     m = n - 1
 
+    def coins_of(k1: int, k2: int) -> int:
+        return block_coins(k2 - k1, epsilon0, COIN_TAIL_CURVE)
+
     def core_at_reference(k1: int, k2: int) -> float:
-        return _dataset_delta_side(reference_eps, k1, m - k2, epsilon0, True)
+        coins = coins_of(k1, k2)
+        return _dataset_delta_side(reference_eps, k1, m - k2, epsilon0, True, coins) + (COIN_TAIL_CURVE if coins else 0.0)
 
     heap = _block_heap(m, 24, core_at_reference)
     evals = len(heap)
@@ -486,13 +596,16 @@ def certified_delta_curve(eps_grid: np.ndarray, n: int, epsilon0: float, referen
     out = np.zeros(len(eps_grid))
     tail = _view_tail(m, epsilon0, None)
     for _, k1, k2 in heap:  # the core's tail arrays once, every eps of the grid at once
-        v = _view(int(k1), int(m - k2), float(epsilon0), tail)
+        coins = coins_of(k1, k2)
+        v = _view(int(k1), int(m - k2), float(epsilon0), tail, coins)
         a, b = _tail_arrays(v, epsilon0, True)
         best = np.full(len(E), -np.inf)
         step = max(1, 4_000_000 // max(len(E), 1))
         for i in range(0, len(a), step):
             best = np.maximum(best, np.max(a[None, i:i + step] - E[:, None] * b[None, i:i + step], axis=1))
         core_delta = np.maximum(np.maximum(best * (1 + 4 * _U), v.out * (1 + 4 * _U)), 0.0)
+        if coins:  # the block's coin count fell short (Step 3)
+            core_delta = core_delta + COIN_TAIL_CURVE
         out = np.maximum(out, core_delta)
     out[eps_grid >= epsilon0] = 0.0
     return np.minimum(out, 1.0)
