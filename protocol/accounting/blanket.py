@@ -101,6 +101,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import fft as sp_fft
 from scipy import optimize
 
 from shuffledp.protocol.errors import InvalidParameter
@@ -286,18 +287,30 @@ def _tail_sum(theta: float, U: int) -> float:
     return math.exp(-theta * (U + 1)) * ((U + 1) * (1 - q) + q) / (1 - q) ** 2
 
 
-def _window_tail(pt: np.ndarray, k: np.ndarray, count: int, theta: float, U: int) -> float:
+def _window_tail(pt: np.ndarray, k: np.ndarray, count: int, theta: float, U: int, negligible: float = 0.0) -> float:
     """Bound on ``sum_{t > U} t e^(-theta t) P_theta(T = t)`` for the sum ``T`` of ``count`` draws of ``pt``.
 
     The smaller of ``sum_{t > U} t e^(-theta t)`` (every probability at most 1; small once
     ``theta U`` is large) and ``P_theta(T > U) / (e theta)`` (from ``t e^(-theta t) <= 1/(e theta)``,
     with the Chernoff bound on ``P_theta(T > U)``; small once ``U`` is many sd above the tilted
     mean 0). The second keeps the window at ``WINDOW_SD`` sd where ``theta`` is small (eps near 0), instead of
-    stretching it to ``80/theta`` points.
+    stretching it to ``80/theta`` points. When the first is already at most ``negligible`` (a tiny
+    fraction of what it is added to), it is returned without the Chernoff minimisation.
     """
     plain = _tail_sum(theta, U)
+    if plain <= negligible:
+        return plain
     log_out = _chernoff_log_tail(pt, k, count, U + 1.0)
     return min(plain, math.exp(log_out - 1.0) / theta)
+
+
+def _even_fast_len(size: int) -> int:
+    """Smallest even 5-smooth length >= ``size`` (at least 16): FFTs of such lengths are about as fast
+    as powers of two, and up to twice shorter. Even, so that index ``N/2`` is the Nyquist term."""
+    N = sp_fft.next_fast_len(max(16, size), real=True)
+    while N % 2:
+        N = sp_fft.next_fast_len(N + 1, real=True)
+    return N
 
 
 def _sum_window(pt: np.ndarray, k: np.ndarray, count: int, lo: int, hi: int, bulk_lo: int, bulk_hi: int,
@@ -309,13 +322,13 @@ def _sum_window(pt: np.ndarray, k: np.ndarray, count: int, lo: int, hi: int, bul
     ``[bulk_lo, bulk_hi]`` must hold the sum's bulk, so the circle is laid out around it.
     """
     span_lo, span_hi = min(lo, bulk_lo), max(hi, bulk_hi)
-    N = 1 << max(4, int(math.ceil(math.log2(span_hi - span_lo + 2 + (k.max() - k.min())))))
+    N = _even_fast_len(int(span_hi - span_lo + 2 + (k.max() - k.min())))
     if N > MAX_FFT:
         return None
     m_support = len(pt)
     arr = np.zeros(N)
     np.add.at(arr, (k.astype(np.int64) % N), pt)
-    phi_fft = np.fft.rfft(arr)
+    phi_fft = sp_fft.rfft(arr)  # scipy's pocketfft: ~3x faster here than numpy's at these lengths
     kappa = math.log2(N) * 4 * (_U + 4 * _U / (1 - 4 * _U) * (math.sqrt(2) + 2 * _U))
     e_fft = (kappa + 3 * _U) * math.sqrt(N) * float(np.linalg.norm(pt)) + rel_p
     mag = np.abs(phi_fft) + e_fft
@@ -323,7 +336,8 @@ def _sum_window(pt: np.ndarray, k: np.ndarray, count: int, lo: int, hi: int, bul
         keep = count * np.log(np.minimum(mag, 1.0 + 1e-300)) > -DROP_LOG
     keep[0] = True
     ks = np.nonzero(keep)[0]
-    dropped = float(np.sum(np.exp(count * np.log(mag[~keep])))) if np.any(~keep) else 0.0
+    # every dropped frequency has |phi|^count <= e^-DROP_LOG by the test above
+    dropped = float(np.count_nonzero(~keep)) * math.exp(-DROP_LOG)
     omega = 2.0 * math.pi * ks.astype(np.float64) / N
     big = float(np.max(np.abs(k)))
     if len(ks) * m_support <= DIRECT_BUDGET:
@@ -351,7 +365,7 @@ def _sum_window(pt: np.ndarray, k: np.ndarray, count: int, lo: int, hi: int, bul
     err_k += np.abs(Yk) * (4.0 * count * _U * (np.abs(log_abs) + np.abs(arg)) + 16 * _U)
     Y = np.zeros(N // 2 + 1, dtype=np.complex128)
     Y[ks] = Yk
-    c = np.fft.irfft(Y, N)
+    c = sp_fft.irfft(Y, N)
     weights = np.where((ks == 0) | (ks == N // 2), 1.0, 2.0)  # Hermitian halves
     y_norm = math.sqrt(float(np.sum(weights * np.abs(Yk) ** 2)))
     err_c = (float(weights @ err_k) + 2.0 * dropped) / N + (kappa + 3 * _U) * y_norm / math.sqrt(N)
@@ -442,7 +456,7 @@ def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUT
     vals, err_c = got
     t = np.arange(1, U + 1, dtype=np.float64)
     body = float(np.sum(t * np.exp(-theta * t) * (np.maximum(vals, 0.0) + err_c)))
-    total = body + _window_tail(pt, k, n, theta, U)
+    total = body + _window_tail(pt, k, n, theta, U, negligible=1e-13 * body)
     log_delta = n * log_m + math.log(h) - math.log(n) + math.log(total)
     log_delta += 4.0 * n * (len(pt) + 4) * _U  # error of log M, n times
     return math.exp(min(log_delta, 0.0))

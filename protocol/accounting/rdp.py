@@ -199,6 +199,53 @@ def _clone_pair_rdp(pair: ClonePair, orders: np.ndarray, c_blocks: int) -> np.nd
     return np.minimum(np.maximum(rdp, 0.0), pure_dp_rdp(pair.epsilon_max, orders))
 
 
+def binary_rr_rdp_floor(epsilon0: float, n: int, orders: Sequence[int] | None = None) -> np.ndarray:
+    """A *lower* bound, per order, on every RDP curve the session's RDP route can use for a round of
+    ``n`` reports at local budget ``epsilon0``: the exact Rényi divergence of shuffled binary RR on
+    one dataset (the other ``n - 1`` users all hold 0), the larger of the two directions.
+
+    Why it is below them: the route takes the minimum of Girgis et al.'s bound and the numerical
+    RDP of the FMT21 or stronger-clone pair (:func:`clone_pair_rdp`). Each of those is an upper
+    bound on the RDP of *every* round it applies to, and each applies to shuffled binary RR at the
+    same ``eps0`` (Girgis et al. and FMT21: every ``eps0``-LDP randomizer; the stronger clone:
+    binary RR is in its class), whose RDP is at least that of any one dataset. The sum over counts
+    is restricted to the views ``s`` whose two neighbours ``x(s-1), x(s)`` of the others' count lie
+    within +-12 sd of its mean (positive terms dropped: still a lower bound)
+    and the result is lowered by ``1e-9`` relative for rounding.
+    """
+    o = _orders(orders).astype(np.float64)
+    m = int(n) - 1
+    e0 = float(epsilon0)
+    log_rho, log_r = -math.log1p(math.exp(-e0)), -math.log1p(math.exp(e0))
+    if m == 0:
+        log_p1, log_p0 = np.array([log_r, log_rho]), np.array([log_rho, log_r])
+    else:
+        r = math.exp(log_r)
+        mu, sd = m * r, math.sqrt(m * r * (1 - r))
+        lo, hi = max(0, int(mu - 12 * sd) - 2), min(m, int(mu + 12 * sd) + 2)
+        x = np.arange(lo, hi + 1, dtype=np.float64)
+        log_x = special.gammaln(m + 1.0) - special.gammaln(x + 1.0) - special.gammaln(m - x + 1.0) + x * log_r + (m - x) * log_rho
+        # the view X + Bern at s where both x(s - 1) and x(s) are known: inside the window, and at
+        # s = 0 or s = m + 1 when the window reaches the end of the support (x(-1) = x(m+1) = 0
+        # exactly); at a cut edge one of them would be missing and P/Q would not be the true ratio
+        if lo == 0:
+            log_x = np.concatenate([[-np.inf], log_x])
+        if hi == m:
+            log_x = np.concatenate([log_x, [-np.inf]])
+        log_prev, log_here = log_x[:-1], log_x[1:]
+        log_p1 = np.logaddexp(log_rho + log_prev, log_r + log_here)  # user 1 holds 1
+        log_p0 = np.logaddexp(log_r + log_prev, log_rho + log_here)  # user 1 holds 0
+    out = np.empty(len(o))
+    for i, lam in enumerate(o.tolist()):
+        best = -np.inf
+        for lp, lq in ((log_p1, log_p0), (log_p0, log_p1)):
+            t = lam * lp + (1.0 - lam) * lq
+            top = float(np.max(t))
+            best = max(best, (math.log(float(np.sum(np.exp(t - top)))) + top) / (lam - 1.0))
+        out[i] = max(0.0, best) * (1.0 - 1e-9)
+    return out
+
+
 def wor_subsampled_rdp(
     inner_rdp: np.ndarray, orders: Sequence[int], gamma: float, eps_inf: float = math.inf
 ) -> np.ndarray:

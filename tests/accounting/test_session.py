@@ -196,3 +196,88 @@ def test_hadamard_round_in_session():
     acc.add_round(hadamard_response_guarantee(2.0, 64), 1_000_000, count=2)
     single = shuffled_round(hadamard_response_guarantee(2.0, 64), 1_000_000, 1e-6)
     assert single.epsilon <= acc.epsilon(1e-6) <= 2 * single.epsilon
+
+
+# ------------------------------------------------ issue 11: skipping work that cannot win
+def _sessions():
+    from shuffledp.protocol.accounting import laplace_mean_guarantee
+
+    out = []
+    a = SessionAccountant()  # the default simulation's two rounds: the PLD route wins
+    a.add_round(hadamard_response_guarantee(1.0, 32), 20_000)
+    a.add_round(laplace_mean_guarantee(1.0, 4096), 20_000)
+    out.append(a)
+    b = SessionAccountant()  # many small subsampled rounds
+    b.add_round(generic_guarantee(1.0), 2_000, sampling_rate=0.05, count=60)
+    out.append(b)
+    c = SessionAccountant()
+    c.add_round(binary_rr_guarantee(2.0), 500, count=40)
+    out.append(c)
+    d = SessionAccountant()
+    d.add_round(binary_rr_guarantee(4.0), 300, sampling_rate=0.1, sampling="uniform", count=5)
+    out.append(d)
+    return out
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_rdp_floor_is_below_the_rdp_route_and_epsilon_is_the_smaller_route(i):
+    """The floor (binary RR's exact RDP on one dataset, through the same subsampling, count and
+    conversion) never exceeds the RDP route it stands in for, and ``epsilon`` always equals the
+    smaller of the two routes, whether or not it skipped the RDP route."""
+    acc = _sessions()[i]
+    delta = 1e-6
+    routes = acc.epsilon_breakdown(delta)
+    assert acc.rdp_floor_epsilon(delta) <= routes["rdp"] * (1 + 1e-12)
+    assert acc.epsilon(delta) == min(routes["pld"], routes["rdp"])
+
+
+def test_rdp_floor_of_one_round_is_below_every_curve_it_stands_in_for():
+    from shuffledp.protocol.accounting.rdp import EXTENDED_ORDERS, binary_rr_rdp_floor
+
+    for e0, n in [(1.0, 20_000), (4.0, 1_000), (0.5, 10**6), (8.0, 100), (1.0, 2)]:
+        floor = binary_rr_rdp_floor(e0, n, EXTENDED_ORDERS)
+        for curve in (girgis_rdp(e0, n, EXTENDED_ORDERS), clone_pair_rdp(fmt21_pair(e0, n), EXTENDED_ORDERS),
+                      clone_pair_rdp(strong_clone_pair(e0, n), EXTENDED_ORDERS)):
+            assert np.all(floor <= curve), (e0, n)
+        assert floor[0] > 0.0
+
+
+def test_binary_rr_rdp_floor_is_the_exact_divergence_at_small_n():
+    """At n = 6 the window holds every count: the floor is the exact Rényi divergence of the one
+    dataset (all others at 0), checked against a direct sum over the view."""
+    from shuffledp.protocol.accounting.rdp import binary_rr_rdp_floor
+
+    e0, n = 1.5, 6
+    rho = 1 / (1 + math.exp(-e0))
+    m = n - 1
+    x = stats.binom.pmf(np.arange(m + 1), m, 1 - rho)
+    p1 = np.convolve(x, [1 - rho, rho])
+    p0 = np.convolve(x, [rho, 1 - rho])
+    for lam in (2, 3, 10):
+        exact = max(math.log(np.sum(p1**lam * p0 ** (1 - lam))), math.log(np.sum(p0**lam * p1 ** (1 - lam)))) / (lam - 1)
+        got = binary_rr_rdp_floor(e0, n, [lam])[0]
+        assert exact * (1 - 2e-9) <= got <= exact
+
+
+def test_blanket_curve_is_below_the_clone_pairs_it_replaces():
+    """Curves of mechanisms with blanket laws skip the clone pairs (Su, Cheng & Wang 2025: the
+    blanket is the optimal decomposition); on this grid every pair's curve is indeed above."""
+    from shuffledp.protocol.accounting import block_hadamard_response_guarantee, k_rr_guarantee, laplace_mean_guarantee
+    from shuffledp.protocol.accounting.shuffle_round import blanket_laws, blanket_round_delta, round_pairs
+
+    for g in (hadamard_response_guarantee(1.0, 32), laplace_mean_guarantee(4.0, 1024), k_rr_guarantee(1.0, 8),
+              block_hadamard_response_guarantee(2.0, 1024)):
+        n = 5_000
+        for e in np.linspace(0.0, g.epsilon0 / 2, 6)[1:]:
+            b = blanket_round_delta(blanket_laws(g), n, float(e))
+            for name, pair in round_pairs(g, n).items():
+                assert b <= pair.delta(float(e), rtol=2e-2), (g.mechanism, name, e)
+
+
+def test_threaded_blanket_curve_equals_the_sequential_one():
+    from shuffledp.protocol.accounting.shuffle_round import blanket_laws, blanket_round_delta, round_delta_curve
+
+    g = hadamard_response_guarantee(1.0, 32)
+    grid = np.linspace(0.0, 0.05, 9)
+    seq = np.array([blanket_round_delta(blanket_laws(g), 20_000, float(e)) for e in grid])
+    assert np.array_equal(round_delta_curve(g, 20_000, grid), seq)
