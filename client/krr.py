@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.local_params import check_domain_size, check_epsilon, dyadic_floor
 from shuffledp.protocol.randomness import RandomSource
 
 __all__ = [
@@ -44,30 +45,6 @@ __all__ = [
     "randomize_krr",
 ]
 
-_TWO_53 = float(1 << 53)
-# Relative margin taken off a float probability before rounding it down to the 2^-53
-# grid: 2^-48 is 16 ulps, several times the rounding error of the few correctly- or
-# faithfully-rounded operations (exp/expm1, +, *, /) used to compute it.
-_MARGIN = 2.0**-48
-
-
-def check_epsilon(epsilon: object) -> float:
-    """``epsilon`` as a finite float ``> 0``, else :class:`InvalidParameter`."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
-        raise InvalidParameter("epsilon", f"must be a real number, got {epsilon!r}")
-    eps = float(epsilon)
-    if not (eps > 0 and math.isfinite(eps)):
-        raise InvalidParameter("epsilon", f"must be finite and > 0, got {epsilon!r}")
-    return eps
-
-
-def check_domain_size(k: object) -> int:
-    """``k`` as an int ``>= 2``, else :class:`InvalidParameter`."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise InvalidParameter("k", f"must be an integer, got {k!r}")
-    if k < 2:
-        raise InvalidParameter("k", f"must be >= 2, got {k}")
-    return int(k)
 
 
 def as_symbol_array(symbols: object, k: int) -> np.ndarray:
@@ -82,16 +59,6 @@ def as_symbol_array(symbols: object, k: int) -> np.ndarray:
     if arr.min() < 0 or arr.max() >= k:
         raise InvalidParameter("symbols", f"every symbol must lie in [0, {k})")
     return arr.astype(np.int64, copy=False)
-
-
-def dyadic_floor(p: float) -> float:
-    """``p (1 - 2^-48)`` rounded down to a multiple of ``2^-53`` (exact float arithmetic).
-
-    For a probability ``p`` computed in floating point with a relative error well under
-    ``2^-48``, the result is at most the exact value it approximates, and both random
-    sources realise it exactly.
-    """
-    return math.floor(p * (1.0 - _MARGIN) * _TWO_53) / _TWO_53
 
 
 def krr_keep_probability(k: int, epsilon: float) -> float:

@@ -184,7 +184,7 @@ def block_hadamard_response_guarantee(epsilon0: float, k: int, num_blocks: int |
     (:func:`shuffledp.client.hadamard_response.optimal_blocks`), resolved here and
     stored in the guarantee so the accountant and the devices use the same B.
     """
-    from shuffledp.client.hadamard_response import HadamardResponseParams
+    from shuffledp.protocol.hadamard_response_params import HadamardResponseParams
 
     params = HadamardResponseParams(k, epsilon0, num_blocks)
     return LocalGuarantee("block-hadamard-response", epsilon0, k=params.k, num_blocks=params.blocks)
@@ -251,7 +251,7 @@ def variation_ratio_parameters(local: LocalGuarantee) -> VariationRatio:
 # ------------------------------------------------------ block Hadamard response
 def _block_hr_params(local: LocalGuarantee):
     """The client's :class:`HadamardResponseParams` (B, b, s) of a block-HR guarantee."""
-    from shuffledp.client.hadamard_response import HadamardResponseParams
+    from shuffledp.protocol.hadamard_response_params import HadamardResponseParams
 
     return HadamardResponseParams(int(local.k), float(local.epsilon0), int(local.num_blocks))
 

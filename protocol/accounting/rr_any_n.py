@@ -146,6 +146,9 @@ def evaluation_budget(n: int) -> int:
     return int(min(256.0, MAX_EVALUATIONS * math.sqrt(max(1e6 / n, 1.0))))
 
 
+#: Extra evaluations a certificate may spend to reach a ``target`` (the lower bound at the grid
+#: point below, :func:`rr_monotone_epsilon`): cheaper than certifying that grid point too.
+TARGET_EXTRA_EVALUATIONS = 48
 #: Above EXACT_ALL_N the datasets start in this many equal blocks (the profile over datasets is
 #: flat to a fraction of a percent, so every block ends up at about the same width: starting
 #: there spends no evaluations on parents that would all be split).
@@ -511,21 +514,27 @@ class RRCertificate:
 
 
 def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = None,
-                    max_evaluations: int | None = None) -> RRCertificate:
+                    max_evaluations: int | None = None, target: float | None = None) -> RRCertificate:
     """Certified bounds on the central eps(delta) of shuffled binary RR with n users (Step 3).
 
     Maximises over every dataset (``k`` ones among the others, ``k in [0, n-1]``, the
     other direction by symmetry). ``tol``: stop when the largest block bound is within
     ``tol`` (relative) of the best lower bound; default 0 up to :data:`EXACT_ALL_N`
     (every block refined to one dataset where it could matter), :data:`BLOCK_TOL` above.
+    ``target`` (above :data:`EXACT_ALL_N` only): while the upper bound is above it, up to
+    :data:`TARGET_EXTRA_EVALUATIONS` more evaluations than the budget are spent to get there
+    (:func:`rr_monotone_epsilon` passes a lower bound at the grid point below).
     """
     n, epsilon0 = _check(n, epsilon0)
     if not 0.0 < delta < 1.0:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
     if tol is None:
         tol = 0.0 if n <= EXACT_ALL_N else BLOCK_TOL
+    if n <= EXACT_ALL_N:
+        target = None
     if max_evaluations is None:
         max_evaluations = evaluation_budget(n)
+    extended = max_evaluations + (TARGET_EXTRA_EVALUATIONS if target is not None else 0)
     m = n - 1
     evals = 0
 
@@ -563,7 +572,10 @@ def certify_epsilon(delta: float, n: int, epsilon0: float, tol: float | None = N
             break
         if top <= best_lower * (1.0 + tol) or top <= 0.0:
             break
-        if evals + 3 > max_evaluations:
+        over_budget = evals + 3 > max_evaluations
+        if over_budget and target is not None and top > target:
+            over_budget = evals + 3 > extended  # keep refining towards the target
+        if over_budget:
             lower_at((k1 + k2) // 2)  # the best lower estimate inside the top block
             break
         _split_top(heap, core_upper)
@@ -679,16 +691,23 @@ class RRMonotone:
 def rr_monotone_epsilon(delta: float, n: int, epsilon0: float, certify=None) -> RRMonotone:
     """``min_{g in grid, g <= n}`` of the certified upper bound (Step 5): valid at n, non-increasing in n.
 
-    ``certify(delta, g, epsilon0) -> RRCertificate`` may be a cached wrapper of
+    ``certify(delta, g, epsilon0, target=None) -> RRCertificate`` may be a cached wrapper of
     :func:`certify_epsilon`. ``lower`` is a certified lower bound on the exact eps at ``n``
     itself (one or two datasets evaluated at ``n``: the grid point's worst one and all-ones).
     """
     n, epsilon0 = _check(n, epsilon0)
     certify = certify or certify_epsilon
     g = grid_floor(n)
-    here = certify(delta, g, epsilon0)
-    best, best_g = here.upper, g
     prev = _grid_prev(g)
+    # A certified lower bound at the grid point below (its all-equal datasets, both directions):
+    # once the certificate at g is below it, no grid point below g can give a smaller bound, so
+    # the certificate is refined towards it (cheaper than certifying the point below as well).
+    target = None
+    if prev is not None and g > EXACT_ALL_N:
+        target = max(_dataset_epsilon_side(delta, prev - 1, 0, epsilon0, False),
+                     _dataset_epsilon_side(delta, 0, prev - 1, epsilon0, False))
+    here = certify(delta, g, epsilon0, target=target)
+    best, best_g = here.upper, g
     # Grid points below ``prev`` are skipped once a lower bound at ``prev`` reaches ``best``:
     # eps^+(g') >= eps(g') >= eps(prev) >= lower(prev) >= best for every g' <= prev.
     # (Once best >= eps0 nothing can be gained either way: eps0 is the cap of every bound.)

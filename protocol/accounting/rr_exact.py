@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from shuffledp.protocol.accounting._numerics import log_binom_pmf, search_epsilon
+from shuffledp.protocol.accounting._numerics import log_binom_pmf
 from shuffledp.protocol.errors import InvalidParameter
 
 #: Largest ``n`` for which the all-datasets maximisation is run.
@@ -126,11 +126,19 @@ def rr_lower_delta(eps: float, n: int, epsilon0: float) -> float:
 
 
 def rr_lower_epsilon(delta: float, n: int, epsilon0: float, rtol: float = 1e-6) -> float:
-    """Lower bound on the central epsilon of shuffled binary RR at ``delta``."""
+    """Lower bound on the central epsilon of shuffled binary RR at ``delta``: the datasets of
+    :data:`LOWER_BOUND_ONES`, both directions, each in the closed form of
+    :func:`.rr_any_n.dataset_epsilon` (Neyman--Pearson threshold sets, certified rounding; one view
+    per dataset instead of a search over :func:`rr_lower_delta`, about 5x faster). ``rtol`` is not
+    used (no search; the value is within its rounding of each dataset's exact epsilon)."""
+    from shuffledp.protocol.accounting.rr_any_n import _dataset_epsilon_side
+
+    _check(n, epsilon0)
     if not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")
-    a, _ = search_epsilon(lambda e: rr_lower_delta(e, n, epsilon0), delta, 0.0, epsilon0, rtol=rtol)
-    return a
+    m = int(n) - 1
+    return max(_dataset_epsilon_side(delta, ones, m - ones, float(epsilon0), False)
+               for k in LOWER_BOUND_ONES if k <= m for ones in (k, m - k))
 
 
 @functools.lru_cache(maxsize=8)

@@ -209,11 +209,13 @@ def rr_floor_applies(local: LocalGuarantee) -> bool:
     return local.mechanism in ("generic", "laplace-mean", "binary-rr")
 
 
-def _cached_certificate(delta: float, n: int, epsilon0: float) -> RRCertificate:
-    """:func:`rr_any_n.certify_epsilon` through the on-disk cache (keyed on n, delta, eps0 and the source)."""
-    question = {"n": int(n), "delta": float(delta), "epsilon0": float(epsilon0)}
+def _cached_certificate(delta: float, n: int, epsilon0: float, target: float | None = None) -> RRCertificate:
+    """:func:`rr_any_n.certify_epsilon` through the on-disk cache (keyed on n, delta, eps0, the
+    refinement target and the source)."""
+    question = {"n": int(n), "delta": float(delta), "epsilon0": float(epsilon0),
+                "target": None if target is None else float(target)}
     return RRCertificate(**cached("rr_certificate", question,
-                                  lambda: certify_epsilon(delta, n, epsilon0).as_dict()))
+                                  lambda: certify_epsilon(delta, n, epsilon0, target=target).as_dict()))
 
 
 def binary_rr_epsilon(delta: float, n: int, epsilon0: float) -> tuple[float, int, float, bool]:
