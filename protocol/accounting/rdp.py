@@ -173,15 +173,13 @@ def _clone_pair_rdp(pair: ClonePair, orders: np.ndarray, c_blocks: int) -> np.nd
     # mass of P outside each a-window (one vectorized call), times the largest ratio^(lambda-1)
     out_masses = binom_cdf_le(a_los - 1.0, ss - 1.0, 0.5) + (1.0 - binom_cdf_le(a_his - 1.0, ss - 1.0, 0.5))
     log_moments = np.empty((len(cs), len(o)))
+    order_list = o.astype(np.int64).tolist()
     for i, (s, a_lo, a_hi) in enumerate(zip(ss.tolist(), a_los.tolist(), a_his.tolist())):
         a = np.arange(a_lo, a_hi + 1.0)
         logy = binom_log_pmf_half(a, s)
         lp = np.log(2.0 / s) + np.log(b0 * a + b1 * (s - a))
         lq = np.log(2.0 / s) + np.log(b1 * a + b0 * (s - a))
-        # log sum_a exp(logy + o lp + (1 - o) lq) = log sum_a exp(base + o (lp - lq)), per order
-        x = (logy + lq)[None, :] + o[:, None] * (lp - lq)[None, :]
-        top = x.max(axis=1)
-        mom = np.log(np.exp(x - top[:, None]).sum(axis=1)) + top
+        mom = _log_power_sums(logy + lq, lp - lq, order_list)
         out_mass = float(out_masses[i])
         if out_mass > 0:
             mom = np.logaddexp(mom, math.log(out_mass) + (o - 1) * log_ratio)
@@ -243,6 +241,39 @@ def binary_rr_rdp_floor(epsilon0: float, n: int, orders: Sequence[int] | None = 
             top = float(np.max(t))
             best = max(best, (math.log(float(np.sum(np.exp(t - top)))) + top) / (lam - 1.0))
         out[i] = max(0.0, best) * (1.0 - 1e-9)
+    return out
+
+
+def _log_power_sums(log_w: np.ndarray, d: np.ndarray, orders: list[int]) -> np.ndarray:
+    """``log sum_a exp(log_w + lam d)`` for every integer order ``lam`` of ``orders`` (increasing).
+
+    One ``exp`` per point, then powers of ``v = e^d`` by repeated multiplication (instead of an
+    ``exp`` per point and order), rescaled to a maximum of 1 at every order, so nothing overflows
+    and only terms below ``1e-308`` of the largest can underflow. Each term carries at most
+    ``(2 lam + 4) u`` relative rounding and the sum ``len(a) u`` more: every result is padded up
+    by that (it feeds upper bounds).
+    """
+    shift = float(np.max(log_w))
+    v = np.exp(d)
+    pw = np.exp(log_w - shift) * v ** orders[0]
+    scale = shift
+    out = np.empty(len(orders))
+    prev = orders[0]
+    for j, lam in enumerate(orders):
+        if lam != prev:
+            with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+                pw = pw * (v ** (lam - prev) if lam - prev > 1 else v)
+            prev = lam
+        top = float(np.max(pw))
+        if top <= 0.0 or not math.isfinite(top):  # a large gap between orders at a large eps0: from the logs
+            x = log_w + lam * d
+            scale = float(np.max(x))
+            pw = np.exp(x - scale)
+            top = 1.0
+        pw = pw / top
+        scale += math.log(top)
+        pad = (2.0 * lam + 8.0 + len(pw)) * 2.0**-52
+        out[j] = math.log(float(np.sum(pw)) * (1.0 + pad)) + scale
     return out
 
 

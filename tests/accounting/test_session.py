@@ -281,3 +281,23 @@ def test_threaded_blanket_curve_equals_the_sequential_one():
     grid = np.linspace(0.0, 0.05, 9)
     seq = np.array([blanket_round_delta(blanket_laws(g), 20_000, float(e)) for e in grid])
     assert np.array_equal(round_delta_curve(g, 20_000, grid), seq)
+
+
+@pytest.mark.parametrize("spread", [1.0, 4.0, 20.0])
+def test_power_sums_by_repeated_multiplication_bound_the_log_space_sums(spread):
+    """The clone-pair moments now raise e^d to successive orders by multiplication (one exp per
+    point): never below the log-space sums they replace, and within their stated padding, also
+    where a gap between orders over- or underflows (spread 20: e^(20 * 64))."""
+    from shuffledp.protocol.accounting.rdp import EXTENDED_ORDERS, CLONE_RDP_MAX_ORDER, _log_power_sums
+
+    rng = np.random.default_rng(7)
+    log_w = rng.normal(-50.0, 20.0, 4000)
+    d = rng.uniform(-spread, spread, 4000)
+    orders = [o for o in EXTENDED_ORDERS if o <= CLONE_RDP_MAX_ORDER]
+    got = _log_power_sums(log_w, d, orders)
+    o = np.asarray(orders, dtype=np.float64)
+    x = log_w[None, :] + o[:, None] * d[None, :]
+    top = x.max(axis=1)
+    exact = np.log(np.exp(x - top[:, None]).sum(axis=1)) + top
+    assert np.all(got >= exact - 1e-13)
+    assert np.all(got - exact <= (2 * o + 8 + len(d)) * 2.0**-52 * 1.01 + 1e-12)
