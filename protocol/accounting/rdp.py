@@ -250,13 +250,15 @@ def _log_power_sums(log_w: np.ndarray, d: np.ndarray, orders: list[int]) -> np.n
     One ``exp`` per point, then powers of ``v = e^d`` by repeated multiplication (instead of an
     ``exp`` per point and order), rescaled to a maximum of 1 at every order, so nothing overflows
     and only terms below ``1e-308`` of the largest can underflow. Each term carries at most
-    ``(2 lam + 4) u`` relative rounding and the sum ``len(a) u`` more: every result is padded up
-    by that (it feeds upper bounds).
+    ``(2 lam + 4) u`` relative rounding and the sum ``len(a) u`` more, and the running log scale
+    one rounding of its size per order: every result is padded up by all of that (it feeds
+    upper bounds).
     """
     shift = float(np.max(log_w))
     v = np.exp(d)
     pw = np.exp(log_w - shift) * v ** orders[0]
     scale = shift
+    scale_err = 0.0  # rounding of the running log scale (additions of logs), added to every result
     out = np.empty(len(orders))
     prev = orders[0]
     for j, lam in enumerate(orders):
@@ -270,10 +272,13 @@ def _log_power_sums(log_w: np.ndarray, d: np.ndarray, orders: list[int]) -> np.n
             scale = float(np.max(x))
             pw = np.exp(x - scale)
             top = 1.0
+            scale_err = 4.0 * 2.0**-52 * (float(np.max(np.abs(log_w))) + lam * float(np.max(np.abs(d))))
         pw = pw / top
-        scale += math.log(top)
+        log_top = math.log(top)
+        scale += log_top
+        scale_err += 2.0**-52 * (abs(scale) + abs(log_top))
         pad = (2.0 * lam + 8.0 + len(pw)) * 2.0**-52
-        out[j] = math.log(float(np.sum(pw)) * (1.0 + pad)) + scale
+        out[j] = math.log(float(np.sum(pw)) * (1.0 + pad)) + scale + 2.0 * scale_err
     return out
 
 
