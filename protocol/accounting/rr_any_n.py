@@ -105,7 +105,9 @@ grid (every integer up to :data:`EXACT_ALL_N`, then geometric with ratio
 ``1 + GRID_STEP``): a minimum over a set that only grows with ``n``, hence exactly
 non-increasing in ``n`` whatever the numerical error. Grid points that cannot win are
 skipped because ``eps^+(g) >= eps_true(g) >= eps_true(g') >= eps^-(g')`` for
-``g <= g'``.
+``g <= g'``. The certificate at ``n``'s grid point is refined (a few more evaluations) until it
+is below the all-equal lower bound at the grid point below, when it can be: then no grid point
+below needs a certificate of its own.
 
 References: Feldman, McMillan & Talwar, FOCS 2021 ("Hiding among the clones") for the
 count reduction of shuffled RR; Koskela, Heikkila & Honkela, AISTATS 2022 / TMLR 2023
@@ -736,11 +738,13 @@ __all__ = [
     "GRID_STEP",
     "RRCertificate",
     "RRMonotone",
+    "block_coins",
     "certified_delta",
     "certified_delta_curve",
     "certify_epsilon",
     "dataset_delta",
     "dataset_epsilon",
+    "evaluation_budget",
     "grid_floor",
     "rr_monotone_epsilon",
 ]
