@@ -303,3 +303,17 @@ def test_session_and_cli(capsys):
     assert "--k" in capsys.readouterr().err
     assert main(["account", "-e", "2", "--mechanism", "k-rr", "--k", "4", "--blocks", "2", "-n", "1000"]) == 2
     assert "blocks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("e0,n", [(4.0, 10**6), (2.0, 10**4), (4.0, 1000)])
+def test_second_law_is_searched_only_where_it_is_worse(e0, n):
+    """blanket_round_epsilon searches the first law and only checks the second at that epsilon:
+    the value is certified for both laws and never above the maximum of the two searches."""
+    from shuffledp.protocol.accounting.blanket import blanket_delta, blanket_epsilon
+    from shuffledp.protocol.accounting.shuffle_round import blanket_laws, blanket_round_epsilon
+
+    laws = blanket_laws(block_hadamard_response_guarantee(e0, 1024))
+    assert len(laws) == 2
+    got = blanket_round_epsilon(laws, n, 1e-6, e0)
+    assert got <= max(blanket_epsilon(law, n, 1e-6, e0) for law in laws)
+    assert got >= e0 or all(blanket_delta(law, n, got) <= 1e-6 for law in laws)
