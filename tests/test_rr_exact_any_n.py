@@ -336,3 +336,13 @@ def test_certificate_refines_towards_the_lower_bound_below_it():
     plain = certify_epsilon(1e-6, g, e0)
     assert plain.upper > target  # without the target the budget stops above it (measured 0.49 % gap)
     assert mono.epsilon == mono.certificate.upper <= plain.upper
+
+
+
+def test_certificate_at_tiny_delta_keeps_its_plain_cores():
+    """Found in review: at delta = 1e-12 the coins' window made the FFT error bound swamp B in the
+    tail and a block reported eps0 (n = 1e6, eps0 = 1: the certificate said 1.0). Below
+    COIN_PLAIN_BELOW_DELTA a block also takes its plain core; one-point windows stay out of the FFT."""
+    for n, e0 in ((10**6, 1.0), (10**5, 0.05)):
+        cert = certify_epsilon(1e-12, n, e0)
+        assert cert.lower <= cert.upper <= cert.lower * 1.05, cert

@@ -51,7 +51,7 @@ from typing import Sequence
 import numpy as np
 from scipy import special
 
-from shuffledp.protocol.accounting._numerics import binom_cdf_le, binom_log_pmf_half
+from shuffledp.protocol.accounting._numerics import binom_cdf_le, binom_window_log_pmf
 from shuffledp.protocol.accounting.clones import ClonePair
 from shuffledp.protocol.errors import InvalidParameter
 
@@ -176,10 +176,18 @@ def _clone_pair_rdp(pair: ClonePair, orders: np.ndarray, c_blocks: int) -> np.nd
     order_list = o.astype(np.int64).tolist()
     for i, (s, a_lo, a_hi) in enumerate(zip(ss.tolist(), a_los.tolist(), a_his.tolist())):
         a = np.arange(a_lo, a_hi + 1.0)
-        logy = binom_log_pmf_half(a, s)
-        lp = np.log(2.0 / s) + np.log(b0 * a + b1 * (s - a))
-        lq = np.log(2.0 / s) + np.log(b1 * a + b0 * (s - a))
-        mom = _log_power_sums(logy + lq, lp - lq, order_list)
+        # Bin(s - 1, 1/2) shifted by user 1's draw ... the view's count a ~ Bin(s, 1/2) on [a_lo, a_hi],
+        # normalised there (the true in-window mass is at most 1, so this is from above), each
+        # log within `logy_err` (no gammaln: its ~1e-7 error at s ~ 1e8 exceeded the moment itself)
+        logy, logy_err = binom_window_log_pmf(int(s), 0.0, int(a_lo), int(a_hi))
+        num, den = b0 * a + b1 * (s - a), b1 * a + b0 * (s - a)
+        lq = np.log(2.0 / s) + np.log(den)
+        d = np.log(num / den)  # log(l_P / l_Q), formed as one ratio: within 6u (1 + |d|)
+        base = logy + logy_err + lq  # each count's own error bound (central ones are the tightest)
+        mom = _log_power_sums(base, d, order_list)
+        # the logs' rounding: d enters lam times, base once (each log within a few ulps of its size)
+        mom = (mom + 8.0 * 2.0**-53 * (1.0 + float(np.max(np.abs(base))))
+               + o * 6.0 * 2.0**-53 * (1.0 + float(np.max(np.abs(d)))))
         out_mass = float(out_masses[i])
         if out_mass > 0:
             mom = np.logaddexp(mom, math.log(out_mass) + (o - 1) * log_ratio)
@@ -208,8 +216,11 @@ def binary_rr_rdp_floor(epsilon0: float, n: int, orders: Sequence[int] | None = 
     same ``eps0`` (Girgis et al. and FMT21: every ``eps0``-LDP randomizer; the stronger clone:
     binary RR is in its class), whose RDP is at least that of any one dataset. The sum over counts
     is restricted to the views ``s`` whose two neighbours ``x(s-1), x(s)`` of the others' count lie
-    within +-12 sd of its mean (positive terms dropped: still a lower bound)
-    and the result is lowered by ``1e-9`` relative for rounding.
+    within +-12 sd of its mean (positive terms dropped: still a lower bound). The others' count
+    comes from :func:`_numerics.binom_window_log_pmf` (normalised on the window: times
+    ``1 - out`` it is below the true pmf; each log within its stated error, which every term
+    gives up: ``(2 lam - 1)`` times it, since ``P1`` enters with power ``lam`` and ``P0`` with
+    ``1 - lam``), and the result is lowered by ``1e-9`` relative for the remaining rounding.
     """
     o = _orders(orders).astype(np.float64)
     m = int(n) - 1
@@ -221,23 +232,27 @@ def binary_rr_rdp_floor(epsilon0: float, n: int, orders: Sequence[int] | None = 
         r = math.exp(log_r)
         mu, sd = m * r, math.sqrt(m * r * (1 - r))
         lo, hi = max(0, int(mu - 12 * sd) - 2), min(m, int(mu + 12 * sd) + 2)
-        x = np.arange(lo, hi + 1, dtype=np.float64)
-        log_x = special.gammaln(m + 1.0) - special.gammaln(x + 1.0) - special.gammaln(m - x + 1.0) + x * log_r + (m - x) * log_rho
+        log_x, log_err = binom_window_log_pmf(m, -e0, lo, hi)  # log odds of r: -eps0
+        out_mass = float(binom_cdf_le(lo - 1.0, m, r) + (1.0 - binom_cdf_le(float(hi), m, r))) * (1 + 1e-9) + 1e-300
+        log_x = log_x + math.log1p(-min(out_mass, 0.5)) - log_err  # below the true pmf
+        err_x = 2.0 * log_err  # how far above the true pmf log_x + err_x may be
         # the view X + Bern at s where both x(s - 1) and x(s) are known: inside the window, and at
         # s = 0 or s = m + 1 when the window reaches the end of the support (x(-1) = x(m+1) = 0
         # exactly); at a cut edge one of them would be missing and P/Q would not be the true ratio
         if lo == 0:
-            log_x = np.concatenate([[-np.inf], log_x])
+            log_x, err_x = np.concatenate([[-np.inf], log_x]), np.concatenate([[0.0], err_x])
         if hi == m:
-            log_x = np.concatenate([log_x, [-np.inf]])
+            log_x, err_x = np.concatenate([log_x, [-np.inf]]), np.concatenate([err_x, [0.0]])
         log_prev, log_here = log_x[:-1], log_x[1:]
-        log_p1 = np.logaddexp(log_rho + log_prev, log_r + log_here)  # user 1 holds 1
-        log_p0 = np.logaddexp(log_r + log_prev, log_rho + log_here)  # user 1 holds 0
+        view_err = np.maximum(err_x[:-1], err_x[1:]) + 8 * 2.0**-53 * (1.0 + np.abs(np.nan_to_num(log_here, neginf=0.0)))
+        log_p1 = np.logaddexp(log_rho + log_prev, log_r + log_here)  # user 1 holds 1 (a lower bound)
+        log_p0 = np.logaddexp(log_r + log_prev, log_rho + log_here)  # user 1 holds 0 (a lower bound)
     out = np.empty(len(o))
     for i, lam in enumerate(o.tolist()):
         best = -np.inf
         for lp, lq in ((log_p1, log_p0), (log_p0, log_p1)):
-            t = lam * lp + (1.0 - lam) * lq
+            # lp is below the truth; lq + view_err above it, and it enters with power 1 - lam < 0
+            t = lam * lp + (1.0 - lam) * (lq + view_err) if m else lam * lp + (1.0 - lam) * lq
             top = float(np.max(t))
             best = max(best, (math.log(float(np.sum(np.exp(t - top)))) + top) / (lam - 1.0))
         out[i] = max(0.0, best) * (1.0 - 1e-9)
@@ -248,8 +263,9 @@ def _log_power_sums(log_w: np.ndarray, d: np.ndarray, orders: list[int]) -> np.n
     """``log sum_a exp(log_w + lam d)`` for every integer order ``lam`` of ``orders`` (increasing).
 
     One ``exp`` per point, then powers of ``v = e^d`` by repeated multiplication (instead of an
-    ``exp`` per point and order), rescaled to a maximum of 1 at every order, so nothing overflows
-    and only terms below ``1e-308`` of the largest can underflow. Each term carries at most
+    ``exp`` per point and order), rescaled to a maximum of 1 at every order; the largest term's log
+    is checked at every order and the products restarted from the logs where they lost it, so
+    only terms below ``1e-308`` of the largest can be missing (each counted as 1e-300). Each term carries at most
     ``(2 lam + 4) u`` relative rounding and the sum ``len(a) u`` more, and the running log scale
     one rounding of its size per order: every result is padded up by all of that (it feeds
     upper bounds).
@@ -267,18 +283,25 @@ def _log_power_sums(log_w: np.ndarray, d: np.ndarray, orders: list[int]) -> np.n
                 pw = pw * (v ** (lam - prev) if lam - prev > 1 else v)
             prev = lam
         top = float(np.max(pw))
-        if top <= 0.0 or not math.isfinite(top):  # a large gap between orders at a large eps0: from the logs
-            x = log_w + lam * d
-            scale = float(np.max(x))
+        # The largest term at this order, in logs (cheap: no exp). If the running products lost it
+        # (an entry that underflowed at a lower order, or an over/underflow now), start again from
+        # the logs: then every term that underflows is below 1e-308 of the largest.
+        x = log_w + lam * d
+        true_top = float(np.max(x))
+        lost = (top <= 0.0 or not math.isfinite(top)
+                or scale + math.log(top) < true_top - 64 * 2.0**-52 * (1.0 + abs(true_top)) - 4.0 * scale_err
+                or bool(np.any((pw == 0.0) & (x > scale + math.log(top) - 700.0))))
+        if lost:
+            scale = true_top
             pw = np.exp(x - scale)
             top = 1.0
-            scale_err = 4.0 * 2.0**-52 * (float(np.max(np.abs(log_w))) + lam * float(np.max(np.abs(d))))
+            scale_err = 4.0 * 2.0**-52 * (float(np.max(np.abs(log_w))) + lam * float(np.max(np.abs(d))) + abs(scale))
         pw = pw / top
         log_top = math.log(top)
         scale += log_top
         scale_err += 2.0**-52 * (abs(scale) + abs(log_top))
-        pad = (2.0 * lam + 8.0 + len(pw)) * 2.0**-52
-        out[j] = math.log(float(np.sum(pw)) * (1.0 + pad)) + scale + 2.0 * scale_err
+        pad = (2.0 * lam + 8.0 + len(pw)) * 2.0**-52 + len(pw) * 1e-300  # the last: underflowed terms
+        out[j] = math.log(float(np.sum(pw)) * (1.0 + pad) + len(pw) * 1e-300) + scale + 2.0 * scale_err
     return out
 
 

@@ -234,7 +234,7 @@ def test_rdp_floor_is_below_the_rdp_route_and_epsilon_is_the_smaller_route(i):
 def test_rdp_floor_of_one_round_is_below_every_curve_it_stands_in_for():
     from shuffledp.protocol.accounting.rdp import EXTENDED_ORDERS, binary_rr_rdp_floor
 
-    for e0, n in [(1.0, 20_000), (4.0, 1_000), (0.5, 10**6), (8.0, 100), (1.0, 2)]:
+    for e0, n in [(1.0, 20_000), (4.0, 1_000), (0.5, 10**6), (8.0, 100), (1.0, 2), (0.5, 10**7)]:
         floor = binary_rr_rdp_floor(e0, n, EXTENDED_ORDERS)
         for curve in (girgis_rdp(e0, n, EXTENDED_ORDERS), clone_pair_rdp(fmt21_pair(e0, n), EXTENDED_ORDERS),
                       clone_pair_rdp(strong_clone_pair(e0, n), EXTENDED_ORDERS)):
@@ -303,3 +303,41 @@ def test_power_sums_by_repeated_multiplication_bound_the_log_space_sums(spread):
     assert np.all(got >= exact - ref_err)
     scale_err = 4 * 2.0**-52 * np.cumsum(np.abs(exact) + np.abs(np.diff(exact, prepend=exact[0])) + 1.0)
     assert np.all(got - exact <= (2 * o + 8 + len(d)) * 2.0**-52 * 1.01 + scale_err + ref_err)
+
+
+def test_session_at_large_n_is_never_reported_as_zero():
+    """Found in review: gammaln-based log-pmfs (off by ~1e-7 at n ~ 1e8) made the clone pair's
+    order-2 Rényi moment (~1e-8) negative, clipped to 0, and dp-accounting turns an RDP of 0
+    into epsilon = 0. The moments now come from exact pmf ratios: the session stays above the
+    exact shuffled-RR floor (a lower bound for every eps0-only bound)."""
+    from shuffledp.protocol.accounting import rr_lower_epsilon
+
+    n, e0 = 3 * 10**7, 0.5
+    acc = SessionAccountant()
+    acc.add_round(generic_guarantee(e0), n)
+    floor = rr_lower_epsilon(1e-6, n, e0)
+    routes = acc.epsilon_breakdown(1e-6)
+    assert routes["rdp"] >= floor and routes["pld"] >= floor
+    assert acc.epsilon(1e-6) >= floor > 0
+    assert np.all(clone_pair_rdp(fmt21_pair(e0, n), [2, 3, 4]) > 0)
+
+
+def test_power_sums_keep_terms_that_underflowed_at_lower_orders():
+    """Found in review: a term below e^-745 of the largest at order 2 can be the largest at order
+    256 (a likelihood ratio of e^10 on a Bin(1100, 1/2) window); the running products must not
+    lose it."""
+    from scipy import special
+
+    from shuffledp.protocol.accounting.rdp import _log_power_sums
+
+    for s_, spread in ((1100, 10.0), (5000, 20.0)):
+        a = np.arange(0, s_ + 1.0)
+        log_w = special.gammaln(s_ + 1) - special.gammaln(a + 1) - special.gammaln(s_ - a + 1) - s_ * math.log(2)
+        d = np.linspace(-spread, spread, len(a))
+        orders = list(range(2, 65)) + [80, 96, 128, 192, 256]
+        got = _log_power_sums(log_w, d, orders)
+        o = np.asarray(orders, dtype=np.float64)
+        x = log_w[None, :] + o[:, None] * d[None, :]
+        top = x.max(axis=1)
+        exact = np.log(np.exp(x - top[:, None]).sum(axis=1)) + top
+        assert np.all(got >= exact - 8 * 2.0**-52 * np.abs(x).max(axis=1))
