@@ -120,6 +120,18 @@ def log_binom_pmf(k, n, p):
 _U = 2.0**-53
 
 
+def _steps_from_mode(N: int, log_odds: float, lo: int, hi: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """``Bin(N, p)``'s mode clipped to ``[lo, hi]`` and the counts ``s`` stepped from, upwards
+    (``s -> s + 1`` up to ``hi``) and downwards (``s -> s - 1`` down to ``lo``), for the ratio
+    recurrences of the windows below (``log_odds = log(p/(1-p))``)."""
+    N, lo, hi = int(N), int(lo), int(hi)
+    if not 0 <= lo <= hi <= N:
+        raise ValueError(f"window [{lo}, {hi}] outside [0, {N}]")
+    p = 1.0 / (1.0 + math.exp(-log_odds))
+    mode = min(max(int(math.floor((N + 1) * p)), lo), hi)
+    return N, mode, np.arange(mode, hi, dtype=np.float64), np.arange(mode, lo, -1, dtype=np.float64)
+
+
 def binom_window_shape(N: int, log_odds: float, lo: int, hi: int) -> tuple[np.ndarray, float]:
     """``Bin(N, p)`` on ``[lo, hi]``, normalised to sum 1 there, and a bound on each entry's relative
     error against the true pmf divided by the true mass of ``[lo, hi]`` (``log_odds = log(p/(1-p))``).
@@ -132,14 +144,9 @@ def binom_window_shape(N: int, log_odds: float, lo: int, hi: int) -> tuple[np.nd
     within ``7 u E|s - mode| + L u'`` of the true shape's, so every entry is within
     ``7 u (|s - mode| + E|s - mode|) + L u' + 4u`` (padded by 1 %).
     """
-    N, lo, hi = int(N), int(lo), int(hi)
-    if not 0 <= lo <= hi <= N:
-        raise ValueError(f"window [{lo}, {hi}] outside [0, {N}]")
-    p = 1.0 / (1.0 + math.exp(-log_odds))
-    mode = min(max(int(math.floor((N + 1) * p)), lo), hi)
+    N, mode, up, dn = _steps_from_mode(N, log_odds, lo, hi)
+    lo, hi = int(lo), int(hi)
     w = math.exp(log_odds)  # p / (1 - p), relative error <= 2u
-    up = np.arange(mode, hi, dtype=np.float64)  # s -> s + 1
-    dn = np.arange(mode, lo, -1, dtype=np.float64)  # s -> s - 1
     right = np.cumprod((N - up) / (up + 1.0) * w) if len(up) else np.empty(0)
     left = np.cumprod(dn / (N - dn + 1.0) / w) if len(dn) else np.empty(0)
     shape = np.concatenate([left[::-1], [1.0], right])
@@ -165,13 +172,7 @@ def binom_window_log_pmf(N: int, log_odds: float, lo: int, hi: int) -> tuple[np.
     its log-pmfs are off by ~1e-7, more than a Rényi moment of 1e-8 (which then came out
     negative, and a session reported epsilon = 0).
     """
-    N, lo, hi = int(N), int(lo), int(hi)
-    if not 0 <= lo <= hi <= N:
-        raise ValueError(f"window [{lo}, {hi}] outside [0, {N}]")
-    p = 1.0 / (1.0 + math.exp(-log_odds))
-    mode = min(max(int(math.floor((N + 1) * p)), lo), hi)
-    up = np.arange(mode, hi, dtype=np.float64)
-    dn = np.arange(mode, lo, -1, dtype=np.float64)
+    N, mode, up, dn = _steps_from_mode(N, log_odds, lo, hi)
     lr_up = np.log((N - up) / (up + 1.0)) + log_odds
     lr_dn = np.log(dn / (N - dn + 1.0)) - log_odds
     right = np.cumsum(lr_up)

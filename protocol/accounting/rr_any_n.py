@@ -140,16 +140,6 @@ BLOCK_TOL = 1e-3
 #: Above EXACT_ALL_N the refinement also stops after this many dataset evaluations (the
 #: reported gap is then larger than BLOCK_TOL; see the certificate's ``lower``).
 MAX_EVALUATIONS = 72
-def evaluation_budget(n: int) -> int:
-    """Dataset evaluations a certificate may spend at ``n``: every one up to :data:`EXACT_ALL_N`
-    (``4n + 64``), then :data:`MAX_EVALUATIONS` from ``n = 1e6`` on, and more below it, where a
-    view is cheaper (its FFT length grows like ``sqrt(n)``): ``MAX_EVALUATIONS sqrt(1e6 / n)``,
-    at most 256. Moderate n at large eps0 has a peaked profile over datasets that needs them."""
-    if n <= EXACT_ALL_N:
-        return 4 * n + 64
-    return int(min(256.0, MAX_EVALUATIONS * math.sqrt(max(1e6 / n, 1.0))))
-
-
 #: Extra evaluations a certificate may spend to reach a ``target`` (the lower bound at the grid
 #: point below, :func:`rr_monotone_epsilon`): cheaper than certifying that grid point too.
 TARGET_EXTRA_EVALUATIONS = 48
@@ -161,6 +151,16 @@ INITIAL_BLOCKS = 64
 MAX_N = 10**9
 #: Direct convolution when the product of the window lengths is at most this.
 _DIRECT_MAX = 200_000
+
+
+def evaluation_budget(n: int) -> int:
+    """Dataset evaluations a certificate may spend at ``n``: every one up to :data:`EXACT_ALL_N`
+    (``4n + 64``), then :data:`MAX_EVALUATIONS` from ``n = 1e6`` on, and more below it, where a
+    view is cheaper (its FFT length grows like ``sqrt(n)``): ``MAX_EVALUATIONS sqrt(1e6 / n)``,
+    at most 256. Moderate n at large eps0 has a peaked profile over datasets that needs them."""
+    if n <= EXACT_ALL_N:
+        return 4 * n + 64
+    return int(min(256.0, MAX_EVALUATIONS * math.sqrt(max(1e6 / n, 1.0))))
 
 
 def _check(n: int, epsilon0: float) -> tuple[int, float]:
@@ -297,11 +297,8 @@ def _direct_convolve(parts: list[np.ndarray]) -> tuple[np.ndarray, float]:
     """Convolution of non-negative windows by direct sums (positive terms only) and the added
     relative error: each output of ``a * b`` sums at most ``min(len)`` products, ``(min + 2) u``."""
     c, rel = parts[0], 0.0
-    for p in parts[1:]:
-        if len(c) == 1 or len(p) == 1:
-            c, rel = c * p[0] if len(p) == 1 else p * c[0], rel + 2.0 * _U
-        else:
-            c, rel = np.convolve(c, p), rel + (min(len(c), len(p)) + 2) * _U * 1.01
+    for p in parts[1:]:  # (one-point windows never get here: _view scales by them instead)
+        c, rel = np.convolve(c, p), rel + (min(len(c), len(p)) + 2) * _U * 1.01
     return c, rel
 
 
@@ -335,8 +332,7 @@ def _view(j: int, l: int, epsilon0: float, tail: float, coins: int = 0) -> _View
         merged, rel_m = _direct_convolve(parts[:2])
         rel += rel_m
         parts = sorted([merged] + parts[2:], key=len)
-    lengths = sorted(len(p) for p in parts)
-    if len(parts) == 1 or lengths[-1] * lengths[-2] <= _DIRECT_MAX:
+    if len(parts) == 1 or len(parts[-1]) * len(parts[-2]) <= _DIRECT_MAX:  # parts are sorted by length
         c, rel_c = _direct_convolve(parts)
         e2 = 0.0
         rel += rel_c
