@@ -99,6 +99,39 @@ class _Connection:
         self.pending: set[asyncio.Task] = set()
 
 
+def _packet_read_but_unhandled(client: paho.Client) -> bool:
+    """Whether ``client`` holds a whole incoming packet it has not handled yet."""
+    packet = getattr(client, "_in_packet", None)
+    if not isinstance(packet, dict):
+        return False
+    return bool(packet.get("command")) and bool(packet.get("have_remaining")) and packet.get("to_process") == 0
+
+
+def handle_completed_packets(client: paho.Client) -> None:
+    """Make ``client.loop_read`` handle a packet whose last bytes it has just read.
+
+    paho-mqtt (2.2.0 and earlier) reads a packet's body in at most 100 ``recv``
+    calls per ``loop_read``; when the 100th call happens to complete the packet, it
+    returns "try again" *before* handling it. aiomqtt calls ``loop_read`` only when
+    the socket is readable, and every byte has been read, so the packet (a large
+    message: an 8 MiB batch chunk arrives in ~512 TLS records) waits until the
+    broker next sends anything -- the keepalive PINGRESP, 60 s later. Measured here:
+    5 of 200 8-MiB deliveries under CPU load took 60 s
+    (``scripts/mqtt_large_message_soak.py``). This wrapper calls ``loop_read`` again
+    while a whole packet sits unhandled, which runs paho's own handler on it.
+    """
+    read = client.loop_read
+
+    @functools.wraps(read)
+    def loop_read(max_packets: int = 1) -> paho.MQTTErrorCode:
+        rc = read(max_packets)
+        while rc == paho.MQTT_ERR_SUCCESS and _packet_read_but_unhandled(client):
+            rc = read(max_packets)
+        return rc
+
+    client.loop_read = loop_read  # type: ignore[method-assign]
+
+
 def _reason_code(exc: BaseException) -> int | None:
     rc = getattr(exc, "rc", None)
     if rc is None:
@@ -266,6 +299,7 @@ class MqttChannel:
                 socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
             )
             client.pending_calls_threshold = 1 << 30  # many concurrent publishes are normal here
+            handle_completed_packets(client._client)
             await client.__aenter__()
         except TransportError:
             raise
