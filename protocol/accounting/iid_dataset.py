@@ -34,7 +34,8 @@ so it nearly meets the blanket upper bound; the others all holding ``x1`` (thinn
 :mod:`.thinned_rr`, which this module reproduces and extends to any ``n``). For Hadamard response:
 the others at ``x1`` and at a third column. For block Hadamard response with ``B >= 3``: a pair in
 different blocks, the others in a third block (its ``2B``-ary-RR-like type). For the Laplace report: ``(0, G)`` with the others at
-``G`` or at ``G/2``, classes ``y <= 0``, ``0 < y < G``, ``y >= G``. For binary RR use
+``G`` or at ``G/2``, classes ``y <= 0``, ``0 < y < G``, ``y >= G``, and with the others at ``G``
+classes ``y <= cut``, ``y >= G - cut`` and the middle for a few cuts up to ``3G/8``. For binary RR use
 :mod:`.rr_any_n` (all datasets).
 """
 
@@ -178,6 +179,30 @@ def laplace_middle_view(epsilon0: float, grid_levels: int) -> ThreeClassView:
     return ThreeClassView(a0, a1, 1.0 - a0 - a1, lo_mid, hi_mid, 1.0 - lo_mid - hi_mid, "laplace/others-at-middle")
 
 
+#: Cuts (fractions of G) of :func:`laplace_endpoint_view` tried as lower bounds: the best cut
+#: grows as eps0 falls (about G/8 at eps0 = 4, G/4 at eps0 = 1; measured on G = 4096).
+LAPLACE_CUT_FRACTIONS = (1 / 16, 1 / 8, 3 / 16, 1 / 4, 5 / 16, 3 / 8)
+
+
+def laplace_endpoint_view(epsilon0: float, grid_levels: int, cut: int) -> ThreeClassView:
+    """The Laplace report, pair ``(0, G)``, the others at ``G``; classes ``y <= cut``,
+    ``y >= G - cut`` and the middle (``0 <= cut < G/2``; ``cut = 0`` is the thinned-RR view).
+
+    Widening the outer classes past the pair's grid points keeps more of the report's privacy
+    loss than ``cut = 0``, whose middle class merges losses across nearly ``(-eps0, eps0)``.
+    With ``P(N = k) = c r^|k|``, ``c = (1 - r)/(1 + r)``: ``P(y >= G - cut | x = 0) =
+    r^(G - cut) / (1 + r)`` and ``P(y <= cut | x = 0) = 1 - r^(cut + 1) / (1 + r)``; by the
+    report's symmetry about ``G/2`` the others (at ``G``) land in the classes with the swapped
+    probabilities."""
+    G, cut = int(grid_levels), int(cut)
+    if not 0 <= 2 * cut < G:
+        raise InvalidParameter("cut", f"must be in [0, G/2), got {cut} for G = {G}")
+    r = math.exp(-epsilon0 / G)
+    a0 = 1.0 - r ** (cut + 1) / (1.0 + r)
+    a1 = r ** (G - cut) / (1.0 + r)
+    return ThreeClassView(a0, a1, 1.0 - a0 - a1, a1, a0, 1.0 - a0 - a1, f"laplace/others-at-G/cut={cut}")
+
+
 def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = None, num_bins: int | None = None,
                            grid_levels: int | None = None, num_blocks: int | None = None) -> list[ThreeClassView]:
     """The datasets whose exact (post-processed) divergence this module offers as lower bounds
@@ -198,8 +223,10 @@ def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = N
     if mechanism == "block-hadamard-response":  # none offered with fewer than three blocks
         return [block_hadamard_third_block_view(epsilon0, int(num_blocks))] if (num_blocks or 0) >= 3 else []
     if mechanism == "laplace-mean" and grid_levels is not None:
-        return [thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, int(grid_levels))),
-                laplace_middle_view(epsilon0, int(grid_levels))]
+        G = int(grid_levels)
+        cuts = sorted({int(f * G) for f in LAPLACE_CUT_FRACTIONS if 0 < int(f * G) and 2 * int(f * G) < G})
+        return [thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, G)), laplace_middle_view(epsilon0, G),
+                *(laplace_endpoint_view(epsilon0, G, cut) for cut in cuts)]
     return []  # binary RR has its own all-dataset certificate; generic reports have no dataset here
 
 

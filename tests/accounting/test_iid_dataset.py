@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import pytest
 
 from shuffledp.protocol.accounting import (
@@ -28,11 +30,12 @@ from shuffledp.protocol.accounting.iid_dataset import (
     hadamard_third_column_view,
     iid_delta,
     k_rr_third_value_view,
+    laplace_endpoint_view,
     laplace_middle_view,
     lower_bound_candidates,
     thinned_rr_view,
 )
-from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, thinned_rr_delta
+from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau, thinned_rr_delta
 from shuffledp.protocol.errors import InvalidParameter
 
 from .brute import exact_round_delta
@@ -68,6 +71,7 @@ VIEWS = {
     "hr-third": hadamard_third_column_view(1.5),
     "bhr-third": block_hadamard_third_block_view(3.0, 3),
     "lap-middle": laplace_middle_view(2.0, 4),
+    "lap-cut": laplace_endpoint_view(2.0, 8, 2),
 }
 
 
@@ -102,6 +106,31 @@ def test_laplace_middle_view_below_the_report_on_that_dataset():
     for eps in (0.0, 0.3, 0.8):
         exact = exact_round_delta(R, 0, G, [G // 2] * (n - 1), eps)
         assert 0 < iid_delta(laplace_middle_view(e0, G), n, eps) <= exact * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("G,cut", [(4, 0), (4, 1), (7, 3)])
+def test_laplace_endpoint_view_is_the_reports_classes_on_that_dataset(G, cut):
+    """Class probabilities are the report's own (summed over its outputs), and the divergence is
+    below the report's exact one with the others at G (every output kept)."""
+    e0, n, clamp = 1.5, 5, 1
+    R = laplace_matrix(e0, G, clamp)
+    ys = np.arange(-clamp, G + clamp + 1)
+    v = laplace_endpoint_view(e0, G, cut)
+    low, high = ys <= cut, ys >= G - cut
+    assert R[0, low].sum() == pytest.approx(v.a0, rel=1e-12) and R[0, high].sum() == pytest.approx(v.a1, rel=1e-12)
+    assert R[G, low].sum() == pytest.approx(v.pi_a, rel=1e-12) and R[G, high].sum() == pytest.approx(v.pi_b, rel=1e-12)
+    for eps in (0.0, 0.3, 0.8):
+        exact = exact_round_delta(R, 0, G, [G] * (n - 1), eps)
+        assert 0 < iid_delta(v, n, eps) <= exact * (1 + 1e-12)
+
+
+def test_laplace_cut_zero_is_the_thinned_rr_view():
+    thinned = thinned_rr_view(2.0, laplace_report_tau(2.0, 64))
+    cut0 = laplace_endpoint_view(2.0, 64, 0)
+    for field in ("a0", "a1", "a2", "pi_a", "pi_b", "pi_u"):
+        assert getattr(cut0, field) == pytest.approx(getattr(thinned, field), rel=1e-12, abs=1e-15)
+    with pytest.raises(InvalidParameter):
+        laplace_endpoint_view(2.0, 64, 32)
 
 
 @pytest.mark.parametrize("e0,n,eps", [(1.0, 2_000, 0.08), (4.0, 5_000, 0.3), (2.0, 20_000, 0.05)])
