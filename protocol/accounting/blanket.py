@@ -418,6 +418,10 @@ def _chernoff_log_tail(pt: np.ndarray, k: np.ndarray, count: int, edge: float) -
 TWO_STAGE_MIN_N = 1 << 18
 #: Widest block window (in block sd) the two-stage sum accepts before falling back to one stage.
 HEAVY_TAIL_SD = 48.0
+#: Largest log of the re-tilting factor ``R0^a`` the coarse lattice of the two-stage sum may carry.
+COARSE_INFLATION = 0.02
+#: ... unless a finer lattice would make the second stage's circle longer than this.
+STAGE2_MAX_LEN = 1 << 18
 
 
 def blanket_delta(law: BlanketLaw, n: int, eps: float, resolution: int = RESOLUTION,
@@ -518,12 +522,17 @@ def _two_stage(pt: np.ndarray, k: np.ndarray, n: int, theta: float, log_m: float
     vals, err1 = got
     q1 = np.maximum(vals, 0.0) + err1  # upper envelope of the tilted block pmf on [-half, half]
     # coarse lattice: step kc fine units, ~resolution points per block sd; halved while the re-tilting
-    # (Jensen) inflation R0^a of the bound exceeds 2 % (the cost of the spread under the tilt)
+    # (Jensen) factor R0^a of the bound exceeds e^COARSE_INFLATION (the cost of the spread under the
+    # tilt), but not below the step at which the second stage's circle would exceed STAGE2_MAX_LEN
+    # points (heavy tails, large eps0: the halving went down to kc = 1 and a 2e6-point circle). Any
+    # step is a spread, so a valid bound; R0^a is mostly given back by the shifted body (measured:
+    # eps0 = 8, n = 1e8, eps moves by 4e-4 relative, 10x faster).
     kc = max(1, int(s1 // resolution))
     z = np.arange(-half, half + 1, dtype=np.float64)
+    stage2_len = 2.0 * WINDOW_SD * math.sqrt(a) * s1 + 2.0 * half + a * abs(mu_t) * n1
     while True:
         rhat, kv, R0 = _coarsen(q1, z, kc, theta)
-        if a * math.log(R0) <= 0.02 or kc == 1:
+        if a * math.log(R0) <= COARSE_INFLATION or kc == 1 or stage2_len / (kc // 2) > STAGE2_MAX_LEN:
             break
         kc = max(1, kc // 2)
     th2 = theta * kc
