@@ -21,8 +21,8 @@ timed with the current accountant and with the accountant's source at ``--old-co
 (loaded from git into a temporary directory and imported in its place), in the same run, and
 reported as a ratio. Imports (scipy, dp-accounting: seconds on a loaded machine) are done
 before the clock starts, except in two rows: ``simulation: its accounting step`` runs the
-default simulation whole (the issue's command) and reports the wall time of its accounting
-step (the simulation loads the accountant's imports on a thread while the protocol runs);
+default simulation whole (the issue's command, ``shuffledp simulate``: 20,000 users through the
+parties, ~25 s) and reports the wall time of its accounting step (the simulation loads the accountant's imports on a thread while the protocol runs);
 ``accountant cold start`` is the accountant alone in a fresh process, imports included.
 
 Results go to ``benchmarks/results/accounting_speed.json``.
@@ -179,7 +179,7 @@ kind = target["kind"]
 if kind == "simulation-e2e":  # the issue's command, whole: the accounting step's wall time within it
     from shuffledp.simulation import SimulationConfig, run_simulation
     from shuffledp.population import Population
-    result = run_simulation(SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0))
+    result = run_simulation(SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0, path="messages"))
     print(json.dumps({"seconds": result.extra["accounting_seconds"], "epsilon": result.central["epsilon"],
                       "simulation_seconds": result.seconds})); sys.exit(0)
 if kind == "cold-start":  # the accountant alone in a fresh process, its imports included
@@ -261,12 +261,14 @@ def _run_child(target: dict, old: Path | None, timeout: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_targets(quick: bool, old_commit: str | None, repeats: int, timeout: float) -> list[dict]:
+def run_targets(quick: bool, old_commit: str | None, repeats: int, timeout: float, only: str | None = None) -> list[dict]:
     """Time every target with the current and (if ``old_commit``) the old accountant; best of ``repeats``."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         old = _old_source(old_commit, Path(tmp)) if old_commit else None
         for target in issue_targets(quick):
+            if only and only not in target["name"]:
+                continue
             row = {"target": target["name"], "goal_seconds": target["goal"]}
             for label, src in (("new", None), ("old", old)):
                 if label == "old" and src is None:
@@ -298,18 +300,25 @@ def main(argv=None) -> int:
     ap.add_argument("--targets-only", action="store_true", help="only the issue 11 targets (keeps the other rows)")
     ap.add_argument("--old-commit", default=OLD_COMMIT, help="accountant source to compare the targets with ('' = none)")
     ap.add_argument("--repeats", type=int, default=2, help="fresh-process runs per target and code path (best kept)")
+    ap.add_argument("--only", default=None, help="with --targets-only: the targets whose name contains this (the others "
+                                                 "are kept from the saved JSON)")
     args = ap.parse_args(argv)
     budget = 3.0 if args.quick else args.budget
     # The targets are wall-clock times of the accountant as a user runs it, on every core the
     # machine has (the round curves use two threads); each child sets one BLAS thread itself.
     print("issue 11 targets (fresh process each, cache off):", file=sys.stderr)
     targets = run_targets(args.quick, args.old_commit or None, 1 if args.quick else args.repeats,
-                          60.0 if args.quick else 300.0)
+                          60.0 if args.quick else 300.0, args.only)
     pin_one_core()
     if args.targets_only:
         from _common import RESULTS
         previous = json.loads((RESULTS / "accounting_speed.json").read_text())
         previous.pop("machine", None)
+        if args.only:  # keep the saved rows of the targets not re-run, in the targets' order
+            fresh = {row["target"]: row for row in targets}
+            saved = {row["target"]: row for row in previous.get("targets", [])}
+            targets = [fresh.get(t["name"]) or saved[t["name"]] for t in issue_targets(args.quick)
+                       if t["name"] in fresh or t["name"] in saved]
         path = write_result("accounting_speed", {**previous, "old_commit": args.old_commit, "targets": targets})
         print(f"wrote {path}")
         return 0
