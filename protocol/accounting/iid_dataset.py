@@ -59,7 +59,7 @@ WINDOW_SD = 9.0
 
 #: Largest grid of ``(M, N_U1)`` a view with a split ``U`` class is summed over; above it the
 #: view is evaluated with ``U`` merged (a post-processing of the split view: still a lower bound).
-SPLIT_BUDGET = 300_000
+SPLIT_BUDGET = 100_000
 
 
 @dataclass(frozen=True)
