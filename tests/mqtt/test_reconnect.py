@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -106,13 +108,18 @@ async def test_without_reconnect_a_dead_broker_fails_waiting_gets_and_later_call
 
 async def test_an_unacknowledged_publish_is_sent_again_after_reconnecting(fresh_broker):
     """Publishes in flight when the broker dies (SIGKILL: no PUBACK is flushed) complete
-    on the next connection."""
+    on the next connection.
+
+    The broker is frozen (SIGSTOP) first and killed only once every publish slot waits for a
+    PUBACK: on a loaded machine the kill could otherwise land after the last publish was
+    acknowledged (a CI-load run saw republished == 0)."""
     async with channel(fresh_broker, "shuffler", max_backoff=0.2) as pub, channel(fresh_broker, "analyzer", max_backoff=0.2) as sub_ch:
         sub = await sub_ch.subscribe(BATCH)
-        # Enough that the window (256) is still full when the broker dies, however loaded the machine.
         payloads = [i.to_bytes(2, "big") for i in range(12000)]
         sending = asyncio.create_task(pub.publish_many(BATCH, payloads))
         await until(lambda: pub.messages_by_topic[BATCH] > 100)
+        os.kill(fresh_broker.pid, signal.SIGSTOP)  # no more PUBACKs from here on
+        await until(lambda: pub._publish_slots.locked())  # every slot holds an unacknowledged publish
         assert not sending.done()
         await asyncio.to_thread(fresh_broker.kill)
         await asyncio.to_thread(fresh_broker.start)
@@ -120,10 +127,14 @@ async def test_an_unacknowledged_publish_is_sent_again_after_reconnecting(fresh_
         assert pub.messages_by_topic[BATCH] == len(payloads)
         assert pub.reconnects == 1 and pub.republished > 0
         # What the subscriber got: a subset (clean sessions lose what was sent while it was
-        # away), every message at least once, nothing it was not sent.
+        # away), every message at least once, nothing it was not sent; and once both are back,
+        # everything published, in order.
         await until(lambda: sub_ch.connected)
-        await pub.publish(BATCH, b"end")
+        after = [b"after-" + i.to_bytes(2, "big") for i in range(200)]
+        assert await pub.publish_many(BATCH, after) == len(after)
         got = []
-        while (item := await asyncio.wait_for(sub.get(), 5)) != b"end":
+        while (item := await asyncio.wait_for(sub.get(), 10)) != after[-1]:
             got.append(item)
-        assert set(got) <= set(payloads) and len(set(got)) > 100
+        before = [g for g in got if not g.startswith(b"after-")]
+        assert set(before) <= set(payloads)
+        assert [g for g in got if g.startswith(b"after-")] == after[:-1]
