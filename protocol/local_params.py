@@ -13,7 +13,7 @@ import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
 
-__all__ = ["check_domain_size", "check_epsilon", "dyadic_floor"]
+__all__ = ["check_domain_size", "check_epsilon", "check_integer", "dyadic_floor"]
 
 _TWO_53 = float(1 << 53)
 # Relative margin taken off a float probability before rounding it down to the 2^-53
@@ -32,13 +32,18 @@ def check_epsilon(epsilon: object) -> float:
     return eps
 
 
+def check_integer(name: str, value: object, minimum: int) -> int:
+    """``value`` as an int ``>= minimum`` (bools refused), else :class:`InvalidParameter` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidParameter(name, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidParameter(name, f"must be >= {minimum}, got {value}")
+    return int(value)
+
+
 def check_domain_size(k: object) -> int:
     """``k`` as an int ``>= 2``, else :class:`InvalidParameter`."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise InvalidParameter("k", f"must be an integer, got {k!r}")
-    if k < 2:
-        raise InvalidParameter("k", f"must be >= 2, got {k}")
-    return int(k)
+    return check_integer("k", k, 2)
 
 
 def dyadic_floor(p: float) -> float:

@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.local_params import check_integer
 
 __all__ = ["MAX_NOISE_SCALE", "RandomSource", "SeededSource", "SystemSource"]
 
@@ -80,19 +81,11 @@ class RandomSource(Protocol):
 
 
 def _check_size(size: object) -> int:
-    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
-        raise InvalidParameter("size", f"must be an integer, got {size!r}")
-    if size < 0:
-        raise InvalidParameter("size", f"must be >= 0, got {size}")
-    return int(size)
+    return check_integer("size", size, 0)
 
 
 def _check_high(high: object) -> int:
-    if isinstance(high, bool) or not isinstance(high, (int, np.integer)):
-        raise InvalidParameter("high", f"must be an integer, got {high!r}")
-    if high < 1:
-        raise InvalidParameter("high", f"must be >= 1, got {high}")
-    return int(high)
+    return check_integer("high", high, 1)
 
 
 def _check_positive_exact(name: str, value: object) -> Fraction:
