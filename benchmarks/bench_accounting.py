@@ -176,16 +176,22 @@ if old:  # the old accountant's source in place of the current one
     spec.loader.exec_module(mod)
 target = json.loads(sys.argv[1])
 kind = target["kind"]
-if kind == "simulation-e2e":  # the command, whole: the accounting step's wall time within it
-    from shuffledp.simulation import SimulationConfig, run_simulation
+
+
+def default_simulation(**options):  # the configuration of `shuffledp simulate` with no arguments
+    from shuffledp.simulation import SimulationConfig
     from shuffledp.population import Population
-    result = run_simulation(SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0, path="messages"))
+    return SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0, **options)
+
+
+if kind == "simulation-e2e":  # the command, whole: the accounting step's wall time within it
+    from shuffledp.simulation import run_simulation
+    result = run_simulation(default_simulation(path="messages"))
     print(json.dumps({"seconds": result.extra["accounting_seconds"], "epsilon": result.central["epsilon"],
                       "simulation_seconds": result.seconds})); sys.exit(0)
 if kind == "cold-start":  # the accountant alone in a fresh process, its imports included
-    from shuffledp.simulation import SimulationConfig, central_guarantee
-    from shuffledp.population import Population
-    cfg = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0)
+    from shuffledp.simulation import central_guarantee
+    cfg = default_simulation()
     t = time.perf_counter(); value = central_guarantee(cfg)["epsilon"]; dt = time.perf_counter() - t
     print(json.dumps({"seconds": dt, "epsilon": value})); sys.exit(0)
 import dp_accounting.pld.privacy_loss_distribution, dp_accounting.rdp.rdp_privacy_accountant  # noqa: F401
@@ -197,9 +203,8 @@ make = {
     "block-hadamard-response/1024": lambda e: A.block_hadamard_response_guarantee(e, 1024),
 }
 if kind == "simulation":  # the same, imports done before the clock starts (the accountant's too)
-    from shuffledp.simulation import SimulationConfig, central_guarantee
-    from shuffledp.population import Population
-    cfg = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0)
+    from shuffledp.simulation import central_guarantee
+    cfg = default_simulation()
     t = time.perf_counter()
     value = central_guarantee(cfg)["epsilon"]
 elif kind == "session":
