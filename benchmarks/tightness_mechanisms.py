@@ -13,7 +13,8 @@ tables: that is included), and a *certified lower bound* on the true epsilon:
 * the others: the largest exact divergence among a few i.i.d. datasets of the other users,
   each after a three-class post-processing (``iid_dataset``: the others at the pair's second
   input -- thinned binary RR --, at a third value / column / block, or, for the Laplace report,
-  at the middle of the grid), searched to 1e-4 and lowered by its numerical error; a lower
+  at the middle of the grid; for the Laplace report also the others at G on the whole report,
+  ``iid_lattice``), searched to 1e-4 and lowered by its numerical error; a lower
   bound by data processing (the worst dataset can only be worse). ``O(sqrt n)`` per evaluation,
   so computed at every n up to 1e8.
 

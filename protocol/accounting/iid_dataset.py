@@ -34,6 +34,7 @@ so it nearly meets the blanket upper bound; the others all holding ``x1`` (thinn
 :mod:`.thinned_rr`, which this module reproduces and extends to any ``n``). For Hadamard response:
 the others at ``x1`` and at a third column. For block Hadamard response with ``B >= 3``: a pair in
 different blocks, the others in a third block (its ``2B``-ary-RR-like type). For the Laplace report: ``(0, G)`` with the others at
+``G`` on the whole report (:mod:`.iid_lattice`), and, in three classes, with the others at
 ``G`` or at ``G/2``, classes ``y <= 0``, ``0 < y < G``, ``y >= G``, and with the others at ``G``
 classes ``y <= cut``, ``y >= G - cut`` and the middle for a few cuts up to ``3G/8``. For binary RR use
 :mod:`.rr_any_n` (all datasets).
@@ -103,6 +104,10 @@ class ThreeClassView:
     @property
     def split(self) -> bool:
         return self.u1_user is not None
+
+    def lower_epsilon(self, n: int, delta: float, epsilon0: float) -> float:
+        """:func:`iid_lower_epsilon` of this view (the interface ``best_lower_epsilon`` uses)."""
+        return iid_lower_epsilon(self, n, delta, epsilon0)
 
 
 def _direction_delta(v: ThreeClassView, n: int, eps: float, forward: bool) -> float:
@@ -265,10 +270,12 @@ def laplace_endpoint_view(epsilon0: float, grid_levels: int, cut: int) -> ThreeC
 
 
 def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = None, num_bins: int | None = None,
-                           grid_levels: int | None = None, num_blocks: int | None = None) -> list[ThreeClassView]:
+                           grid_levels: int | None = None, num_blocks: int | None = None) -> list:
     """The datasets whose exact (post-processed) divergence this module offers as lower bounds
     (empty where it offers none: binary RR, generic reports, the Laplace report without a grid,
-    block Hadamard response with fewer than three blocks)."""
+    block Hadamard response with fewer than three blocks). Each has ``name`` and
+    ``lower_epsilon(n, delta, epsilon0)``; for the Laplace report the first is the whole report's
+    (``iid_lattice``), the three-class views follow."""
     from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau
 
     if mechanism == "k-rr":
@@ -284,9 +291,12 @@ def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = N
     if mechanism == "block-hadamard-response":  # none offered with fewer than three blocks
         return [block_hadamard_third_block_view(epsilon0, int(num_blocks))] if (num_blocks or 0) >= 3 else []
     if mechanism == "laplace-mean" and grid_levels is not None:
+        from shuffledp.protocol.accounting.iid_lattice import LaplaceEndpointLattice
+
         G = int(grid_levels)
         cuts = sorted({int(f * G) for f in LAPLACE_CUT_FRACTIONS if 0 < int(f * G) and 2 * int(f * G) < G})
-        return [thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, G)), laplace_middle_view(epsilon0, G),
+        return [LaplaceEndpointLattice(float(epsilon0), G),
+                thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, G)), laplace_middle_view(epsilon0, G),
                 *(laplace_endpoint_view(epsilon0, G, cut) for cut in cuts)]
     return []  # binary RR has its own all-dataset certificate; generic reports have no dataset here
 
@@ -298,18 +308,20 @@ SCREEN_N = 10_000
 SCREEN_KEEP = 2
 
 
-def best_lower_epsilon(views: list[ThreeClassView], n: int, delta: float, epsilon0: float) -> tuple[float, str]:
+def best_lower_epsilon(views: list, n: int, delta: float, epsilon0: float) -> tuple[float, str]:
     """The largest of the views' lower bounds on ``eps(delta)``, and the view that gave it.
 
-    With more than :data:`SCREEN_KEEP` views and ``n > SCREEN_N`` only the best
-    :data:`SCREEN_KEEP` at ``SCREEN_N`` are evaluated at ``n`` (every value returned is still
-    that view's certified lower bound at ``n``; the screening only chooses which to compute)."""
-    if len(views) > SCREEN_KEEP and n > SCREEN_N:
-        ranked = sorted(views, key=lambda v: iid_lower_epsilon(v, SCREEN_N, delta, epsilon0), reverse=True)
-        views = ranked[:SCREEN_KEEP]
+    With more than :data:`SCREEN_KEEP` three-class views and ``n > SCREEN_N`` only the best
+    :data:`SCREEN_KEEP` of them at ``SCREEN_N`` are evaluated at ``n`` (every value returned is still
+    that view's certified lower bound at ``n``; the screening only chooses which to compute). Other
+    views (the whole-report one of ``iid_lattice``) are always evaluated: their rank moves with ``n``."""
+    three_class = [v for v in views if isinstance(v, ThreeClassView)]
+    if len(three_class) > SCREEN_KEEP and n > SCREEN_N:
+        ranked = sorted(three_class, key=lambda v: v.lower_epsilon(SCREEN_N, delta, epsilon0), reverse=True)
+        views = [v for v in views if not isinstance(v, ThreeClassView)] + ranked[:SCREEN_KEEP]
     best, name = 0.0, ""
     for v in views:
-        e = iid_lower_epsilon(v, n, delta, epsilon0)
+        e = v.lower_epsilon(n, delta, epsilon0)
         if e > best:
             best, name = e, v.name
     return best, name
