@@ -202,6 +202,9 @@ def _positive_part_lower(q: np.ndarray, k: np.ndarray, n: int, K0: float, rel_q:
         theta, log_m, pt = 0.0, math.log(float(q.sum())), q / float(q.sum())
     else:
         theta, log_m, pt = tilted
+    # relative error of the tilted pmf: exp of log q + theta (k - c) - log M, each carrying a few u of its size
+    with np.errstate(divide="ignore"):
+        rel_t = 2 * _U * (float(np.max(np.abs(np.log(q)))) + theta * float(np.max(np.abs(k - c))) + abs(log_m) + 4)
     mu = float(pt @ k)
     sd_T = math.sqrt(n * max(float(pt @ (k - mu) ** 2), 1e-300))
     centre = n * mu
@@ -211,7 +214,7 @@ def _positive_part_lower(q: np.ndarray, k: np.ndarray, n: int, K0: float, rel_q:
     bulk_hi = int(math.ceil(centre + WINDOW_SD * sd_T))
     if max(k_end, bulk_hi) - min(k_start, bulk_lo) > 2 * MAX_CIRCLE:  # too wide to sum: 0 is a lower bound
         return 0.0
-    got = _sum_window(pt, k, n, k_start, k_end, bulk_lo, bulk_hi, theta, rel_q + 8 * _U)
+    got = _sum_window(pt, k, n, k_start, k_end, bulk_lo, bulk_hi, theta, rel_q + rel_t)
     if got is None:
         return 0.0
     vals, err_c = got
@@ -223,7 +226,8 @@ def _positive_part_lower(q: np.ndarray, k: np.ndarray, n: int, K0: float, rel_q:
     if body <= 0.0:
         return 0.0
     log_total = n * log_m + math.log(body)
-    log_total -= 4.0 * n * (len(pt) + 4) * _U + n * math.log1p(rel_q)  # log M's error; the masses' error
+    # log M's error; the masses' and the tilted pmf's relative errors, n-fold (convolutions of non-negatives)
+    log_total -= 4.0 * n * (len(pt) + 4) * _U + n * (math.log1p(rel_q) + math.log1p(rel_t))
     return math.exp(log_total)
 
 
