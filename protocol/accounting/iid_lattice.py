@@ -108,7 +108,7 @@ def _sweep(v: np.ndarray, p: np.ndarray, a: float, h: float):
                 i += 1
                 rem = float(p[i]) if i < n_atoms else 0.0
                 continue
-        if S + rem * vi <= t * (M + rem):  # the whole atom keeps the mean at or below the target
+        if S + rem * vi <= t * (M + rem) or vi - t <= tol:  # the whole atom keeps the mean at (or on) the target
             S += rem * vi
             M += rem
             pieces += 1
@@ -152,10 +152,15 @@ def contract(v: np.ndarray, p: np.ndarray, resolution: float, name: str = "", *,
     non-negative pieces (relative error ``pieces u``)."""
     v = np.asarray(v, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
-    order = np.argsort(v, kind="stable")
-    v, p = v[order], p[order]
-    if len(v) < 2 or np.any(p < 0) or not math.isclose(float(p.sum()), 1.0, rel_tol=1e-9) or v[0] == v[-1]:
-        raise InvalidParameter("law", "needs a probability vector over at least two distinct values")
+    if v.shape != p.shape or v.ndim != 1 or not np.all(np.isfinite(v)) or np.any(p < 0) \
+            or not math.isclose(float(p.sum()), 1.0, rel_tol=1e-9):
+        raise InvalidParameter("law", "needs finite values and a probability vector of the same length")
+    v, where = np.unique(v, return_inverse=True)  # sorted, equal values merged (one atom each)
+    merged = np.zeros(len(v))
+    np.add.at(merged, where, p)
+    p = merged
+    if len(v) < 2:
+        raise InvalidParameter("law", "needs at least two distinct values")
     a, top = float(v[0]), float(v[-1])
     mean = float(p @ v)
     sd = math.sqrt(max(float(p @ (v - mean) ** 2), 1e-300))
@@ -223,12 +228,12 @@ def _positive_part_lower(q: np.ndarray, k: np.ndarray, n: int, K0: float, rel_q:
     K = np.arange(k_start, k_end + 1, dtype=np.float64)
     lower_p = np.maximum(vals - err_c - alias, 0.0)
     body = float(np.sum((K - K0) * np.exp(-theta * (K - K0)) * lower_p)) * (1.0 - 1e-12)
-    if body <= 0.0:
+    if body <= 1e-290:  # subnormal territory (relative error unbounded there): 0 is a lower bound
         return 0.0
     log_total = n * log_m + math.log(body)
     # log M's error; the masses' and the tilted pmf's relative errors, n-fold (convolutions of non-negatives)
     log_total -= 4.0 * n * (len(pt) + 4) * _U + n * (math.log1p(rel_q) + math.log1p(rel_t))
-    return math.exp(log_total)
+    return math.exp(log_total) if log_total > -660.0 else 0.0  # below ~1e-287: 0, clear of subnormals
 
 
 def lattice_delta(law: LatticeLaw, n: int, eps: float, directions: tuple[str, ...] = ("reverse",)) -> float:
