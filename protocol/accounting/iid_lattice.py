@@ -179,6 +179,7 @@ def contract(v: np.ndarray, p: np.ndarray, resolution: float, name: str = "", *,
     eta = float(np.max(np.abs(means - (a + k * h)))) if len(k) else 0.0
     eta += ((2 * pieces + 16) * _U + 2 * value_rel) * max(abs(top), abs(a))
     rel_q = (pieces + 4) * _U + mass_rel
+    eta += 2 * rel_q * (top - a)  # the pieces' mass errors move a class mean within the values' range (review)
     if m_rem > 0:  # rounded down (forward direction) / up (reverse): only lowers either divergence
         mean_rem = s_rem / m_rem
         k_down = max(0, math.floor((mean_rem - a) / h) - 1)  # one more step: covers the division's rounding
