@@ -183,12 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         keys = [(m, e0, n) for m in MECHANISMS for e0 in EPS0 for n in ns]
         by_key = {(c["mechanism"], c["eps0"], c["n"]): c for c in kept} | fresh
         cells = [by_key[k] for k in keys if k in by_key]
-        RESULTS.mkdir(exist_ok=True)
-        out.write_text(json.dumps({"delta": DELTA, "G": G, "k_rr": K_RR, "K_hr": K_HR, "k_block": K_BLOCK,
-                                   "reference_time": PUBLISHED_VR, "cells": cells}, indent=1) + "\n")
     for c in cells:  # cheap: recomputed on every run, --replot included
         c["gaussian_limit_ratio"] = gaussian_limit_ratio(c)
-    out.write_text(json.dumps({**json.loads(out.read_text()), "cells": cells}, indent=1) + "\n")
+    RESULTS.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"delta": DELTA, "G": G, "k_rr": K_RR, "K_hr": K_HR, "k_block": K_BLOCK,
+                               "reference_time": PUBLISHED_VR, "cells": cells}, indent=1) + "\n")
     plot(cells, out.with_suffix(".png"))
     print(f"{'mechanism':>23} {'eps0':>5} {'n':>7} {'reported':>10} {'method':>16} {'lower':>10} {'ratio':>7} "
           f"{'limit':>7} {'time s':>7}")

@@ -40,6 +40,7 @@ import math
 import numpy as np
 from scipy import optimize, special
 
+from shuffledp.protocol.accounting.blanket import laplace_report_law
 from shuffledp.protocol.errors import InvalidParameter
 
 
@@ -105,8 +106,8 @@ def laplace_fishers(epsilon0: float, grid_levels: int) -> tuple[float, float, in
 
     With ``P(N = k) = C r^|k|``: on ``y <= 0``, ``d^2 / R(c) = C (1 - r^G)^2 r^(-y - c)``, summing to
     ``C (1 - r^G)^2 r^-c / (1 - r)``; on ``y >= G`` the mirror image, ``C (1 - r^G)^2 r^(c - G) / (1 - r)``;
-    the ``G - 1`` points between are summed directly. The floor is ``R(G)`` on ``y <= 0`` and ``R(0)``
-    on ``y >= G``, so the blanket's tails are the ``c = G`` and ``c = 0`` ones."""
+    the ``G - 1`` points between are summed directly. ``F_blanket`` is :func:`blanket_fisher` of the
+    accountant's own law (``blanket.laplace_report_law``)."""
     G = int(grid_levels)
     if G < 1 or not (math.isfinite(epsilon0) and epsilon0 > 0):
         raise InvalidParameter("laplace", f"needs G >= 1 and eps0 > 0, got G = {grid_levels!r}, eps0 = {epsilon0!r}")
@@ -116,8 +117,7 @@ def laplace_fishers(epsilon0: float, grid_levels: int) -> tuple[float, float, in
     tail = C * gap2 / -math.expm1(log_r)
     y = np.arange(1, G, dtype=np.float64)
     d2 = (C * (np.exp(y * log_r) - np.exp((G - y) * log_r))) ** 2
-    m = np.maximum(y, G - y)
-    f_blanket = float(np.sum(d2 / (C * np.exp(m * log_r)))) + tail * math.exp(-G * log_r) * 2.0
+    f_blanket = blanket_fisher(laplace_report_law(epsilon0, G))
 
     best, best_c = -math.inf, 0
     cs = np.arange(0, G + 1, dtype=np.float64)

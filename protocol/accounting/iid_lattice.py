@@ -85,8 +85,8 @@ def _sweep(v: np.ndarray, p: np.ndarray, a: float, h: float):
     """The greedy partition (module doc) for atoms ``v`` (ascending, ``v[0] = a``) with masses ``p``.
 
     Returns the closed classes as arrays ``(k, mass, sum)``, the remainder ``(mass, sum)`` and the largest
-    number of pieces in one class. An atom within ``tol`` of a lattice point that opens a class is
-    taken whole (its distance to the point joins ``eta``)."""
+    number of pieces in one class. An atom within ``tol`` above its class's target is taken whole
+    (its distance to the point joins ``eta``)."""
     ks, masses, sums = [], [], []
     S = M = 0.0
     pieces = biggest = 0
@@ -102,13 +102,8 @@ def _sweep(v: np.ndarray, p: np.ndarray, a: float, h: float):
             if t < vi - tol:  # the division's rounding: never target below the first content
                 k_t += 1
                 t = a + k_t * h
-            if vi >= t - tol:  # the atom sits on the target: it opens the class whole
-                S, M = rem * vi, rem
-                pieces = 1
-                i += 1
-                rem = float(p[i]) if i < n_atoms else 0.0
-                continue
-        if S + rem * vi <= t * (M + rem) or vi - t <= tol:  # the whole atom keeps the mean at (or on) the target
+        # the whole atom keeps the mean at (or within tol of) the target; always so for a class's first atom
+        if S + rem * vi <= t * (M + rem) or vi - t <= tol:
             S += rem * vi
             M += rem
             pieces += 1
@@ -218,13 +213,13 @@ def _positive_part_lower(q: np.ndarray, k: np.ndarray, n: int, K0: float, rel_q:
     k_end = max(k_start, int(math.ceil(centre + WINDOW_SD * sd_T)))
     bulk_lo = int(math.floor(centre - WINDOW_SD * sd_T))
     bulk_hi = int(math.ceil(centre + WINDOW_SD * sd_T))
-    if max(k_end, bulk_hi) - min(k_start, bulk_lo) > 2 * MAX_CIRCLE:  # too wide to sum: 0 is a lower bound
+    span_lo, span_hi = min(k_start, bulk_lo), max(k_end, bulk_hi)  # the circle's span (_sum_window's)
+    if span_hi - span_lo > 2 * MAX_CIRCLE:  # too wide to sum: 0 is a lower bound
         return 0.0
     got = _sum_window(pt, k, n, k_start, k_end, bulk_lo, bulk_hi, theta, rel_q + rel_t)
     if got is None:
         return 0.0
     vals, err_c = got
-    span_lo, span_hi = min(k_start, bulk_lo), max(k_end, bulk_hi)
     alias = math.exp(_chernoff_log_tail(pt, k, n, span_hi + 1.0)) + math.exp(_chernoff_log_tail(pt, -k, n, -(span_lo - 1.0)))
     K = np.arange(k_start, k_end + 1, dtype=np.float64)
     lower_p = np.maximum(vals - err_c - alias, 0.0)
