@@ -1,9 +1,31 @@
 #!/usr/bin/env bash
-# The whole test suite, MQTT tests against a real mosquitto broker included.
-# Installs what it needs first: the mosquitto broker (Debian package) and the
-# project with its test extras. Extra arguments go to pytest.
+# The whole test suite, MQTT tests against a real mosquitto broker included, in a
+# virtual environment built afresh on every run, so that a green run means a fresh
+# machine passes too. What it does:
+#   1. installs the mosquitto broker (Debian package) if the machine has none;
+#   2. deletes and re-creates the environment (.venv-test/, or $SHUFFLEDP_TEST_VENV)
+#      and installs the project with its test extras at the exact versions of
+#      requirements/test.lock (made by scripts/lock.sh);
+#   3. runs pytest on both cores, BLAS pinned to one thread per process.
+#
+# Options (the rest goes to pytest):
+#   --latest   ignore the lock: the newest versions that pyproject.toml allows
+#              (how to check that the project still works with today's releases)
+#   --reuse    keep an existing environment instead of rebuilding it (faster local
+#              re-runs; never what CI does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+latest=0
+reuse=0
+pytest_args=()
+for arg in "$@"; do
+  case "$arg" in
+    --latest) latest=1 ;;
+    --reuse) reuse=1 ;;
+    *) pytest_args+=("$arg") ;;
+  esac
+done
 
 if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
   echo "installing mosquitto (Debian package) ..." >&2
@@ -13,5 +35,29 @@ if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mosquitto >/dev/null
 fi
 
-python3 -m pip install -q --disable-pip-version-check -e ".[test]"
-exec python3 -m pytest -q -p no:cacheprovider "$@"
+venv="${SHUFFLEDP_TEST_VENV:-.venv-test}"
+python="${PYTHON:-python3}"
+if [ "$reuse" = 1 ] && [ -x "$venv/bin/python" ]; then
+  echo "reusing the test environment $venv" >&2
+else
+  echo "creating a fresh virtual environment in $venv ($("$python" --version))" >&2
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  if [ "$latest" = 1 ]; then
+    echo "installing the newest versions pyproject.toml allows (no lock)" >&2
+    "$venv/bin/python" -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]"
+  else
+    echo "installing the locked versions of requirements/test.lock" >&2
+    "$venv/bin/python" -m pip install -q -c requirements/test.lock -e ".[test]"
+  fi
+  "$venv/bin/python" -m pip list --format=freeze >&2
+fi
+
+# One BLAS thread per process: the suite runs two processes on two cores, and
+# threaded BLAS in both slowed the accounting tests many times over.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+export PATH="$PWD/$venv/bin:$PATH"
+status=0
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "${pytest_args[@]}" || status=$?
+exit "$status"

@@ -14,6 +14,7 @@ import sys
 from typing import Sequence
 
 from shuffledp import __version__
+from shuffledp.extras import MissingExtraError, as_missing_extra, require_extras
 
 #: Modules that provide sub-commands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -45,12 +46,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a missing optional dependency is one line on stderr and exit status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    command = args.command or "?"
+    try:
+        require_extras(command)
+        return int(args.func(args) or 0)
+    except MissingExtraError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        missing = as_missing_extra(command, exc)
+        if missing is None:
+            raise
+        print(missing, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -82,6 +82,15 @@ SAMPLING_SCHEMES = ("poisson", "uniform")
 POISSON_TAIL = 1e-14
 #: Number of points on the positive side of each round's epsilon grid.
 CURVE_POINTS = 80
+#: Numerical resolution of a session's PLD epsilon, relative. The value is an upper bound for the
+#: round curve it was computed from, but it is not a smooth function of that curve: the
+#: pessimistic discretisation rounds every privacy loss up to the PLD's grid and composition moves
+#: mass across grid cells, so a change of the curve at its own round-off level (1e-15 to 1e-12
+#: relative, which another BLAS kernel or summation order produces) moves the composed epsilon by
+#: up to ~1e-7 relative (measured on the fixtures' 100-round Laplace session at delta = 1e-8; the
+#: test ``test_session_epsilon_resolution_covers_round_off`` re-measures it). Two session epsilons
+#: closer than this are the same number.
+SESSION_PLD_RTOL = 1e-6
 
 
 @dataclass

@@ -1,10 +1,11 @@
-"""Faster must never mean looser: every reported epsilon at or below its pre-speed-work value.
+"""Faster must never mean looser: every reported epsilon at or below its reference value.
 
 ``epsilon_fixtures.json`` holds the accountant's answers on a grid of (mechanism, eps0, n, delta)
-and a few sessions, computed by ``make_epsilon_fixtures.py`` with the code before the issue 11
-speed work. Each single-round bound (the reported one and every candidate) and each session
-route must be ``<= old * (1 + 1e-9)``; the set of applicable bounds and the method chosen do not
-change; the exact shuffled-RR floor stays a floor (not below its old value).
+and a few sessions, computed by ``make_epsilon_fixtures.py`` with an earlier version of the
+accountant, before its speed-ups. Each single-round bound (the reported one and every
+candidate) and each session route must be ``<= old * (1 + 1e-9)``; the set of applicable
+bounds and the method chosen do not change; the exact shuffled-RR floor stays a floor (not
+below its old value).
 
 One deliberate change of method since: Hadamard response, block Hadamard response and k-ary RR
 rounds are bounded by their privacy-blanket laws (the optimal clone decomposition, computed by a
@@ -25,6 +26,8 @@ from pathlib import Path
 import pytest
 
 from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
+from shuffledp.protocol.accounting import session as session_module
+from shuffledp.protocol.accounting.session import SESSION_PLD_RTOL
 from .make_epsilon_fixtures import MECHANISMS
 
 FIXTURES = json.loads(Path(__file__).with_name("epsilon_fixtures.json").read_text())
@@ -66,12 +69,52 @@ def test_round_not_looser(old):
         assert new.lower_bound <= new.epsilon
 
 
-@pytest.mark.parametrize("old", FIXTURES["sessions"], ids=lambda s: f"{s['label']}-delta={s['delta']}")
-def test_session_not_looser(old):
+def _session(old: dict) -> SessionAccountant:
     acc = SessionAccountant()
     for mech, e0, n, rate, sampling, count in old["groups"]:
         acc.add_round(MECHANISMS[mech](e0), n, sampling_rate=rate, sampling=sampling, count=count)
+    return acc
+
+
+@pytest.mark.parametrize("old", FIXTURES["sessions"], ids=lambda s: f"{s['label']}-delta={s['delta']}")
+def test_session_not_looser(old):
+    """The PLD route is held to its documented numerical resolution (``SESSION_PLD_RTOL``: the
+    composed epsilon jitters by up to ~1e-7 when the round curve changes at round-off level, as
+    another BLAS kernel makes it); the RDP route is a closed form, held to 1e-9."""
+    acc = _session(old)
     b = acc.epsilon_breakdown(old["delta"])
-    assert b["pld"] <= old["pld"] * (1 + RTOL)
+    assert b["pld"] <= old["pld"] * (1 + SESSION_PLD_RTOL)
     assert b["rdp"] <= old["rdp"] * (1 + RTOL)
-    assert acc.epsilon(old["delta"]) <= old["epsilon"] * (1 + RTOL)
+    assert acc.epsilon(old["delta"]) <= old["epsilon"] * (1 + SESSION_PLD_RTOL)
+
+
+def test_session_epsilon_resolution_covers_round_off(monkeypatch):
+    """``SESSION_PLD_RTOL`` is a measured property, not a guess: perturb the round curve by
+    1e-15 .. 1e-12 relative (round-off scale) and the composed epsilon moves by less than a tenth
+    of it. The 100-round Laplace session at delta = 1e-8 is the most sensitive fixture."""
+    old = next(s for s in FIXTURES["sessions"] if s["label"].startswith("laplace-mean x100") and s["delta"] == 1e-8)
+    original = session_module._round_curve
+    values = []
+    for eta in (0.0, 1e-15, -1e-15, 1e-14, 1e-13, 1e-12):
+        session_module._group_pld.cache_clear()
+        monkeypatch.setattr(session_module, "_round_curve",
+                            lambda local, n_in, eta=eta: (original(local, n_in)[0], original(local, n_in)[1] * (1 + eta)))
+        values.append(float(_session(old).pld().get_epsilon_for_delta(old["delta"])))
+    monkeypatch.setattr(session_module, "_round_curve", original)
+    session_module._group_pld.cache_clear()
+    spread = (max(values) - min(values)) / min(values)
+    assert 0 < spread < SESSION_PLD_RTOL / 10, spread
+
+
+def test_a_real_loosening_of_the_session_fails_the_check(monkeypatch):
+    """The tolerance still catches a loosening: a round curve raised by 1e-4 relative moves the
+    session epsilon past ``old * (1 + SESSION_PLD_RTOL)``."""
+    old = next(s for s in FIXTURES["sessions"] if s["label"].startswith("laplace-mean x100") and s["delta"] == 1e-8)
+    original = session_module._round_curve
+    session_module._group_pld.cache_clear()
+    monkeypatch.setattr(session_module, "_round_curve",
+                        lambda local, n_in: (original(local, n_in)[0], original(local, n_in)[1] * (1 + 1e-4)))
+    looser = float(_session(old).pld().get_epsilon_for_delta(old["delta"]))
+    monkeypatch.setattr(session_module, "_round_curve", original)
+    session_module._group_pld.cache_clear()
+    assert looser > old["pld"] * (1 + SESSION_PLD_RTOL)
