@@ -16,6 +16,8 @@ import math
 import sys
 from typing import Any
 
+from shuffledp.run_info import with_run_info
+
 BOUND_LABELS = {
     "rr-exact": "exact shuffled binary RR (all datasets)",
     "rr-exact-smaller-n": "certified shuffled binary RR at a grid n' <= n (valid at n)",
@@ -279,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"shuffledp account: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump(rep, sys.stdout, indent=2, allow_nan=False)
+        json.dump(with_run_info(rep, args), sys.stdout, indent=2, allow_nan=False)
         print()
     else:
         _print_text(rep)

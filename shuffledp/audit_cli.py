@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from shuffledp.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 
@@ -245,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"shuffledp audit: {exc.reason}: {exc}", file=sys.stderr)
         return 2
     try:
-        print(json.dumps(result, indent=2, default=float) if args.json else format_audit(result))
+        print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_audit(result))
     except BrokenPipeError:  # e.g. piped into `head`: the verdict is still the exit code
         sys.stderr.close()
     if args.plot and (result["shuffled"] or result.get("summation")):

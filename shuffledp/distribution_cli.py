@@ -12,6 +12,7 @@ import json
 import sys
 
 from shuffledp.distribution import DistributionConfig, run_distribution
+from shuffledp.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         for config in configs:
             results.append(run_distribution(config, progress=step))
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps(with_run_info(results, args), indent=2))
     else:
         print(f"shuffledp distribution: k = {args.symbols}, n = {args.users:,}, eps0 = {args.epsilon}, Zipf({args.zipf})")
         print(f"{'m':>7} | {'oracle TV':>10} {'theory':>8} | {'vector TV':>10} {'theory':>8} | better")

@@ -13,6 +13,7 @@ import json
 import sys
 
 from shuffledp.population import DISTRIBUTIONS, Population
+from shuffledp.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.simulation import SimulationConfig, SimulationResult, run_simulation
@@ -137,7 +138,7 @@ def _run_range_study(args: argparse.Namespace, config: SimulationConfig) -> int:
     except InvalidParameter as exc:
         print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(study.as_dict(), indent=2, default=float) if args.json else format_study(study))
+    print(json.dumps(with_run_info(study.as_dict(), args), indent=2, default=float) if args.json else format_study(study))
     return 0
 
 
@@ -190,7 +191,7 @@ def _run_and_report(args: argparse.Namespace, run_with, format_result_dict, plot
     except ShuffleDPError as exc:
         print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2, default=float) if args.json else format_result_dict(result))
+    print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_result_dict(result))
     if args.plot:
         plot_result_dict(result, args.plot)
         if not args.json:
@@ -220,7 +221,7 @@ def _run_summation(args: argparse.Namespace) -> int:
 
 def _print_and_plot(args: argparse.Namespace, result: SimulationResult) -> None:
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2, default=float))
+        print(json.dumps(with_run_info(result.as_dict(), args), indent=2, default=float))
     else:
         print(format_result(result))
     if args.plot:

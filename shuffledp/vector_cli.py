@@ -12,6 +12,7 @@ import json
 import sys
 
 from shuffledp.client.vector_randomizer import VECTOR_MODES
+from shuffledp.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.simulate_cli import add_engine_arguments
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
@@ -81,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
             d.pop(key)
     if args.output:
         with open(args.output, "w") as f:
-            json.dump(documents, f, indent=2)
+            json.dump(with_run_info(documents, args), f, indent=2)
     if args.json:
-        print(json.dumps(documents if len(documents) > 1 else documents[0], indent=2))
+        print(json.dumps(with_run_info(documents if len(documents) > 1 else documents[0], args), indent=2))
     else:
         print(f"shuffledp vector: Algorithm 5, {args.mode} mode, d = {args.dim}, m = {args.samples}, "
               f"{args.kind} data, eps0 = {args.epsilon}, {args.path} path")
