@@ -7,7 +7,7 @@ Mechanism (one step ``t`` of ``T``; logistic regression, model dimension ``p``):
    handles both, we use Poisson).
 2. **User gradient.** A sampled user computes the average gradient of its ``m`` samples'
    logistic losses at the current model and clips it to l2 norm ``C`` (user-level
-   clipping of the average, as the issue asks; Algorithm 6 line 7 clips each sample's
+   clipping of the average: the bound is per user; Algorithm 6 line 7 clips each sample's
    gradient, which also bounds the average by ``C``). Every contribution has norm ``<= C``.
 3. **Vector mean protocol.** The cohort's clipped gradients go through Algorithm 5
    (:class:`~shuffledp.analyzer.vector_mean.VectorMeanProtocol`) on the fast engine

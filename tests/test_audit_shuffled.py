@@ -1,5 +1,5 @@
 """The shuffled audit: its event probabilities are the shipped randomizers', its bounds are valid and
-tight where the issue asks, and it catches a randomizer that keeps too often."""
+tight at the audit's target (binary RR within 2x of exact), and it catches a randomizer that keeps too often."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ def test_lower_bound_stays_below_the_exact_epsilon(n, epsilon0):
 
 
 def test_lower_bound_is_within_2x_of_exact_for_rr_at_n_1000():
-    """Issue 10's target: binary RR, n = 1000, eps0 = 4, 10^7 shuffled rounds per sample."""
+    """The audit's target: within 2x of exact for binary RR, n = 1000, eps0 = 4, 10^7 shuffled
+    rounds per sample."""
     result = audit_shuffled("binary-rr", 1000, 4.0, seed=7)
     assert result.exact_epsilon / 2 <= result.lower_bound <= result.exact_epsilon
 

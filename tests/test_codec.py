@@ -895,7 +895,7 @@ def test_added_key_always_rejected(index, key, value):
 
 
 # ---------------------------------------------------------------------------
-# Defects found by these tests, now fixed (kept as regression tests)
+# Regression tests: defects these tests found
 # ---------------------------------------------------------------------------
 
 

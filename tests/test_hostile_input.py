@@ -1,9 +1,9 @@
-"""Regression tests for the hostile-input classes of issue 7, each written to fail on
-the code before the fix (wire version 1, cbor2 decoding, unpadded reports), ported to
-the onion envelopes and signed batch chunks of wire version 2:
+"""Tests for every class of hostile input, on the onion envelopes and signed batch chunks
+of wire version 2. Each fails on a decoder without the strict rules (wire version 1, cbor2
+decoding, unpadded reports):
 
-* a nested shared-reference map key of 412 bytes that made decoding take time
-  exponential in its depth (200 bytes: 1.2 s; 412 bytes: never ends), now also inside
+* a nested shared-reference map key of 412 bytes that makes a permissive decoder take
+  time exponential in its depth (200 bytes: 1.2 s; 412 bytes: never ends), also inside
   a validly sealed outer layer, where any client can put any plaintext;
 * a 5,000-digit integer in each integer field (an untyped ``ValueError`` from
   formatting the error message), in every message type;
@@ -567,7 +567,7 @@ def test_analyzer_drops_duplicate_encapsulated_keys_even_if_the_shuffler_did_not
 
 
 def test_junk_with_a_copied_encapsulated_key_does_not_knock_out_the_real_report():
-    """Issue 7's original order: the junk copy comes first (the shuffler's permutation puts it first half the time)."""
+    """The junk copy comes first (the shuffler's permutation puts it first half the time)."""
     s = spec()
     signed_spec = ANALYZER.sign_spec(s)
     sealed = [sealed_of(s, client(0.1 * i).answer(signed_spec)[0]) for i in range(5)]
@@ -1084,7 +1084,7 @@ def test_max_items_bounds_arrays_not_the_message_map():
 
 
 def test_the_credential_stays_inside_the_outer_layer_and_nonces_are_fresh_every_round():
-    """The old token is gone: the credential is the client's only identity, and only the shuffler
+    """The credential is the client's only identity, and only the shuffler
     sees it; the nonce (which receipts name) is fresh in every round."""
     c = client(ledger=PrivacyLedger(9.0))
     envelopes, nonces = [], []

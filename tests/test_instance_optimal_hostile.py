@@ -76,9 +76,9 @@ def _answer(params, vector, source=None, ledger=None) -> list[bytes]:
 @pytest.mark.parametrize("params", [NORM, LOCAL, SHIFTED_SUM], ids=["shifted-norm", "local-vector", "shifted-vector-sum"])
 @pytest.mark.parametrize("data_dim", [1, 2, 4])
 def test_data_of_another_dimension_is_a_typed_refusal_not_a_broadcast(params, data_dim):
-    """The spec is for 3-vectors. A device with 1-vectors used to broadcast its one value to all
-    three coordinates and answer (a silent wrong answer); 2-vectors raised numpy's untyped
-    ValueError. Now every randomizer checks the dimension, and nothing is charged."""
+    """The spec is for 3-vectors. A device with 1-vectors must not broadcast its one value to all
+    three coordinates and answer (a silent wrong answer), nor 2-vectors raise numpy's untyped
+    ValueError: every randomizer checks the dimension, and nothing is charged."""
     ledger = PrivacyLedger(100.0, delta_budget=0.9)
     with pytest.raises(InvalidParameter):
         _answer(params, np.arange(1.0, data_dim + 1.0), ledger=ledger)
@@ -89,7 +89,7 @@ def test_data_of_another_dimension_is_a_typed_refusal_not_a_broadcast(params, da
 # --------------------------------------------------------------------------- 2. a centre at the edge of doubles
 def test_shifted_norm_of_a_distance_past_the_largest_double_is_the_top_bin():
     """``x - center`` overflows for x = -1e308, center = 1e308: the norm is above 2^1024, so the
-    user's bin is the top one. It used to be NaN, which bin_index turned into bin 0 (the
+    user's bin is the top one, not NaN, which bin_index would turn into bin 0 (the
     smallest norms): a wrong answer, though still eps0-LDP."""
     params = m.ShiftedNormParams((1e308, 1e308), -10.0, 8.0, 0.125)
     x = np.array([[-1e308, 0.0], [-1e308, -1e308], [1e308, 1e308], [0.0, 0.0]])
@@ -104,10 +104,10 @@ def test_shifted_norm_of_a_distance_past_the_largest_double_is_the_top_bin():
 @pytest.mark.parametrize("params", [LOCAL, SHIFTED_SUM], ids=["local-vector", "shifted-vector-sum"])
 def test_a_shift_that_overflows_is_clipped_not_refused(params):
     """A malicious analyzer names center = (1e308, ...). A device whose data lie far on the other
-    side (x - center overflows) used to refuse with InvalidParameter while every other device
-    answered: whether a device answers (visible to the broker and, by the batch size, to the
-    analyzer) told on its data. The shifted vector is now clipped onto the ball's sphere in the
-    right direction, as for any distance beyond the radius."""
+    side (x - center overflows) must not refuse while every other device answers: whether a
+    device answers (visible to the broker and, by the batch size, to the analyzer) would tell on
+    its data. The shifted vector is clipped onto the ball's sphere in the right direction, as for
+    any distance beyond the radius."""
     hostile = type(params)(**{**_fields(params), "center": (1e308, 1e308, 0.0)})
     far = np.array([[-1e308, -1e308, 0.0]])
     assert len(_answer(hostile, far[0], source=SeededSource(1))) == m.messages_per_user(hostile)

@@ -79,7 +79,7 @@ def test_the_study_warns_on_every_failure_in_the_hard_regime_and_not_in_the_easy
     # n = 500, B = 200, eps0 = 0.5: about half the range rounds announce an empty bin.
     hard = SimulationConfig(Population("gaussian", 1.7, 1.0, 200.0, 50), n=500, epsilon0=0.5)
     study = range_study(hard, 40)
-    assert study.failed >= 5  # the regime the issue describes: failures happen
+    assert study.failed >= 5  # the hard regime: failures happen
     assert study.missed == 0  # each is warned about (a miss has probability <= 0.01 per run)
     assert study.worst_warned_z > 20 and study.worst_unwarned_z < 5
     easy = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), n=20_000, epsilon0=1.0)

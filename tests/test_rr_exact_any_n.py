@@ -4,7 +4,7 @@
   not only the counts) and both neighbouring directions, in 40-digit arithmetic: the certified
   delta(eps) and eps(delta) are never below the true maximum and exceed it by at most their
   numerical padding.
-* Monotone in n across the old 1,500 limit, agreement with the previous exact code (n <= 1,500),
+* Monotone in n across the direct exact code's 1,500 limit, agreement with that code (n <= 1,500),
   the FFT error bound against a direct convolution, and the block bounds at large n.
 """
 
@@ -111,11 +111,11 @@ def test_certified_epsilon_bounds_the_true_epsilon_at_small_n(n, epsilon0):
 
 
 def test_monotone_in_n_across_the_old_limit():
-    """eps0 = 1, delta = 1e-6: the old code jumped from 0.1010 (n = 1,500) to 0.1196 (n = 1,501)."""
+    """eps0 = 1, delta = 1e-6: no jump from 0.1010 (n = 1,500) to the variation-ratio 0.1196 (n = 1,501)."""
     ns = [1499, 1500, 1501, 1502, 2000, 2001, 2031, 2032, 5000, 10**5]
     eps = [shuffled_round(binary_rr_guarantee(1.0), n, 1e-6).epsilon for n in ns]
     assert all(b <= a for a, b in zip(eps, eps[1:])), dict(zip(ns, eps))
-    assert eps[2] < 0.1011  # no jump at 1,501 (was 0.1196)
+    assert eps[2] < 0.1011  # no jump at 1,501 (variation-ratio: 0.1196)
 
 
 def test_monotone_helper_is_a_minimum_over_a_growing_grid():
@@ -125,9 +125,10 @@ def test_monotone_helper_is_a_minimum_over_a_growing_grid():
 
 @pytest.mark.parametrize("n,epsilon0", [(40, 1.5), (300, 0.5), (800, 2.0), (1500, 1.0), (1500, 4.0)])
 def test_agrees_with_the_previous_exact_code(n, epsilon0):
-    """The old code's delta carries a 1e-12 relative pad; its eps is the upper end of a 1e-6 bracket.
+    """The direct code's delta (rr_exact) carries a 1e-12 relative pad; a bracket search on it gives
+    the upper end of a 1e-6 bracket.
 
-    The new delta is padded by eta (1 + e^eps) absolute with eta <= (7 * steps + L + 9) u, at most
+    The certified delta is padded by eta (1 + e^eps) absolute with eta <= (7 * steps + L + 9) u, at most
     ~1.5e-13 for the <= 150-step, <= 310-point windows of n <= 300 (module docstring, Step 4).
     """
     for eps in (0.05, 0.2, 0.6):
@@ -135,12 +136,12 @@ def test_agrees_with_the_previous_exact_code(n, epsilon0):
         new = certified_delta(eps, n, epsilon0) if n <= 300 else None
         if new is not None:
             assert abs(new - old) <= 3e-12 * old + 2e-13 * (1 + math.exp(eps)), (eps, new, old)
-    # the previous rr_exact_epsilon: upper end of a 1e-6 bracket on the old all-datasets delta
+    # a bracket search: upper end of a 1e-6 bracket on the direct all-datasets delta
     old_eps = search_epsilon(lambda e: rr_exact_delta(e, n, epsilon0), 1e-6, 0.0, epsilon0, rtol=1e-6)[1]
     cert = certify_epsilon(1e-6, n, epsilon0)
     assert cert.exact and cert.upper - cert.lower <= 1e-9 * cert.upper
     assert old_eps * (1 - 1.01e-6) <= cert.upper <= old_eps * (1 + 1e-9), (cert.upper, old_eps)
-    assert rr_exact_epsilon(1e-6, n, epsilon0) == cert.upper  # now computed by rr_any_n
+    assert rr_exact_epsilon(1e-6, n, epsilon0) == cert.upper  # computed by rr_any_n
 
 
 def test_fft_error_bound_holds_against_direct_convolution(monkeypatch):
@@ -211,8 +212,8 @@ def test_delta_curve_is_above_every_dataset(n, e0, evals):
 
 
 def test_binary_rr_session_curve_uses_the_certified_curve_above_1500():
-    """A session of binary-RR rounds above the old exact limit composes the all-dataset curve,
-    tighter than the stronger-clone pair it had, and never below one round."""
+    """A session of binary-RR rounds above the direct exact limit composes the all-dataset curve,
+    tighter than the stronger-clone pair, and never below one round."""
     from shuffledp.protocol.accounting import SessionAccountant, strong_clone_pair
     from shuffledp.protocol.accounting.shuffle_round import binary_rr_delta_curve, round_delta_curve
 
@@ -340,8 +341,8 @@ def test_certificate_refines_towards_the_lower_bound_below_it():
 
 
 def test_certificate_at_tiny_delta_keeps_its_plain_cores():
-    """Found in review: at delta = 1e-12 the coins' window made the FFT error bound swamp B in the
-    tail and a block reported eps0 (n = 1e6, eps0 = 1: the certificate said 1.0). Below
+    """At delta = 1e-12 the coins' window lets the FFT error bound swamp B in the tail, so a block
+    with coins alone would report eps0 (n = 1e6, eps0 = 1: a certificate of 1.0). Below
     COIN_PLAIN_BELOW_DELTA a block also takes its plain core; one-point windows stay out of the FFT."""
     for n, e0 in ((10**6, 1.0), (10**5, 0.05)):
         cert = certify_epsilon(1e-12, n, e0)

@@ -238,7 +238,7 @@ def test_the_device_floor_counts_users_not_reports():
 
 
 def test_clipping_to_the_ball_is_exact_for_any_finite_vector():
-    """Rows near the largest double used to overflow the norm (and clip to zero instead of to the radius)."""
+    """Rows near the largest double clip to the radius (a naive norm overflows and clips them to zero)."""
     from shuffledp.client.summation import clip_to_ball
 
     x = np.array([[1.7e308, 1.7e308, -1.7e308], [0.3, 0.4, 0.0], [0.0, 0.0, 0.0], [3.0, 4.0, 0.0], [1e-300, 0.0, 0.0]])

@@ -169,7 +169,7 @@ def test_modular_sum_params_validation(kwargs, param):
     ],
 )
 def test_extreme_budgets_get_typed_refusals(params, epsilon0, delta0):
-    """Found by review: these used to raise ZeroDivisionError / OverflowError out of a spec's decoding."""
+    """Extreme budgets are refused with a typed error, never a ZeroDivisionError / OverflowError out of a spec's decoding."""
     from parties import make_spec
 
     with pytest.raises(InvalidParameter):

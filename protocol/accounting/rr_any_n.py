@@ -46,7 +46,7 @@ contains the *core* dataset with ``k1`` ones and ``m - k2`` zeros among the othe
 
     max_{k in [k1, k2]} eps_k(delta; n) <= eps_core(delta; n - (k2 - k1)).
 
-*Keeping the block's blanket* (issue 11). The ``b = k2 - k1`` extra users need not be
+*Keeping the block's blanket*. The ``b = k2 - k1`` extra users need not be
 dropped whole: binary RR is ``RR(x) = 2r Bern(1/2) + (1 - 2r) delta_x``, so each extra
 user independently reports a fair coin with probability ``2r`` (whatever its bit) and
 its own bit otherwise. Tell the analyst which extra users did not toss a coin and

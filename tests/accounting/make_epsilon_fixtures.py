@@ -1,7 +1,7 @@
 """Write ``epsilon_fixtures.json``: the accountant's reported epsilons on a grid, as reference values.
 
-Generated with the accountant *before* the speed work of issue 11 (commit 4a4e458, loaded from
-git in place of the working tree's), so that ``test_epsilon_fixtures.py`` can check that every
+Generated with an earlier version of the accountant, before its speed-ups (loaded from git
+in place of the working tree's; ``OLD_COMMIT`` names it), so that ``test_epsilon_fixtures.py`` can check that every
 reported epsilon stays at or below its old value (``new <= old * (1 + 1e-9)``: faster must never
 mean looser).
 

@@ -116,7 +116,7 @@ def test_rounds_use_the_blanket_within_its_measured_distance_of_variation_ratio(
     the blanket may exceed the variation-ratio value only by its lattice's variance inflation."""
     rb = shuffled_round(local, n, 1e-6)
     assert rb.method == "blanket"
-    assert rb.candidates["variation-ratio"] is None  # not computed by rounds any more
+    assert rb.candidates["variation-ratio"] is None  # rounds do not compute it
     assert "variation-ratio" not in round_pairs(local, n)
     vr = min(local.epsilon0, dominating_pairs(local, n)["variation-ratio"].epsilon(1e-6))
     assert rb.epsilon <= vr * (1 + 2e-3)

@@ -1,5 +1,5 @@
 """The reported epsilon never increases with the batch size (a larger batch is a post-processing
-of a smaller one): binary RR no longer jumps up where the exact maximisation stops (n = 1,500)."""
+of a smaller one): binary RR does not jump up where the direct exact maximisation stops (n = 1,500)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ def test_binary_rr_epsilon_does_not_increase_across_the_exact_limit(epsilon0):
     ns = [RR_EXACT_MAX_N - 100, RR_EXACT_MAX_N, RR_EXACT_MAX_N + 1, RR_EXACT_MAX_N + 200, 2 * RR_EXACT_MAX_N, 10**5]
     eps = [shuffled_round(binary_rr_guarantee(epsilon0), n, 1e-6).epsilon for n in ns]
     assert all(later <= earlier for earlier, later in zip(eps, eps[1:])), dict(zip(ns, eps))
-    # just past the old limit the certified exact value is reported (it was the 18 % looser
-    # variation-ratio bound before: 0.1196 against 0.1010 at eps0 = 1), no larger than at the limit
+    # just past the direct exact limit the certified exact value is reported (not the 18 % looser
+    # variation-ratio bound: 0.1196 against 0.1010 at eps0 = 1), no larger than at the limit
     above = shuffled_round(binary_rr_guarantee(epsilon0), RR_EXACT_MAX_N + 1, 1e-6)
     assert above.method in ("rr-exact", "rr-exact-smaller-n")
     assert above.epsilon <= rr_exact_epsilon(1e-6, RR_EXACT_MAX_N, epsilon0) * (1 + 1e-12)

@@ -198,7 +198,7 @@ def test_hadamard_round_in_session():
     assert single.epsilon <= acc.epsilon(1e-6) <= 2 * single.epsilon
 
 
-# ------------------------------------------------ issue 11: skipping work that cannot win
+# ------------------------------------------------ skipping work that cannot win
 def _sessions():
     from shuffledp.protocol.accounting import laplace_mean_guarantee
 
@@ -306,10 +306,10 @@ def test_power_sums_by_repeated_multiplication_bound_the_log_space_sums(spread):
 
 
 def test_session_at_large_n_is_never_reported_as_zero():
-    """Found in review: gammaln-based log-pmfs (off by ~1e-7 at n ~ 1e8) made the clone pair's
-    order-2 Rényi moment (~1e-8) negative, clipped to 0, and dp-accounting turns an RDP of 0
-    into epsilon = 0. The moments now come from exact pmf ratios: the session stays above the
-    exact shuffled-RR floor (a lower bound for every eps0-only bound)."""
+    """gammaln-based log-pmfs (off by ~1e-7 at n ~ 1e8) would make the clone pair's order-2
+    Rényi moment (~1e-8) negative, clipped to 0, and dp-accounting turns an RDP of 0 into
+    epsilon = 0. The moments come from exact pmf ratios: the session stays above the exact
+    shuffled-RR floor (a lower bound for every eps0-only bound)."""
     from shuffledp.protocol.accounting import rr_lower_epsilon
 
     n, e0 = 3 * 10**7, 0.5
@@ -323,7 +323,7 @@ def test_session_at_large_n_is_never_reported_as_zero():
 
 
 def test_power_sums_keep_terms_that_underflowed_at_lower_orders():
-    """Found in review: a term below e^-745 of the largest at order 2 can be the largest at order
+    """A term below e^-745 of the largest at order 2 can be the largest at order
     256 (a likelihood ratio of e^10 on a Bin(1100, 1/2) window); the running products must not
     lose it."""
     from scipy import special
