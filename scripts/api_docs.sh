@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Build the HTML API reference with pdoc (the `docs` extra: pip install -e ".[docs]").
+#
+#   scripts/api_docs.sh [OUTDIR]      # default OUTDIR: api-docs/ at the repository root
+#
+# What it documents:
+#   * the guide pages of docs/api/ (simulate, embed, audit, account), as the pages of
+#     the documentation-only package docs/api/guides/, whose modules include the
+#     markdown files with pdoc's `.. include::` directive;
+#   * every public module (no leading underscore) of every package that pyproject.toml
+#     lists under [tool.setuptools] packages, including the submodules a package's
+#     `__all__` leaves off its own page (pdoc's recursion alone would skip those).
+#
+# The module list is given to pdoc explicitly: pdoc's own recursion would both skip
+# the submodules hidden by `__all__` and, depending on what was imported first, list
+# some modules twice. Nothing is excluded: every module imports with the `all` extra
+# (shuffledp.protocol.mqtt_channel needs aiomqtt).
+#
+# It fails (exit status 1) on any error and on any warning raised while the modules
+# are imported and rendered: a module that cannot be imported, an include that cannot
+# be read, a docstring pdoc cannot process. Exit status 2: bad usage or no pdoc.
+#
+# Python: $PYTHON if set, else the active virtual environment's, else the repository's
+# .venv/ or .venv-test/, else python3 on the PATH.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+
+out="${1:-$root/api-docs}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+marker=".shuffledp-api-docs"
+# The output directory is emptied before each build: refuse one this script did not make.
+if [ -n "$(ls -A "$out")" ] && [ ! -e "$out/$marker" ]; then
+  echo "api_docs: $out is not empty and was not made by this script; choose another OUTDIR" >&2
+  exit 2
+fi
+
+if [ -n "${PYTHON:-}" ]; then
+  python="$PYTHON"
+elif [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+  python="$VIRTUAL_ENV/bin/python"
+elif [ -x "$root/.venv/bin/python" ]; then
+  python="$root/.venv/bin/python"
+elif [ -x "$root/.venv-test/bin/python" ]; then
+  python="$root/.venv-test/bin/python"
+else
+  python="python3"
+fi
+if ! "$python" -c "import pdoc" 2>/dev/null; then
+  echo "api_docs: pdoc is not installed for $python; run: $python -m pip install -e \".[docs]\"" >&2
+  exit 2
+fi
+
+find "$out" -mindepth 1 -delete
+touch "$out/$marker"
+cd "$root"
+exec "$python" - "$out" <<'PYTHON'
+import importlib
+import pkgutil
+import sys
+import time
+import tomllib
+import warnings
+from pathlib import Path
+
+import pdoc.doc
+import pdoc.render
+
+started = time.perf_counter()
+out = Path(sys.argv[1])
+root = Path.cwd()
+guides = root / "docs" / "api"
+sys.path.insert(0, str(guides))  # the documentation-only package `guides`
+
+with open(root / "pyproject.toml", "rb") as fh:
+    packages = tomllib.load(fh)["tool"]["setuptools"]["packages"]
+
+with warnings.catch_warnings(record=True) as caught:
+    names = ["guides"] + [f"guides.{m.name}" for m in pkgutil.iter_modules([str(guides / "guides")])]
+    for package in packages:
+        names.append(package)
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+            if not info.ispkg and not info.name.rpartition(".")[2].startswith("_"):
+                names.append(info.name)
+
+    import shuffledp
+
+    pdoc.render.configure(
+        docformat="restructuredtext",
+        footer_text=f"shuffledp {shuffledp.__version__}",
+        search=True,
+        show_source=True,
+    )
+    modules = {name: pdoc.doc.Module.from_name(name) for name in names}
+    for module in modules.values():
+        page = out / f"{module.fullname.replace('.', '/')}.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(pdoc.render.html_module(module, modules), encoding="utf-8")
+    (out / "index.html").write_text(pdoc.render.html_index(modules), encoding="utf-8")
+    (out / "search.js").write_text(pdoc.render.search_index(modules), encoding="utf-8")
+
+if caught:
+    for w in caught:
+        print(f"api_docs: {w.category.__name__}: {w.message} ({w.filename}:{w.lineno})", file=sys.stderr)
+    sys.exit(f"api_docs: FAILED with {len(caught)} warning(s)")
+print(f"api_docs: {len(modules)} pages in {time.perf_counter() - started:.1f} s; open {out / 'index.html'}")
+PYTHON
