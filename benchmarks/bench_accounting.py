@@ -14,26 +14,30 @@ Measured in one run, single core:
 
 When a naive evaluation would take minutes we time a few delta evaluations and
 extrapolate to the ``T`` the search needs; such rows say ``extrapolated``.
-Issue 11 targets (``--targets``, each in a fresh process with the on-disk cache off, so no
-in-process cache is warm): the default simulation's accounting, a session of 100 identical
-laplace-mean rounds at n = 1e5, and one round of every mechanism at n = 1e6 and 1e8. Each is
-timed with the current accountant and with the accountant's source at ``--old-commit``
-(loaded from git into a temporary directory and imported in its place), in the same run, and
-reported as a ratio. Imports (scipy, dp-accounting: seconds on a loaded machine) are done
-before the clock starts, except in two rows: ``simulation: its accounting step`` runs the
-default simulation whole (the issue's command, ``shuffledp simulate``: 20,000 users through the
-parties, ~25 s) and reports the wall time of its accounting step (the simulation loads the accountant's imports on a thread while the protocol runs);
-``accountant cold start`` is the accountant alone in a fresh process, imports included.
 
-Results go to ``benchmarks/results/accounting_speed.json``.
+Speed targets (each in a fresh process with the on-disk cache off, so no in-process cache
+is warm): the default simulation's accounting, a session of 100 identical laplace-mean
+rounds at n = 1e5, and one round of every mechanism at n = 1e6 and 1e8. Each is timed with
+the current accountant and with the accountant's source at ``--old-commit`` (loaded from git
+into a temporary directory and imported in its place), in the same run, and reported as a
+ratio. The old accountant's ``laplace_mean_guarantee`` takes eps0 alone: where the current
+code passes the grid size it is dropped for the old one (which has no grid-aware bound), so
+its epsilon there may be larger. Imports (scipy, dp-accounting: seconds on a loaded machine)
+are done before the clock starts, except in two rows: ``simulation: its accounting step``
+runs the default simulation whole (``shuffledp simulate``: 20,000 users through the parties,
+~25 s) and reports the wall time of its accounting step (the simulation loads the
+accountant's imports on a thread while the protocol runs); ``accountant cold start`` is the
+accountant alone in a fresh process, imports included.
 
-Run: ``python benchmarks/bench_accounting.py`` (add ``--quick`` for a smoke run;
-``--targets-only`` for the issue 11 targets alone).
+Progress goes to stderr: one line as each target and each row starts, with its place in the
+total. Results go to ``accounting_speed.json`` in the output folder (default ``bench-out/``).
+
+Run: ``python benchmarks/bench_accounting.py [--quick] [--out DIR]`` (``--quick``: n = 1e4, two
+targets, budgets of a fraction of a second; ``--targets-only`` for the speed targets alone).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -46,7 +50,7 @@ from pathlib import Path
 import numpy as np
 from scipy import special, stats
 
-from _common import pin_one_core, write_result
+from _common import arguments, log, parse, pin_one_core, read_result, write_result
 from shuffledp.protocol.accounting import (
     fmt21_pair,
     hadamard_response_guarantee,
@@ -57,9 +61,14 @@ from shuffledp.protocol.accounting import (
 
 DELTA = 1e-6
 T_BISECT = 20
-#: The accountant before the issue 11 speed work (the "old code path" of the targets).
+#: The accountant before its speed work (the "old code path" of the targets).
 OLD_COMMIT = "4a4e458"
-REPO = Path(__file__).resolve().parent.parent  # halvings a plain bisection needs for ~1e-6 relative accuracy on [0, eps0]
+REPO = Path(__file__).resolve().parent.parent
+FULL = {"fmt21": ((10**6, (4.0, 1.0)), (10**8, (4.0,))), "vr_n": 10**6, "vr_eps0": (4.0, 1.0), "targets": None}
+#: --quick: the same rows at n = 1e4 and two of the targets (a session and a round; the simulation
+#: targets take seconds with the old accountant), small budgets.
+QUICK = {"fmt21": ((10**4, (1.0,)),), "vr_n": 10**4, "vr_eps0": (1.0,), "budget": 0.2, "repeats": 1, "timeout": 60.0,
+         "targets": ("session 100 x laplace-mean", "round binary-rr eps0=1 n=1e6")}
 
 
 # --------------------------------------------------------------- naive baselines
@@ -161,7 +170,7 @@ def timed(fn, repeats: int = 3):
     return best, value
 
 
-# ------------------------------------------------------- issue 11 targets
+# ------------------------------------------------------- speed targets
 #: Code run in a fresh process: ``SETUP`` loads the accountant (optionally the old source),
 #: then one target is timed. Prints one JSON line.
 _CHILD = r"""
@@ -174,6 +183,10 @@ if old:  # the old accountant's source in place of the current one
     mod = importlib.util.module_from_spec(spec)
     sys.modules["shuffledp.protocol.accounting"] = mod
     spec.loader.exec_module(mod)
+    import inspect
+    if "grid_levels" not in inspect.signature(mod.laplace_mean_guarantee).parameters:  # no grid-aware bound there
+        _laplace = mod.laplace_mean_guarantee
+        mod.laplace_mean_guarantee = lambda epsilon0, grid_levels=None: _laplace(epsilon0)
 target = json.loads(sys.argv[1])
 kind = target["kind"]
 
@@ -184,7 +197,7 @@ def default_simulation(**options):  # the configuration of `shuffledp simulate` 
     return SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0, **options)
 
 
-if kind == "simulation-e2e":  # the issue's command, whole: the accounting step's wall time within it
+if kind == "simulation-e2e":  # `shuffledp simulate`, whole: the accounting step's wall time within it
     from shuffledp.simulation import run_simulation
     result = run_simulation(default_simulation(path="messages"))
     print(json.dumps({"seconds": result.extra["accounting_seconds"], "epsilon": result.central["epsilon"],
@@ -219,8 +232,8 @@ print(json.dumps({"seconds": time.perf_counter() - t, "epsilon": value}))
 """
 
 
-def issue_targets(quick: bool) -> list[dict]:
-    """The issue 11 targets: (name, target-seconds, question)."""
+def speed_targets(quick: bool) -> list[dict]:
+    """The speed targets: (name, target-seconds, question)."""
     out = [
         {"name": "simulation: its accounting step", "goal": 0.5, "kind": "simulation-e2e"},
         {"name": "accountant cold start (imports included)", "goal": 0.5, "kind": "cold-start"},
@@ -266,18 +279,22 @@ def _run_child(target: dict, old: Path | None, timeout: float) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_targets(quick: bool, old_commit: str | None, repeats: int, timeout: float, only: str | None = None) -> list[dict]:
+def run_targets(targets: list[dict], old_commit: str | None, repeats: int, timeout: float) -> list[dict]:
     """Time every target with the current and (if ``old_commit``) the old accountant; best of ``repeats``."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        old = _old_source(old_commit, Path(tmp)) if old_commit else None
-        for target in issue_targets(quick):
-            if only and only not in target["name"]:
-                continue
+        old = None
+        if old_commit:
+            try:
+                old = _old_source(old_commit, Path(tmp))
+            except (OSError, subprocess.CalledProcessError) as exc:  # not a git checkout, or a shallow one
+                log(f"  old accountant at {old_commit} not available ({exc}): timing the current one only")
+        for i, target in enumerate(targets, 1):
             row = {"target": target["name"], "goal_seconds": target["goal"]}
             for label, src in (("new", None), ("old", old)):
                 if label == "old" and src is None:
                     continue
+                log(f"  [{i}/{len(targets)}] {target['name']}: {label} accountant, {repeats} fresh process(es)")
                 runs = [_run_child(target, src, timeout) for _ in range(repeats)]
                 ok = [r for r in runs if r.get("seconds") is not None]
                 best = min(ok, key=lambda r: r["seconds"]) if ok else runs[0]
@@ -298,36 +315,42 @@ def run_targets(quick: bool, old_commit: str | None, repeats: int, timeout: floa
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small budgets (smoke test)")
+def main(argv: list[str] | None = None) -> int:
+    ap = arguments(__doc__, quick="n = 1e4, two targets, small budgets (a smoke run)")
     ap.add_argument("--budget", type=float, default=30.0, help="seconds allowed per naive run before extrapolating")
-    ap.add_argument("--targets-only", action="store_true", help="only the issue 11 targets (keeps the other rows)")
+    ap.add_argument("--targets-only", action="store_true",
+                    help="only the speed targets (keeps the other rows from the JSON in the output folder)")
     ap.add_argument("--old-commit", default=OLD_COMMIT, help="accountant source to compare the targets with ('' = none)")
     ap.add_argument("--repeats", type=int, default=2, help="fresh-process runs per target and code path (best kept)")
-    ap.add_argument("--only", default=None, help="with --targets-only: the targets whose name contains this (the others "
-                                                 "are kept from the saved JSON)")
-    args = ap.parse_args(argv)
-    budget = 3.0 if args.quick else args.budget
+    ap.add_argument("--only", default=None, help="the targets whose name contains this (with --targets-only the "
+                                                 "others are kept from the JSON in the output folder)")
+    args = parse(ap, argv)
+    sizes = dict(QUICK) if args.quick else {**FULL, "budget": args.budget, "repeats": args.repeats, "timeout": 300.0}
+    budget = sizes["budget"]
+    chosen = [t for t in speed_targets(args.quick) if sizes["targets"] is None or t["name"] in sizes["targets"]]
+    chosen = [t for t in chosen if not args.only or args.only in t["name"]]
+    sizes["targets"] = [t["name"] for t in chosen]
+    previous = read_result(args, "accounting_speed") if args.targets_only else None  # before minutes of work
     # The targets are wall-clock times of the accountant as a user runs it, on every core the
     # machine has (the round curves use two threads); each child sets one BLAS thread itself.
-    print("issue 11 targets (fresh process each, cache off):", file=sys.stderr)
-    targets = run_targets(args.quick, args.old_commit or None, 1 if args.quick else args.repeats,
-                          60.0 if args.quick else 300.0, args.only)
+    log(f"speed targets ({len(chosen)}; fresh process each, cache off):")
+    targets = run_targets(chosen, args.old_commit or None, sizes["repeats"], sizes["timeout"])
     pin_one_core()
-    if args.targets_only:
-        from _common import RESULTS
-        previous = json.loads((RESULTS / "accounting_speed.json").read_text())
-        previous.pop("machine", None)
+    if previous is not None:
         if args.only:  # keep the saved rows of the targets not re-run, in the targets' order
             fresh = {row["target"]: row for row in targets}
             saved = {row["target"]: row for row in previous.get("targets", [])}
-            targets = [fresh.get(t["name"]) or saved[t["name"]] for t in issue_targets(args.quick)
+            targets = [fresh.get(t["name"]) or saved[t["name"]] for t in speed_targets(args.quick)
                        if t["name"] in fresh or t["name"] in saved]
-        path = write_result("accounting_speed", {**previous, "old_commit": args.old_commit, "targets": targets})
+        path = write_result(args, "accounting_speed", {**previous, "old_commit": args.old_commit, "targets": targets},
+                            sizes=sizes)
         print(f"wrote {path}")
         return 0
     rows = []
+    total = 3 * sum(len(eps0s) for _, eps0s in sizes["fmt21"]) + 4 * len(sizes["vr_eps0"])
+
+    def start(what: str) -> None:
+        log(f"  [{len(rows) + 1}/{total}] {what} ...")
 
     def add(bound, n, eps0, method, seconds, eps, extrapolated=False, evals=None, note=""):
         rows.append({"bound": bound, "n": n, "eps0": eps0, "method": method, "seconds": seconds,
@@ -335,32 +358,39 @@ def main(argv=None) -> int:
                      "note": note})
         tag = " (extrapolated from %d evals)" % evals if extrapolated else ""
         shown = "n/a" if eps is None else f"{eps:.6g}"
-        print(f"  {bound:<22} n={n:<10.0e} eps0={eps0:<4} {method:<18} {seconds:9.3f}s  eps={shown}{tag}",
-              file=sys.stderr, flush=True)
+        log(f"  {bound:<22} n={n:<10.0e} eps0={eps0:<4} {method:<18} {seconds:9.3f}s  eps={shown}{tag}")
 
+    log(f"bounds against naive evaluations ({total} rows, one core):")
     # ------------------------------------------------------------- FMT21
-    for n, eps0s in ((10**6, (4.0, 1.0)), (10**8, (4.0,))):
+    for n, eps0s in sizes["fmt21"]:
         for eps0 in eps0s:
+            start(f"fmt21-numerical n={n:.0e} eps0={eps0}: ours")
             t, e = timed(lambda: fmt21_pair(eps0, n).epsilon(DELTA))
             add("fmt21-numerical", n, eps0, "ours", t, e)
+            start(f"fmt21-numerical n={n:.0e} eps0={eps0}: reference-style (up to {budget:g} s, then extrapolated)")
             tt, e2, ex, k = bisection_time(lambda x: reference_style_delta(x, n, eps0), eps0, budget)
             add("fmt21-numerical", n, eps0, "reference-style", tt, e2, ex, k, "blocks of 100 clone counts, T=20")
+            start(f"fmt21-numerical n={n:.0e} eps0={eps0}: full-range (up to {budget:g} s, then extrapolated)")
             tt, e3, ex, k = bisection_time(lambda x: full_range_delta(x, n, eps0), eps0, budget)
             add("fmt21-numerical", n, eps0, "full-range", tt, e3, ex, k, "all c in [0, n-1], T=20")
 
     # ----------------------------------------------------- variation-ratio
-    n = 10**6
-    for eps0 in (4.0, 1.0):
+    n = sizes["vr_n"]
+    for eps0 in sizes["vr_eps0"]:
+        start(f"variation-ratio (RR) n={n:.0e} eps0={eps0}: ours")
         t, e = timed(lambda: strong_clone_pair(eps0, n).epsilon(DELTA))
         add("variation-ratio (RR)", n, eps0, "ours", t, e, note="binary-RR parameters: 1-D pair")
         pair = strong_clone_pair(eps0, n)
+        start(f"variation-ratio (RR) n={n:.0e} eps0={eps0}: unblocked (up to {budget:g} s, then extrapolated)")
         tt, e2, ex, k = bisection_time(lambda x: unblocked_pair_delta(pair, x), eps0, budget)
         add("variation-ratio (RR)", n, eps0, "unblocked", tt, e2, ex, k, "every c of the window, T=20")
         vr = variation_ratio_parameters(hadamard_response_guarantee(eps0, 64))
         hr_pair = lambda: variation_ratio_pair(vr.p, vr.beta, vr.q, n, r2=vr.r2)  # noqa: E731
+        start(f"variation-ratio (HR) n={n:.0e} eps0={eps0}: ours")
         t, e = timed(lambda: hr_pair().epsilon(DELTA), repeats=1)
         add("variation-ratio (HR)", n, eps0, "ours", t, e, note="Hadamard response: 2-D pair")
         p2 = hr_pair()
+        start(f"variation-ratio (HR) n={n:.0e} eps0={eps0}: unblocked (up to {budget:g} s, then extrapolated)")
         tt, e2, ex, k = bisection_time(lambda x: unblocked_pair_delta(p2, x), eps0, budget)
         add("variation-ratio (HR)", n, eps0, "unblocked", tt, e2, ex, k, "every (c, z) of the windows, T=20")
 
@@ -382,9 +412,9 @@ def main(argv=None) -> int:
                         "baseline_extrapolated": r["extrapolated"], "ours_epsilon": ours["epsilon"],
                         "baseline_epsilon": r["epsilon"]})
     print("* extrapolated to T=20 bisection steps from the evaluations measured")
-    path = write_result("accounting_speed", {"delta": DELTA, "bisection_steps": T_BISECT, "rows": rows,
-                                             "summary": summary, "old_commit": args.old_commit,
-                                             "targets": targets})
+    path = write_result(args, "accounting_speed", {"delta": DELTA, "bisection_steps": T_BISECT, "rows": rows,
+                                                   "summary": summary, "old_commit": args.old_commit,
+                                                   "targets": targets}, sizes=sizes)
     print(f"wrote {path}")
     return 0
 

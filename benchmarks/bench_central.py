@@ -28,20 +28,20 @@
    the winsorized mean gets the per-coordinate radius from the k-th moment by Markov and a
    union bound, ``tau' = (sigma_k / sqrt(m)) (n D / gamma)^(1/k)``.
 
-Run: ``python benchmarks/bench_central.py [--quick]``; writes benchmarks/results/central.json
-and benchmarks/results/central.png. Measured on one core: default 6 min 45 s, --quick 37 s.
+Run: ``python benchmarks/bench_central.py [--quick] [--out DIR]``; writes central.json and
+central.png into the output folder (default ``bench-out/``). Measured on one core: default
+6 min 45 s; ``--quick`` (d in {16, 128, 512}, n = 1,000 for the heavy tails, a few trials) seconds.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 
 import numpy as np
 
-from _common import RESULTS, pin_one_core, write_result
+from _common import arguments, parse, pin_one_core, write_result
 
 from shuffledp.central import (
     RELEASED_CODE_SPLIT,
@@ -59,13 +59,13 @@ N_HLY = 4000
 RHO = 0.5
 BOX = 25.0  # public per-coordinate bound; the l2 radius is BOX sqrt(d)
 GAMMA = 0.01
-DIMS = [16, 128, 512, 1024, 2048]
 PUBLISHED = {16: 1.03, 128: 1.10, 512: 1.33, 1024: 1.58, 2048: 1.99}
 TRIALS = {16: 400, 128: 200, 512: 100, 1024: 60, 2048: 40}
-TRIALS_QUICK = {16: 30, 128: 15, 512: 6, 1024: 4, 2048: 3}
 HEAVY = [("student-t", 3.0, 2.5), ("pareto-mixture", 2.5, 4.0)]
 HEAVY_NS = [1000, 4000, 16000]
 HEAVY_D, HEAVY_M = 64, 10
+FULL = {"trials": TRIALS, "heavy_ns": HEAVY_NS, "heavy_trials": 20}
+QUICK = {"trials": {16: 8, 128: 4, 512: 2}, "heavy_ns": [1000], "heavy_trials": 3}
 
 
 def gaussian_estimators(d: int, n: int) -> dict:
@@ -107,7 +107,7 @@ def run_trials(make_data, estimators: dict, trials: int, seed_tag: list[int], st
 
 def hly_panel(trials: dict, step) -> list[dict]:
     out = []
-    for d in DIMS:
+    for d in trials:
         def make(rng, d=d):
             return rng.standard_normal((N_HLY, d)), np.zeros(d)
 
@@ -124,12 +124,12 @@ def hly_panel(trials: dict, step) -> list[dict]:
     return out
 
 
-def heavy_panel(trials: int, step) -> list[dict]:
+def heavy_panel(ns: list[int], trials: int, step) -> list[dict]:
     out = []
     for kind, tail, k in HEAVY:
         pop = HeavyTailedPopulation(kind, HEAVY_D, HEAVY_M, tail, mu=1.0)
         sigma_k = pop.moment(k)
-        for n in HEAVY_NS:
+        for n in ns:
             D = HEAVY_D  # a power of two: no padding
             coord_radius = sigma_k / math.sqrt(HEAVY_M) * (n * D / GAMMA) ** (1.0 / k)
             radius = BOX * math.sqrt(HEAVY_D)
@@ -186,37 +186,34 @@ def plot(hly: list[dict], heavy: list[dict], path) -> None:
     save_figure(fig, path)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="few trials (a smoke run)")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse(arguments(__doc__), argv)
     pin_one_core()
-    trials = TRIALS_QUICK if args.quick else TRIALS
-    heavy_trials = 4 if args.quick else 20
-    total = sum(trials.values()) + heavy_trials * len(HEAVY) * len(HEAVY_NS)
+    sizes = QUICK if args.quick else FULL
+    trials, heavy_trials = sizes["trials"], sizes["heavy_trials"]
+    total = sum(trials.values()) + heavy_trials * len(HEAVY) * len(sizes["heavy_ns"])
     started = time.perf_counter()
     with progress_bar(total, unit="trial") as step:
         print("1. Huang-Liang-Yi reproduction (ratio ± standard error)", flush=True)
         hly = hly_panel(trials, step)
         t_hly = time.perf_counter() - started
         print("2. heavy tails", flush=True)
-        heavy = heavy_panel(heavy_trials, step)
+        heavy = heavy_panel(sizes["heavy_ns"], heavy_trials, step)
     elapsed = time.perf_counter() - started
-    RESULTS.mkdir(exist_ok=True)
-    plot(hly, heavy, RESULTS / "central.png")
-    path = write_result("central", {
+    path = write_result(args, "central", {
         "quick": args.quick, "rho": RHO, "box": BOX, "gamma": GAMMA,
         "ratio": "mean_t ||est - mu|| / mean_t ||xbar - mu|| over paired trials; se by the delta method",
         "hly": hly, "heavy": heavy,
         "seconds": {"hly_panel": t_hly, "heavy_panel": elapsed - t_hly, "total": elapsed},
-    })
+    }, sizes=sizes)
+    plot(hly, heavy, path.with_suffix(".png"))
     print("HLY figures (ratio ± se; published; within ±10 %):")
     for r in hly:
         for name in ("hly-paper", "hly-released"):
             row = r["estimators"][name]
             print(f"  d={r['d']:>5} {name:<13} {row['ratio']:.3f} ± {row['se']:.3f}  vs {r['published']:.2f}"
                   f"  ({100 * row['relative_to_published']:+.1f} %)  {'yes' if row['within_10pct'] else 'NO'}")
-    print(f"total {elapsed:.0f} s; wrote {path} and {RESULTS / 'central.png'}")
+    print(f"total {elapsed:.0f} s; wrote {path} and {path.with_suffix('.png')}")
     return 0
 
 

@@ -14,8 +14,9 @@ delta = 1e-6 by
   ``eps sqrt(2 T log(1/delta')) + T eps (e^eps - 1)``.
 
 All four are upper bounds; the session reports the smaller of the first two. Writes
-``benchmarks/results/composition.json`` and ``.png``. Run: ``python benchmarks/bench_composition.py``
-(about a minute; the on-disk cache is off).
+``composition.json`` and ``.png`` into the output folder (default ``bench-out/``). Run:
+``python benchmarks/bench_composition.py [--quick] [--out DIR]`` (about a minute; ``--quick``:
+T in {1, 2, 10}; the on-disk cache is off).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tqdm import tqdm
 
 os.environ["SHUFFLEDP_ACCOUNTING_CACHE"] = "off"
 
-from _common import RESULTS, write_result  # noqa: E402
+from _common import arguments, parse, write_result  # noqa: E402
 
 from shuffledp.protocol.accounting import (  # noqa: E402
     SessionAccountant,
@@ -43,6 +44,7 @@ from shuffledp.protocol.accounting import (  # noqa: E402
 DELTA = 1e-6
 EPS0 = 1.0
 ROUNDS = (1, 2, 5, 10, 30, 100)
+QUICK_ROUNDS = (1, 2, 10)
 MECHANISMS = {
     "binary RR, n = 1e5": (binary_rr_guarantee(EPS0), 100_000),
     "Hadamard response K = 32, n = 2e4": (hadamard_response_guarantee(EPS0, 32), 20_000),
@@ -55,9 +57,11 @@ def advanced(eps: float, T: int, delta_prime: float) -> float:
     return eps * math.sqrt(2 * T * math.log(1 / delta_prime)) + T * eps * math.expm1(eps)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = parse(arguments(__doc__, quick=f"T in {QUICK_ROUNDS} (a smoke run)"), argv)
+    rounds = QUICK_ROUNDS if args.quick else ROUNDS
     rows = []
-    grid = [(name, T) for name in MECHANISMS for T in ROUNDS]
+    grid = [(name, T) for name in MECHANISMS for T in rounds]
     for name, T in tqdm(grid, desc="composition", file=sys.stderr):
         local, n = MECHANISMS[name]
         t = time.perf_counter()
@@ -69,13 +73,14 @@ def main() -> int:
         adv = advanced(shuffled_round(local, n, DELTA / (2 * T)).epsilon, T, DELTA / 2)
         rows.append({"mechanism": name, "rounds": T, "pld": routes["pld"], "rdp": routes["rdp"], "basic": basic,
                      "advanced": adv, "session_seconds": seconds})
-    path = write_result("composition", {"delta": DELTA, "eps0": EPS0, "rows": rows})
-    plot(rows, RESULTS / "composition.png")
+    sizes = {"rounds": rounds, "mechanisms": {name: n for name, (_, n) in MECHANISMS.items()}}
+    path = write_result(args, "composition", {"delta": DELTA, "eps0": EPS0, "rows": rows}, sizes=sizes)
+    plot(rows, path.with_suffix(".png"))
     print(f"{'mechanism':>36} {'T':>4} {'PLD':>9} {'RDP':>9} {'basic':>9} {'advanced':>9} {'basic/PLD':>9} {'s':>6}")
     for r in rows:
         print(f"{r['mechanism']:>36} {r['rounds']:>4} {r['pld']:>9.4g} {r['rdp']:>9.4g} {r['basic']:>9.4g} "
               f"{r['advanced']:>9.4g} {r['basic'] / r['pld']:>9.2f} {r['session_seconds']:>6.2f}")
-    print(f"wrote {path}")
+    print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0
 
 

@@ -34,9 +34,11 @@ oracle, and RAPPOR's needs scikit-learn and statsmodels, which pure-ldp does not
 If that import fails we load the ``hadamard_response`` subpackage directly (it needs only
 numpy and ``pure_ldp.core``), without running that ``__init__``.
 
-Run: ``python benchmarks/bench_frequency.py`` (about 3 minutes of CPU); writes
-benchmarks/results/frequency.json and frequency.png (``--plot-only`` redraws the figure
-from the JSON).
+Run: ``python benchmarks/bench_frequency.py [--quick] [--out DIR]`` (about 3 minutes of CPU;
+needs pure-ldp: ``pip install 'shuffledp[bench]'``); writes frequency.json and frequency.png into
+the output folder (default ``bench-out/``; ``--plot-only`` redraws the figure from the JSON there).
+``--quick`` (k = 64, n = 1e4, eps in {1, 4}) runs without pure-ldp if it is not installed: it
+then says so and measures ours alone.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import warnings
 
 import numpy as np
 
-from _common import RESULTS, write_result
+from _common import arguments, parse, read_result, write_result
 
 from shuffledp.analyzer.frequency import decode_hadamard_response, hadamard_response_variance
 from shuffledp.client.hadamard_response import choose_hadamard_response, randomize_hadamard_response
@@ -61,6 +63,7 @@ from shuffledp.protocol.randomness import SeededSource
 K_VALUES = [64, 1024, 16384]
 N_VALUES = [100_000, 1_000_000]
 EPSILONS = [0.5, 1.0, 4.0]
+QUICK = {"k": [64], "n": [10_000], "epsilon": [1.0, 4.0]}
 ZIPF_S = 1.1
 SERVER_TIMINGS = 5  # least number of timed server calls on the first repetition (both implementations)
 
@@ -239,19 +242,25 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(K_VALUES), figsize=(5.2 * len(K_VALUES), 8.4))
-    colors = dict(zip(N_VALUES, ["tab:blue", "tab:red", "tab:green", "tab:purple"]))
-    for col, k in enumerate(K_VALUES):
+    k_values = sorted({r["k"] for r in rows})
+    n_values = sorted({r["n"] for r in rows})
+    epsilons = sorted({r["epsilon"] for r in rows})
+    fig, axes = plt.subplots(2, len(k_values), figsize=(5.2 * max(2, len(k_values)), 8.4), squeeze=False)
+    colors = dict(zip(n_values, ["tab:blue", "tab:red", "tab:green", "tab:purple"]))
+    for col, k in enumerate(k_values):
         ax = axes[0, col]
-        for n in N_VALUES:
+        for n in n_values:
             sel = [r for r in rows if r["k"] == k and r["n"] == n]
             eps = [r["epsilon"] for r in sel]
             c = colors[n]
             tag = f"(n={n:.0e})"
+            theirs = all(r["pure_ldp"] for r in sel)
             ax.plot(eps, [r["ours"]["theory"] for r in sel], "-", color=c, lw=1.5, label=f"theory, ours {tag}")
-            ax.plot(eps, [r["pure_ldp"]["theory"] for r in sel], ":", color=c, lw=1.5, label=f"theory, pure-ldp {tag}")
+            if theirs:
+                ax.plot(eps, [r["pure_ldp"]["theory"] for r in sel], ":", color=c, lw=1.5, label=f"theory, pure-ldp {tag}")
             ax.plot(eps, [r["ours"]["mse"] for r in sel], "o", color=c, ms=7, mfc="none", label=f"MSE, ours {tag}")
-            ax.plot(eps, [r["pure_ldp"]["mse"] for r in sel], "x", color=c, ms=8, label=f"MSE, pure-ldp {tag}")
+            if theirs:
+                ax.plot(eps, [r["pure_ldp"]["mse"] for r in sel], "x", color=c, ms=8, label=f"MSE, pure-ldp {tag}")
         ax.set_yscale("log")
         ax.set_xlabel("epsilon")
         ax.set_ylabel("MSE per symbol")
@@ -261,16 +270,16 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
             ax.legend(fontsize=7)
         ax = axes[1, col]
         width = 0.35
-        x = np.arange(len(EPSILONS))
-        top = 0.0
-        for i, n in enumerate(N_VALUES):
+        x = np.arange(len(epsilons))
+        top = 1.0
+        for i, n in enumerate(n_values):
             sel = [r for r in rows if r["k"] == k and r["n"] == n]
-            speedups = [r["server_speedup"] for r in sel]
+            speedups = [r["server_speedup"] or 0.0 for r in sel]
             top = max(top, *speedups)
             bars = ax.bar(x + (i - 0.5) * width, speedups, width, color=colors[n], label=f"n={n:.0e}")
             ax.bar_label(bars, fmt="%.0f", fontsize=8)
         ax.axhline(50, color="k", ls="--", lw=1, label="50x target")
-        ax.set_xticks(x, [str(e) for e in EPSILONS])
+        ax.set_xticks(x, [str(e) for e in epsilons])
         ax.set_ylim(0, 1.2 * top)
         ax.set_xlabel("epsilon")
         ax.set_ylabel("server CPU time: pure-ldp / ours")
@@ -283,56 +292,75 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     plt.close(fig)
 
 
-def main() -> int:
-    if "--plot-only" in sys.argv[1:]:  # redraw the figure from the saved JSON
-        import json
-
-        plot(json.loads((RESULTS / "frequency.json").read_text())["rows"], RESULTS / "frequency.png")
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(__doc__, quick=f"k in {QUICK['k']}, n in {QUICK['n']}, eps in {QUICK['epsilon']}; "
+                                      "without pure-ldp if it is not installed")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the figure from the JSON in the output folder")
+    args = parse(parser, argv)
+    if args.plot_only:
+        plot(read_result(args, "frequency")["rows"], args.out / "frequency.png")
         return 0
+    sizes = QUICK if args.quick else {"k": K_VALUES, "n": N_VALUES, "epsilon": EPSILONS}
     warnings.simplefilter("ignore", RuntimeWarning)
-    client_cls, server_cls, how, pl_version = import_pure_ldp_hr()
-    print(f"pure-ldp {pl_version}: {how}", flush=True)
+    try:
+        client_cls, server_cls, how, pl_version = import_pure_ldp_hr()
+    except ImportError as exc:
+        if not args.quick:
+            sys.exit(f"pure-ldp is needed for the comparison ({exc}): pip install 'shuffledp[bench]' "
+                     "(--quick runs without it)")
+        classes, how, pl_version = None, None, None
+        print(f"pure-ldp cannot be imported ({exc}): skipping the comparison with pure-ldp, measuring ours alone "
+              "(pip install 'shuffledp[bench]' to compare)", flush=True)
+    else:
+        classes = (client_cls, server_cls)
+        print(f"pure-ldp {pl_version}: {how}", flush=True)
     rows = []
     started = time.perf_counter()
-    for k in K_VALUES:
-        for n in N_VALUES:
+    for k in sizes["k"]:
+        for n in sizes["n"]:
             symbols = zipf_data(k, n, seed=20240)
             f = np.bincount(symbols, minlength=k) / n
-            for epsilon in EPSILONS:
-                seed = 1000 * K_VALUES.index(k) + 100 * N_VALUES.index(n) + EPSILONS.index(epsilon)
+            for epsilon in sizes["epsilon"]:
+                seed = 1000 * sizes["k"].index(k) + 100 * sizes["n"].index(n) + sizes["epsilon"].index(epsilon)
                 ours = run_ours(symbols, f, k, epsilon, seed)
-                theirs = run_pure_ldp((client_cls, server_cls), symbols, f, k, epsilon, seed)
-                row = {
-                    "k": k,
-                    "n": n,
-                    "epsilon": epsilon,
-                    "ours": ours,
-                    "pure_ldp": theirs,
-                    "server_speedup": theirs["server_cpu_s"] / ours["server_cpu_s"],
-                    "server_speedup_wall": theirs["server_wall_s"] / ours["server_wall_s"],
-                    "client_speedup": theirs["client_cpu_s"] / ours["client_cpu_s"],
-                    "mse_ratio_pure_ldp_over_ours": theirs["mse"] / ours["mse"],
-                }
+                theirs = run_pure_ldp(classes, symbols, f, k, epsilon, seed) if classes else None
+                row = {"k": k, "n": n, "epsilon": epsilon, "ours": ours, "pure_ldp": theirs}
+                if theirs:
+                    row.update({
+                        "server_speedup": theirs["server_cpu_s"] / ours["server_cpu_s"],
+                        "server_speedup_wall": theirs["server_wall_s"] / ours["server_wall_s"],
+                        "client_speedup": theirs["client_cpu_s"] / ours["client_cpu_s"],
+                        "mse_ratio_pure_ldp_over_ours": theirs["mse"] / ours["mse"],
+                    })
+                    versus = (
+                        f" | pure-ldp B={theirs['B']:3d} b={theirs['b']:5d} "
+                        f"MSE/theory={theirs['ratio']:.3f}+-{theirs['ratio_sd']:.3f} (R={theirs['reps']}) | "
+                        f"MSE theirs/ours={row['mse_ratio_pure_ldp_over_ours']:.2f} | "
+                        f"client {ours['client_us_per_user']:.3f} vs {theirs['client_us_per_user']:.2f} us/user | "
+                        f"server CPU {1e3 * ours['server_cpu_s']:.2f} vs {1e3 * theirs['server_cpu_s']:.1f} ms "
+                        f"(x{row['server_speedup']:.0f})"
+                    )
+                else:
+                    row.update(server_speedup=None, server_speedup_wall=None, client_speedup=None,
+                               mse_ratio_pure_ldp_over_ours=None)
+                    versus = (f" | client {ours['client_us_per_user']:.3f} us/user | server CPU "
+                              f"{1e3 * ours['server_cpu_s']:.2f} ms (pure-ldp not run)")
                 rows.append(row)
                 print(
                     f"[{time.perf_counter() - started:6.0f}s] k={k:5d} n={n:.0e} eps={epsilon:3}: "
                     f"ours B={ours['B']:3d} b={ours['b']:5d} MSE/theory={ours['ratio']:.3f}+-{ours['ratio_sd']:.3f} "
-                    f"(R={ours['reps']}) | pure-ldp B={theirs['B']:3d} b={theirs['b']:5d} "
-                    f"MSE/theory={theirs['ratio']:.3f}+-{theirs['ratio_sd']:.3f} (R={theirs['reps']}) | "
-                    f"MSE theirs/ours={row['mse_ratio_pure_ldp_over_ours']:.2f} | "
-                    f"client {ours['client_us_per_user']:.3f} vs {theirs['client_us_per_user']:.2f} us/user | "
-                    f"server CPU {1e3 * ours['server_cpu_s']:.2f} vs {1e3 * theirs['server_cpu_s']:.1f} ms "
-                    f"(x{row['server_speedup']:.0f})",
+                    f"(R={ours['reps']})" + versus,
                     flush=True,
                 )
     total = time.perf_counter() - started
     ours_ratios = [r["ours"]["ratio"] for r in rows]
-    pl_ratios = [r["pure_ldp"]["ratio"] for r in rows]
-    speedups = [r["server_speedup"] for r in rows]
+    pl_ratios = [r["pure_ldp"]["ratio"] for r in rows if r["pure_ldp"]]
+    speedups = [r["server_speedup"] for r in rows if r["server_speedup"] is not None]
     payload = {
         "benchmark": "frequency oracles: block Hadamard response vs pure-ldp Hadamard response",
         "data": f"Zipf({ZIPF_S}) truncated to k symbols, fixed per (k, n); f = empirical histogram",
-        "pure_ldp": {"version": pl_version, "import": how, "requirement": "pure-ldp==1.2.0"},
+        "pure_ldp": {"version": pl_version, "import": how, "requirement": "pure-ldp==1.2.0",
+                     "compared": classes is not None},
         "timing": (
             "CPU time of this process (process_time; wall times also given), best over repetitions; "
             "speed-ups from CPU time; pure-ldp client = its per-user privatise loop over all n users; "
@@ -342,15 +370,15 @@ def main() -> int:
         "summary": {
             "ours_mse_over_theory_range": [min(ours_ratios), max(ours_ratios)],
             "ours_within_10_percent": all(abs(x - 1) <= 0.10 for x in ours_ratios),
-            "pure_ldp_mse_over_theory_range": [min(pl_ratios), max(pl_ratios)],
-            "server_speedup_range": [min(speedups), max(speedups)],
-            "server_speedup_at_least_50": all(x >= 50 for x in speedups),
+            "pure_ldp_mse_over_theory_range": [min(pl_ratios), max(pl_ratios)] if pl_ratios else None,
+            "server_speedup_range": [min(speedups), max(speedups)] if speedups else None,
+            "server_speedup_at_least_50": all(x >= 50 for x in speedups) if speedups else None,
             "total_seconds": total,
         },
     }
-    path = write_result("frequency", payload)
-    plot(rows, RESULTS / "frequency.png")
-    print(f"wrote {path} and {RESULTS / 'frequency.png'} in {total:.0f} s", flush=True)
+    path = write_result(args, "frequency", payload, sizes=sizes)
+    plot(rows, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')} in {total:.0f} s", flush=True)
     return 0
 
 

@@ -27,19 +27,19 @@ own mean) and ``||estimate - mu||``; the median over seeds. The headline: at
 n = 100,000 the shuffle-model instance-optimal mean's error against the central
 winsorized mean's (target: within 2x).
 
-Run: ``python benchmarks/bench_mean_models.py [--quick]``; writes
-benchmarks/results/mean_models.json and benchmarks/results/mean_models.png.
+Run: ``python benchmarks/bench_mean_models.py [--quick] [--out DIR]``; writes mean_models.json
+and mean_models.png into the output folder (default ``bench-out/``).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
+import sys
 import time
 
 import numpy as np
 
-from _common import RESULTS, write_result
+from _common import arguments, parse, read_result, write_result
 
 from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
 from shuffledp.analyzer.instance_optimal_budget import amplified_epsilon0
@@ -59,6 +59,7 @@ GAMMA = 0.01
 NS = (1_000, 3_000, 10_000, 30_000, 100_000)
 SEEDS = 3
 HEADLINE_N = 100_000
+QUICK = {"ns": (1_000, 3_000), "seeds": 1}
 
 MODEL_OF = {
     "nonprivate": "central",
@@ -199,19 +200,16 @@ def plot(summary: dict, path) -> None:
     save_figure(fig, path)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="n in {1,000, 10,000}, one seed")
-    parser.add_argument("--replot", action="store_true", help="redraw the plot from the saved JSON")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(__doc__, quick=f"n in {QUICK['ns']}, one seed (a smoke run)")
+    parser.add_argument("--replot", action="store_true", help="redraw the plot from the JSON in the output folder")
+    args = parse(parser, argv)
     if args.replot:
-        import json
-
-        saved = json.loads((RESULTS / "mean_models.json").read_text())
-        plot(saved["summary"], RESULTS / "mean_models.png")
-        return
+        plot(read_result(args, "mean_models")["summary"], args.out / "mean_models.png")
+        return 0
     started = time.perf_counter()
-    ns, seeds = ((1_000, 10_000), 1) if args.quick else (NS, SEEDS)
+    sizes = QUICK if args.quick else {"ns": NS, "seeds": SEEDS}
+    ns, seeds = sizes["ns"], sizes["seeds"]
     data = sweep(ns, seeds)
     summary = summarize(data["rows"])
     result = {
@@ -221,14 +219,14 @@ def main() -> None:
         "rows": data["rows"],
         "seconds": time.perf_counter() - started,
     }
-    name = "mean_models_quick" if args.quick else "mean_models"
-    write_result(name, result)
-    plot(summary, RESULTS / f"{name}.png")
+    path = write_result(args, "mean_models", result, sizes=sizes)
+    plot(summary, path.with_suffix(".png"))
     for est, per_n in summary.items():
         print(f"{est:26s} " + "  ".join(f"n={k}: {v['median_error_vs_sample_mean']:.4g}" for k, v in per_n.items()))
     print("headline:", result["headline"])
-    print(f"wrote {RESULTS / (name + '.json')} in {result['seconds']:.0f} s")
+    print(f"wrote {path} and {path.with_suffix('.png')} in {result['seconds']:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,7 +10,8 @@ reported: the client's rate (randomize + encode + seal + wrap), opening one batc
 with 2 worker processes against 1 (both cores unpinned, same run), and the
 end-to-end in-process protocol.
 
-Run: ``python benchmarks/bench_message_path.py``; writes benchmarks/results/message_path.json.
+Run: ``python benchmarks/bench_message_path.py [--quick] [--out DIR]``; writes message_path.json
+into the output folder (default ``bench-out/``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 
 import numpy as np
 
-from _common import best_of, pin_one_core, write_result
+from _common import arguments, best_of, parse, pin_one_core, write_result
 
 from shuffledp.analyzer.service import Analyzer
 from shuffledp.client.ledger import PrivacyLedger
@@ -39,15 +40,18 @@ from shuffledp.shuffler.service import RoundAdmission, batch_chunks
 from shuffledp.simulation import SimulationConfig, run_simulation
 
 N = 20_000
+N_QUICK = 300
 
 
-def report_sizes(range_spec: RoundSpec, source: SeededSource) -> dict:
+def report_sizes(range_spec: RoundSpec, source: SeededSource, users: int = 5000) -> dict:
     """Bytes per report before and after padding, over many randomized reports of each mechanism."""
     mean_spec = dataclasses.replace(range_spec, round_id=1, params=ProjectedMeanParams(-0.7, 4.1))
     out = {}
     for spec in (range_spec, mean_spec):
-        values = randomize_reports(spec, np.random.default_rng(1).normal(1.7, 3.0, 5000), source)
-        unpadded = [len(codec.encode(Report(spec.round_id, spec.mechanism, v))) + HPKE_OVERHEAD for v in values]
+        values = randomize_reports(spec, np.random.default_rng(1).normal(1.7, 3.0, users), source)
+        messages = values.reshape(-1, values.shape[-1])  # (users, messages per user, width) -> one row a message
+        unpadded = [len(codec.encode(Report(spec.round_id, spec.mechanism, tuple(int(x) for x in m)))) + HPKE_OVERHEAD
+                    for m in messages]
         layout = report_format(spec.round_id, spec.mechanism)
         out[spec.mechanism] = {
             "unpadded_min": min(unpadded), "unpadded_max": max(unpadded),
@@ -56,7 +60,10 @@ def report_sizes(range_spec: RoundSpec, source: SeededSource) -> dict:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = parse(arguments(__doc__, quick=f"{N_QUICK} reports, one timing of each (a smoke run)"), argv)
+    n = N_QUICK if args.quick else N
+    repeats = 1 if args.quick else 3
     all_cpus = os.sched_getaffinity(0)
     pin_one_core()
     deployment = Deployment()
@@ -65,11 +72,11 @@ def main() -> int:
     spec = RoundSpec(
         session_id=session, round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
         analyzer_key=analyzer.keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
-        shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=N, max_batch=N,
+        shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=n, max_batch=n,
         deadline=time.time() + 3600,
     )
     source = SeededSource(5)
-    clients = [deployment.client(np.array([y]), PrivacyLedger(1e9), source=source) for y in np.random.default_rng(0).normal(1.7, 0.3, N)]
+    clients = [deployment.client(np.array([y]), PrivacyLedger(1e9), source=source) for y in np.random.default_rng(0).normal(1.7, 0.3, n)]
     sealer = Sealer(spec.analyzer_key)
     envelopes: list[bytes] = []
 
@@ -85,7 +92,7 @@ def main() -> int:
         admission = RoundAdmission(spec, deployment.shuffler_keys, deployment.issuer)
         for start in range(0, len(envelopes), 4096):  # bursts, as the service drains its queue
             admission.offer_many(envelopes[start : start + 4096])
-        assert admission.stats.admitted == N
+        assert admission.stats.admitted == n
         return admission
 
     outers = [codec.decode(e, Envelope).outer for e in envelopes]
@@ -97,12 +104,12 @@ def main() -> int:
             SUITE.decrypt(o, shuffler_private, info=outer_info)
 
     raw_outer, admit = [], []
-    for _ in range(3):
+    for _ in range(repeats):
         raw_outer.append(best_of(raw_outer_open, repeats=1))
         admit.append(best_of(admit_all, repeats=1))
     t_raw_outer, t_admit = min(raw_outer), min(admit)
     payloads = admit_all().shuffled_payloads()
-    batch_bytes = batch_chunks(spec, deployment.shuffler_keys, os.urandom(16), payloads, N)[0]
+    batch_bytes = batch_chunks(spec, deployment.shuffler_keys, os.urandom(16), payloads, n)[0]
     private = analyzer.keys.hpke_private
     info = report_info(session, 0)
 
@@ -112,11 +119,11 @@ def main() -> int:
 
     def analyzer_open():
         opened = analyzer.open_batch_bytes(batch_bytes, spec)
-        assert opened.size == N
+        assert opened.size == n
 
     # Interleave the two so both see the same machine conditions.
     raw, full = [], []
-    for _ in range(5):
+    for _ in range(1 if args.quick else 5):
         raw.append(best_of(raw_open, repeats=1))
         full.append(best_of(analyzer_open, repeats=1))
     t_raw, t_full = min(raw), min(full)
@@ -127,7 +134,7 @@ def main() -> int:
     try:
         parallel.open_batch_bytes(batch_bytes, spec)  # start the workers outside the timing
         one, two = [], []
-        for _ in range(3):
+        for _ in range(repeats):
             one.append(best_of(analyzer_open, repeats=1))
             two.append(best_of(lambda: parallel.open_batch_bytes(batch_bytes, spec), repeats=1))
         t_one, t_two = min(one), min(two)
@@ -135,31 +142,31 @@ def main() -> int:
         parallel.close()
     pin_one_core()
 
-    sizes = report_sizes(spec, source)
+    sizes = report_sizes(spec, source, users=n if args.quick else 5000)
 
     population = Population("gaussian", 1.7, 1.0, 20.0, 10)
     t0 = time.perf_counter()
-    run_simulation(SimulationConfig(population, N, 1.0, path="messages", seed=1))
+    run_simulation(SimulationConfig(population, n, 1.0, path="messages", seed=1))
     t_end_to_end = time.perf_counter() - t0
 
     result = {
-        "n": N,
-        "raw_hpke_open_per_s": N / t_raw,
-        "analyzer_open_decode_per_s": N / t_full,
+        "n": n,
+        "raw_hpke_open_per_s": n / t_raw,
+        "analyzer_open_decode_per_s": n / t_full,
         "analyzer_to_raw_ratio": t_raw / t_full,
         "target_ratio": 0.70,
-        "client_reports_per_s": N / t_client,
-        "raw_hpke_outer_open_per_s": N / t_raw_outer,
-        "shuffler_admissions_per_s": N / t_admit,
+        "client_reports_per_s": n / t_client,
+        "raw_hpke_outer_open_per_s": n / t_raw_outer,
+        "shuffler_admissions_per_s": n / t_admit,
         "shuffler_to_raw_ratio": t_raw_outer / t_admit,
         "cpus": len(all_cpus),
-        "analyzer_two_workers_per_s": N / t_two,
+        "analyzer_two_workers_per_s": n / t_two,
         "two_workers_speedup": t_one / t_two,
-        "end_to_end_users_per_s_two_rounds": N / t_end_to_end,
+        "end_to_end_users_per_s_two_rounds": n / t_end_to_end,
         "report_bytes": sizes,
     }
-    path = write_result("message_path", result)
-    print(f"message path, one core, {N:,} reports")
+    path = write_result(args, "message_path", result, sizes={"n": n, "repeats": repeats})
+    print(f"message path, one core, {n:,} reports")
     print(f"  raw HPKE open                  {result['raw_hpke_open_per_s']:>10,.0f} /s (baseline)")
     print(f"  analyzer open+decode+validate  {result['analyzer_open_decode_per_s']:>10,.0f} /s "
           f"= {100 * result['analyzer_to_raw_ratio']:.1f} % of raw (target >= 70 %)")

@@ -21,9 +21,10 @@ The in-process message path (the devices' sealing on all cores, then admission, 
 opening on all cores) is compared with it. Targets: at least 5,000 reports/s over
 MQTT end to end, and the in-process message path within 2x of the raw rate.
 
-Run: ``python benchmarks/bench_mqtt_load.py [N]`` (default 100,000); writes
-benchmarks/results/mqtt_load.json and a bar chart, mqtt_load.png. ``SHUFFLEDP_BENCH_PUBLISHERS`` sets the number of
-publishing processes (default 4).
+Run: ``python benchmarks/bench_mqtt_load.py [N] [--quick] [--out DIR]`` (default N = 100,000;
+``--quick``: 300 reports, 2 publishers); writes mqtt_load.json and a bar chart, mqtt_load.png, into
+the output folder (default ``bench-out/``). ``--publishers`` (or ``SHUFFLEDP_BENCH_PUBLISHERS``)
+sets the number of publishing processes (default 4). Needs a mosquitto binary.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import write_result
+from _common import arguments, parse, write_result
 
 from shuffledp.analyzer.coordinator import RoundRecord
 from shuffledp.broker import Broker
@@ -53,6 +54,7 @@ from shuffledp.protocol.sealing import SUITE, Sealer, report_info
 from shuffledp.shuffler.spool import SqliteSpool
 
 PUBLISHERS = int(os.environ.get("SHUFFLEDP_BENCH_PUBLISHERS", "4"))
+QUICK = {"n": 300, "publishers": 2}
 
 
 # ---------------------------------------------------------------- the devices' work, on every core
@@ -128,7 +130,8 @@ async def _serve_round(deployment: Deployment, spec: RoundSpec, shuffler_channel
     return record, elapsed, stats.admitted
 
 
-async def over_mqtt(broker: Broker, deployment: Deployment, spec: RoundSpec, envelopes: list[bytes], spool: Path):
+async def over_mqtt(broker: Broker, deployment: Deployment, spec: RoundSpec, envelopes: list[bytes], spool: Path,
+                    publishers: int):
     host = broker._connect_host()
     topic = reports_topic(spec.session_id, spec.round_id)
 
@@ -136,8 +139,8 @@ async def over_mqtt(broker: Broker, deployment: Deployment, spec: RoundSpec, env
         start_at = time.time() + 2.0  # every publisher connected and waiting
         ctx = multiprocessing.get_context("spawn")
         feed.processes = [
-            ctx.Process(target=_publish, args=(host, broker.port, broker.channel_options("client"), topic, envelopes[k::PUBLISHERS], start_at))
-            for k in range(PUBLISHERS)
+            ctx.Process(target=_publish, args=(host, broker.port, broker.channel_options("client"), topic, envelopes[k::publishers], start_at))
+            for k in range(publishers)
         ]
         for p in feed.processes:
             p.start()
@@ -194,8 +197,13 @@ def plot_rates(result: dict, path: Path) -> None:
     save_figure(fig, str(path))
 
 
-def main() -> int:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(__doc__, quick=f"{QUICK['n']} reports, {QUICK['publishers']} publishers (a smoke run)")
+    parser.add_argument("n", nargs="?", type=int, default=100_000, help="reports in the round (default 100,000)")
+    parser.add_argument("--publishers", type=int, default=PUBLISHERS, help="publishing processes (default %(default)s)")
+    args = parse(parser, argv)
+    sizes = dict(QUICK) if args.quick else {"n": args.n, "publishers": args.publishers}
+    n, publishers = sizes["n"], sizes["publishers"]
     deployment = Deployment()
     spec = RoundSpec(
         session_id=deployment.session_id, round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
@@ -212,14 +220,14 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as work:
             with Broker(Path(work) / "broker") as broker:
                 mqtt_record, t_mqtt, mqtt_admitted = asyncio.run(
-                    over_mqtt(broker, deployment, spec, envelopes, Path(work) / "mqtt.db")
+                    over_mqtt(broker, deployment, spec, envelopes, Path(work) / "mqtt.db", publishers)
                 )
             step("in-process", 1)
             local_record, t_local, local_admitted = asyncio.run(in_process(deployment, spec, envelopes, Path(work) / "local.db"))
             step("done", 1)
     result = {
         "n": n,
-        "publishers": PUBLISHERS,
+        "publishers": publishers,
         "cpus": os.cpu_count(),
         "envelope_bytes": len(envelopes[0]),
         "devices_seal_per_s_all_cores": n / t_seal,
@@ -234,9 +242,9 @@ def main() -> int:
         "in_process_to_raw_ratio": t_raw / (t_seal + t_local),
         "targets": {"mqtt_reports_per_s": 5000, "in_process_to_raw_ratio_at_least": 0.5},
     }
-    path = write_result("mqtt_load", result)
+    path = write_result(args, "mqtt_load", result, sizes=sizes)
     plot_rates(result, path.with_suffix(".png"))
-    print(f"load: {n:,} reports, envelopes of {result['envelope_bytes']} B, {PUBLISHERS} publishing processes, {result['cpus']} CPUs")
+    print(f"load: {n:,} reports, envelopes of {result['envelope_bytes']} B, {publishers} publishing processes, {result['cpus']} CPUs")
     print(f"  devices' sealing (all cores, done first)   {result['devices_seal_per_s_all_cores']:>9,.0f} /s")
     print(f"  raw HPKE 2x seal + 2x open (all cores)     {result['raw_hpke_seal_open_per_s_all_cores']:>9,.0f} /s (baseline)")
     print(f"  in-process, admitted to opened             {result['in_process_reports_per_s_end_to_end']:>9,.0f} /s")

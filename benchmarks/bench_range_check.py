@@ -11,22 +11,23 @@ bounds them by alpha = 0.01 per run) and false warnings (held, but warned), and 
 a-priori requirement ``users_needed``. The default regime (B = 20, n = 20,000) is the
 last row: nothing fails and nothing is warned about.
 
-Run: ``python benchmarks/bench_range_check.py`` (about a minute; ``--seeds 50`` for a
-quick look); writes benchmarks/results/range_check.json and range_check.png.
+Run: ``python benchmarks/bench_range_check.py [--quick] [--out DIR]`` (about a minute;
+``--seeds 50`` for a closer look in less time; ``--quick``: 3 seeds at two sizes); writes
+range_check.json and range_check.png into the output folder (default ``bench-out/``).
 """
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_result  # noqa: E402
+from _common import arguments, parse, write_result  # noqa: E402
 
 NS = (500, 1000, 1500, 2000, 3000, 5000, 10_000)
 BOUND, EPSILON0 = 200.0, 0.5
+QUICK = {"seeds": 3, "ns": (500, 2000)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,22 +37,24 @@ def main(argv: list[str] | None = None) -> int:
     from shuffledp.range_check_study import format_study, range_study
     from shuffledp.simulation import SimulationConfig
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, quick=f"{QUICK['seeds']} seeds, n in {QUICK['ns']} and the default regime")
     parser.add_argument("--seeds", type=int, default=200)
-    args = parser.parse_args(argv)
-    settings = [(n, BOUND, EPSILON0) for n in NS] + [(20_000, 20.0, 1.0)]
+    args = parse(parser, argv)
+    sizes = QUICK if args.quick else {"seeds": args.seeds, "ns": NS}
+    seeds = sizes["seeds"]
+    settings = [(n, BOUND, EPSILON0) for n in sizes["ns"]] + [(20_000, 20.0, 1.0)]
     rows = []
-    with progress_bar(args.seeds * len(settings), unit="run") as step:
+    with progress_bar(seeds * len(settings), unit="run") as step:
         for n, bound, epsilon0 in settings:
             config = SimulationConfig(Population("gaussian", 1.7, 1.0, bound, 50), n=n, epsilon0=epsilon0)
-            study = range_study(config, args.seeds, progress=step)
+            study = range_study(config, seeds, progress=step)
             row = study.as_dict()
             bins = config.protocol_config().range_params().num_bins
             row["users_needed"] = users_needed(epsilon0 / 2, bins)
             row["bins"] = bins
             rows.append(row)
             print(format_study(study), file=sys.stderr)
-    path = write_result("range_check", {"seeds": args.seeds, "rows": rows})
+    path = write_result(args, "range_check", {"seeds": seeds, "rows": rows}, sizes=sizes)
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
@@ -67,11 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     ax.axvline(sweep[0]["users_needed"], color="grey", ls=":", label=f"users needed ({sweep[0]['users_needed']:,})")
     ax.set_xscale("log")
     ax.set_xlabel("n (users)")
-    ax.set_ylabel(f"fraction of {args.seeds} seeds")
+    ax.set_ylabel(f"fraction of {seeds} seeds")
     ax.set_title(f"range round, B = {BOUND:g}, eps0 = {EPSILON0:g}: failures and the analyzer's warnings")
     ax.legend(fontsize=8)
-    save_figure(fig, str(RESULTS / "range_check.png"))
-    print(f"wrote {path} and {RESULTS / 'range_check.png'}")
+    save_figure(fig, str(path.with_suffix(".png")))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0
 
 

@@ -22,13 +22,13 @@ largest valid grid value, the worst in-range summand, or one arbitrary residue):
 
 Error is |estimate - mean of all users' local means| (l2 for vectors), absolute and in
 units of the honest run's standard error (the RMS error of the plain decoder at f = 0 over
-the seeds). Run: ``python benchmarks/bench_robustness.py`` (20 seeds, about 15 s on one core; ``--quick``: 3 seeds, about 5 s);
-writes benchmarks/results/robustness.json and robustness.png.
+the seeds). Run: ``python benchmarks/bench_robustness.py [--quick] [--out DIR]`` (20 seeds, about
+15 s on one core; ``--quick``: 2 seeds, three fractions); writes robustness.json and robustness.png into the output
+folder (default ``bench-out/``).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import pathlib
 import sys
@@ -38,11 +38,12 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _common import RESULTS, write_result  # noqa: E402
+from _common import arguments, parse, write_result  # noqa: E402
 
 FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.49)
 N = 20_000
 GUARD = 0.05
+QUICK = {"seeds": 2, "fractions": (0.0, 0.05, 0.3)}
 
 
 def _scalar_cases(seed: int):
@@ -121,22 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     from shuffledp.progress import progress_bar, pyplot, save_figure
     from shuffledp.robustness import run_attacked
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = arguments(__doc__, quick=f"{QUICK['seeds']} seeds, f in {QUICK['fractions']}")
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="3 seeds")
-    args = parser.parse_args(argv)
-    seeds = 3 if args.quick else args.seeds
+    args = parse(parser, argv)
+    sizes = {"n": N, **(QUICK if args.quick else {"seeds": args.seeds, "fractions": FRACTIONS})}
+    seeds, fractions = sizes["seeds"], sizes["fractions"]
     started = time.perf_counter()
     errors: dict[str, dict[float, list[float]]] = {}
     extra: dict[str, dict[float, list[dict]]] = {}
-    runs_per_seed = len(FRACTIONS) * (3 + 2 + 2 + 3)
+    runs_per_seed = len(fractions) * (3 + 2 + 2 + 3)
     with progress_bar(seeds * runs_per_seed, unit="run") as step:
         for seed in range(seeds):
             for make in (_scalar_cases, _vector_cases, _sum_cases, _instance_optimal_cases):
                 data, cases = make(seed)
                 truth = np.atleast_1d(data.mean(axis=0))
                 for name, protocol in cases.items():
-                    for fraction in FRACTIONS:
+                    for fraction in fractions:
                         for label, adversary in _adversaries(name, fraction).items():
                             key = f"{name}, {label}" if label else name
                             run = run_attacked(protocol(), data, adversary, seed=seed)
@@ -173,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(f"{key:32s} f={fraction:<5g} rms error {rms:10.4g} = {rms / unit:9.3g} honest SE", file=sys.stderr)
     seconds = time.perf_counter() - started
-    path = write_result("robustness", {
-        "n": N, "seeds": seeds, "fractions": list(FRACTIONS), "guard_max_corrupted": GUARD, "seconds": seconds,
+    path = write_result(args, "robustness", {
+        "n": N, "seeds": seeds, "fractions": list(fractions), "guard_max_corrupted": GUARD, "seconds": seconds,
         "settings": {
             "scalar": "gaussian mu=1.7 sigma=1 m=50, B=20, eps0=1 (tau from the data model)",
             "vector": "gaussian d=8 m=50 mu=1.7 sigma=1, B=20, eps0=4, sampled mode",
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             "instance-optimal": "the vector population, R = 20 sqrt(8), session eps=1, delta=n^-1.1, shuffle and local",
         },
         "rows": rows,
-    })
+    }, sizes=sizes)
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -200,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     axes[0].axhline(1.0, color="grey", ls=":")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"well-formed attacks, n = {N:,}, {seeds} seeds per point")
-    save_figure(fig, str(RESULTS / "robustness.png"))
-    print(f"wrote {path} and {RESULTS / 'robustness.png'} in {seconds:.1f} s")
+    save_figure(fig, str(path.with_suffix(".png")))
+    print(f"wrote {path} and {path.with_suffix('.png')} in {seconds:.1f} s")
     return 0
 
 

@@ -46,29 +46,29 @@ Targets (computed and reported, not asserted):
     lies in [0.9, 1.1], MISS when it misses [0.9, 1.1] entirely, INCONCLUSIVE otherwise
     (the interval straddles a bound: too few runs to tell).
 
-Message path (``--message-path``, on by default): summation at n = 1e5 (1e4 with
+Message path (``--message-path``, on by default): summation at n = 1e5 (1e3 with
 ``--quick``) through the real parties -- every user seals its M envelopes with HPKE,
 the real shuffler admits and permutes them, the analyzer opens and decodes -- next to
 the fast engine on the same seed: the two sums must be equal exactly (both engines draw a
 round's reports with ``shuffledp.engine.draw_round``, block by block from the same seeds).
 
-Run: ``python benchmarks/bench_summation.py [--quick] [--trials-scale X] [--no-message-path]``
-(on one core of this 2-CPU machine: about 6 minutes for the statistics and 6 for the
-message path at n = 1e5; ``--quick`` about 2 minutes); writes benchmarks/results/summation.json and summation.png (``--plot-only`` redraws
-the figure from the JSON).
+Run: ``python benchmarks/bench_summation.py [--quick] [--out DIR] [--trials-scale X] [--no-message-path]``
+(on one core of a 2-CPU machine: about 6 minutes for the statistics and 6 for the message
+path at n = 1e5; ``--quick``: n in {1e3, 1e4}, 20 runs each, message path at 1e3, seconds);
+writes summation.json and summation.png into the output folder (default ``bench-out/``;
+``--plot-only`` redraws the figure from the JSON there).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
 
 import numpy as np
 
-from _common import RESULTS, pin_one_core, write_result
+from _common import arguments, parse, pin_one_core, read_result, write_result
 
 from shuffledp.analyzer.scalar_mean import estimate_mean
 from shuffledp.analyzer.summation import SummationProtocol, scalar_rounding_variance
@@ -84,9 +84,11 @@ from shuffledp.protocol.wire_size import envelope_bytes
 
 EPSILON = 1.0
 DELTA = 1e-6
-NS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 #: Runs per n at --trials-scale 1 (about 6 minutes of statistics on one core; see the module docstring).
 TRIALS = {1_000: 5000, 3_000: 4000, 10_000: 3000, 30_000: 1200, 100_000: 600, 300_000: 250, 1_000_000: 100}
+MESSAGE_PATH_N = 100_000
+#: --quick: two sizes, the fewest runs, a small message path.
+QUICK = {"trials": {1_000: 20, 10_000: 20}, "message_path_n": 1_000}
 GRID_LEVELS = 4096
 CENTRAL_PRECISION = 2**20
 EPS0_MAX = 30.0
@@ -375,7 +377,7 @@ def message_path(n: int, t0: float) -> dict:
     choice = choose_scalar_sum(n, EPSILON, DELTA, 0.0, 1.0)
     protocol = SummationProtocol(choice.params, EPSILON, DELTA)
     log(f"[{time.perf_counter() - t0:7.1f}s] message path: n={n}, {n * choice.params.messages} sealed envelopes "
-        f"through the real client, shuffler and analyzer (in-process); this takes minutes")
+        f"through the real client, shuffler and analyzer (in-process; minutes at n = 1e5)")
     counts: dict[str, int] = {}
     last = [time.perf_counter()]
 
@@ -508,44 +510,44 @@ def plot(payload: dict, path) -> None:
 # --------------------------------------------------------------------------
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="about 10x fewer runs; message path at n = 1e4")
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(__doc__, quick="n in {1e3, 1e4}, 20 runs each; message path at n = 1e3")
     parser.add_argument("--trials-scale", type=float, default=1.0, help="multiply every run count (default 1)")
     parser.add_argument("--message-path", action=argparse.BooleanOptionalAction, default=True,
                         help="run summation through the real parties once (default on)")
     parser.add_argument("--plot-only", action="store_true", help="redraw the figure from the existing JSON")
     parser.add_argument("--message-path-only", action="store_true",
-                        help="rerun only the message path at n = 1e5 and update it in the existing JSON")
-    args = parser.parse_args()
+                        help="rerun only the message path (n = 1e5) and update it in the JSON of the output folder")
+    args = parse(parser, argv)
+    base = QUICK["trials"] if args.quick else TRIALS
+    trials = {n: max(20, int(round(runs * args.trials_scale))) for n, runs in base.items()}
+    ns = tuple(trials)
+    sizes = {"ns": ns, "trials": trials, "message_path_n": QUICK["message_path_n"] if args.quick else MESSAGE_PATH_N}
     if args.plot_only:
-        plot(json.loads((RESULTS / "summation.json").read_text()), RESULTS / "summation.png")
+        plot(read_result(args, "summation"), args.out / "summation.png")
         return 0
     if args.message_path_only:
         pin_one_core()
-        payload = json.loads((RESULTS / "summation.json").read_text())
-        payload.pop("machine", None)
-        payload["message_path"] = message_path(100_000, time.perf_counter())
-        write_result("summation", payload)
+        payload = read_result(args, "summation")
+        payload["message_path"] = message_path(sizes["message_path_n"], time.perf_counter())
+        write_result(args, "summation", payload, sizes=sizes)
         return 0
 
     pin_one_core()
     t0 = time.perf_counter()
-    scale = args.trials_scale * (0.1 if args.quick else 1.0)
-    trials = {n: max(20, int(round(TRIALS[n] * scale))) for n in NS}
     log(f"runs per n: {trials}")
 
-    rows, shuffle_info, summation_info, pooled = run_statistics(NS, trials, t0)
+    rows, shuffle_info, summation_info, pooled = run_statistics(ns, trials, t0)
     stats_seconds = time.perf_counter() - t0
     tgt = targets(rows, pooled)
 
     msg = None
     if args.message_path:
-        msg = message_path(10_000 if args.quick else 100_000, t0)
+        msg = message_path(sizes["message_path_n"], t0)
 
     payload = {
         "config": {
-            "epsilon": EPSILON, "delta": DELTA, "ns": list(NS), "trials": {str(n): trials[n] for n in NS},
+            "epsilon": EPSILON, "delta": DELTA, "ns": list(ns), "trials": {str(n): trials[n] for n in ns},
             "quick": args.quick, "trials_scale": args.trials_scale,
             "data": f"Beta(2, 5) from numpy default_rng({DATA_SEED}), one draw of n values per n, in [0, 1]",
             "seeds": "SeedSequence([r, method tag, n]) for r = 0..R-1 (multi-message: run_fast seed r)",
@@ -563,12 +565,12 @@ def main() -> int:
         "statistics_seconds": stats_seconds,
         "total_seconds": time.perf_counter() - t0,
     }
-    out = write_result("summation", payload)
-    plot(payload, RESULTS / "summation.png")
+    out = write_result(args, "summation", payload, sizes=sizes)
+    plot(payload, out.with_suffix(".png"))
 
     # -- report
     print(f"\n{'n':>8} | " + " | ".join(f"{m:>28}" for m in METHODS) + " |   M  bytes/user  Cheu-ref")
-    for i, n in enumerate(NS):
+    for i, n in enumerate(ns):
         cells = []
         for m in METHODS:
             r = rows[m][i]
@@ -593,7 +595,7 @@ def main() -> int:
               f"sums equal exactly: {msg['sums_equal_exactly']}; {msg['round_messages']} envelopes, "
               f"{msg['round_envelope_bytes_total']} bytes; rejected shuffler {msg['rejected_at_shuffler']}, "
               f"analyzer {msg['rejected_at_analyzer']}")
-    print(f"\ntotal {payload['total_seconds']:.1f}s; wrote {out} and {RESULTS / 'summation.png'}")
+    print(f"\ntotal {payload['total_seconds']:.1f}s; wrote {out} and {out.with_suffix('.png')}")
     return 0
 
 

@@ -10,19 +10,19 @@
 4. **Real data**: the Wisconsin breast-cancer table shipped with scikit-learn (no download;
    skipped if scikit-learn is missing), one row per user, the 10 "mean" features.
 
-Run: ``python benchmarks/bench_uldp_sgd.py [--quick]``; writes benchmarks/results/uldp_sgd.json
-and benchmarks/results/uldp_sgd.png.
+Run: ``python benchmarks/bench_uldp_sgd.py [--quick] [--out DIR]``; writes uldp_sgd.json and
+uldp_sgd.png into the output folder (default ``bench-out/``). ``--quick`` shrinks users, steps,
+sweeps and seeds to a smoke run of the same code paths.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import sys
 import time
 
 import numpy as np
 
-from _common import RESULTS, write_result
+from _common import arguments, parse, read_result, write_result
 
 from shuffledp.learning_data import breast_cancer_users, real_dataset_available, synthetic_logistic
 from shuffledp.progress import progress_bar, pyplot, save_figure
@@ -47,6 +47,15 @@ M_SCHEDULE = dict(steps=400, cohort=1000, learning_rate=1.0, clip=0.25, momentum
 REAL_EPSILONS = (1.0, 2.0, 4.0, 8.0)
 REAL_SCHEDULE = dict(steps=30, cohort=455, learning_rate=2.0, clip=0.5, momentum=0.0, tail_average=0.5)
 REAL_SEEDS = 10
+FULL = {"synthetic": SYNTHETIC, "schedule": SCHEDULE, "epsilons": EPSILONS, "headline_seeds": 3,
+        "m_users": M_SWEEP_USERS, "m_values": M_VALUES, "m_schedule": M_SCHEDULE,
+        "real_epsilons": REAL_EPSILONS, "real_schedule": REAL_SCHEDULE, "real_seeds": REAL_SEEDS,
+        "rtol": 0.01, "real_rtol": 0.02}  # rtol: the eps0 calibration's relative tolerance
+QUICK = {"synthetic": dict(users=4000, samples_per_user=10, features=15),
+         "schedule": dict(SCHEDULE, steps=20, cohort=400), "epsilons": (2.0,), "headline_seeds": 1,
+         "m_users": 2000, "m_values": (1, 10), "m_schedule": dict(M_SCHEDULE, steps=10, cohort=200),
+         "real_epsilons": (8.0,), "real_schedule": dict(REAL_SCHEDULE, steps=5), "real_seeds": 1,
+         "rtol": 0.2, "real_rtol": 0.2}
 
 
 def _range_round(dim: int, cfg: TrainingConfig) -> bool:
@@ -61,13 +70,13 @@ def _row(result) -> dict:
     return d
 
 
-def epsilon_sweep(data, schedule: dict, epsilons, step) -> dict:
+def epsilon_sweep(data, schedule: dict, epsilons, step, rtol: float = 0.01) -> dict:
     cfg = TrainingConfig(**schedule)
     nonprivate = train(data, cfg, "nonprivate", progress=step)
     rows = []
     for eps in epsilons:
         t0 = time.perf_counter()
-        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, range_round=_range_round(data.dim, cfg))
+        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, rtol=rtol, range_round=_range_round(data.dim, cfg))
         calib = time.perf_counter() - t0
         uldp = train(data, cfg, "uldp-shuffle", epsilon0=e0, progress=step)
         t0 = time.perf_counter()
@@ -84,13 +93,14 @@ def epsilon_sweep(data, schedule: dict, epsilons, step) -> dict:
     return {"nonprivate": _row(nonprivate), "rows": rows}
 
 
-def headline(data, schedule: dict, seeds: int, step) -> dict:
+def headline(data, schedule: dict, seeds: int, step, rtol: float = 0.01) -> dict:
     """The eps <= 2 run, end to end: calibrate eps0, train, account the run."""
     runs = []
     for seed in range(seeds):
         cfg = TrainingConfig(**schedule, seed=seed)
         started = time.perf_counter()
-        e0 = calibrate_epsilon0(HEADLINE_EPSILON, data.users, cfg.cohort, cfg.steps, DELTA, range_round=_range_round(data.dim, cfg))
+        e0 = calibrate_epsilon0(HEADLINE_EPSILON, data.users, cfg.cohort, cfg.steps, DELTA, rtol=rtol,
+                                range_round=_range_round(data.dim, cfg))
         uldp = train(data, cfg, "uldp-shuffle", epsilon0=e0, progress=step)  # accounts the run too
         total = time.perf_counter() - started
         nonprivate = train(data, cfg, "nonprivate", account=False, progress=step)
@@ -112,11 +122,11 @@ def headline(data, schedule: dict, seeds: int, step) -> dict:
     }
 
 
-def m_sweep(m_values, users: int, schedule: dict, eps: float, step) -> dict:
+def m_sweep(m_values, users: int, schedule: dict, eps: float, step, rtol: float = 0.01) -> dict:
     cfg = TrainingConfig(**schedule)
     dim = SYNTHETIC["features"] + 1  # with the intercept column
     rr = _range_round(dim, cfg)
-    e0 = calibrate_epsilon0(eps, users, cfg.cohort, cfg.steps, DELTA, range_round=rr)  # the accounting does not depend on m
+    e0 = calibrate_epsilon0(eps, users, cfg.cohort, cfg.steps, DELTA, rtol=rtol, range_round=rr)  # the accounting does not depend on m
     sigma = calibrate_noise_multiplier(eps, cfg.cohort / users, cfg.steps, DELTA)
     rows = []
     for m in m_values:
@@ -133,17 +143,17 @@ def m_sweep(m_values, users: int, schedule: dict, eps: float, step) -> dict:
             "privacy": uldp_privacy(e0, users, cfg.cohort, cfg.steps, DELTA, range_round=rr), "schedule": schedule, "rows": rows}
 
 
-def real(epsilons, seeds: int, step) -> dict:
+def real(epsilons, seeds: int, schedule: dict, step, rtol: float = 0.02) -> dict:
     data = breast_cancer_users(samples_per_user=1, columns="mean")
     rows = []
-    nonprivate = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "nonprivate", account=False).accuracy for s in range(seeds)]
+    nonprivate = [train(data, TrainingConfig(**schedule, seed=s), "nonprivate", account=False).accuracy for s in range(seeds)]
     for eps in epsilons:
-        cfg = TrainingConfig(**REAL_SCHEDULE)
-        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, rtol=0.02, range_round=_range_round(data.dim, cfg))
+        cfg = TrainingConfig(**schedule)
+        e0 = calibrate_epsilon0(eps, data.users, cfg.cohort, cfg.steps, DELTA, rtol=rtol, range_round=_range_round(data.dim, cfg))
         sigma = calibrate_noise_multiplier(eps, min(1.0, cfg.cohort / data.users), cfg.steps, DELTA)
-        uldp = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "uldp-shuffle", epsilon0=e0, account=False, progress=step).accuracy
+        uldp = [train(data, TrainingConfig(**schedule, seed=s), "uldp-shuffle", epsilon0=e0, account=False, progress=step).accuracy
                 for s in range(seeds)]
-        central = [train(data, TrainingConfig(**REAL_SCHEDULE, seed=s), "central", noise_multiplier=sigma, account=False).accuracy
+        central = [train(data, TrainingConfig(**schedule, seed=s), "central", noise_multiplier=sigma, account=False).accuracy
                    for s in range(seeds)]
         privacy = uldp_privacy(e0, data.users, cfg.cohort, cfg.steps, DELTA, range_round=_range_round(data.dim, cfg))
         rows.append({"target_epsilon": eps, "session_epsilon": privacy["epsilon"], "epsilon0": e0, "noise_multiplier": sigma,
@@ -151,7 +161,7 @@ def real(epsilons, seeds: int, step) -> dict:
                      "central_mean": float(np.mean(central)), "central_sd": float(np.std(central))})
         print(f"  eps={eps:<4} (session {privacy['epsilon']:.3f}, eps0 {e0:.3f})  ULDP {np.mean(uldp):.4f} ± {np.std(uldp):.4f}  "
               f"central {np.mean(central):.4f}  non-private {np.mean(nonprivate):.4f}", flush=True)
-    return {"dataset": data.describe(), "schedule": REAL_SCHEDULE, "seeds": seeds,
+    return {"dataset": data.describe(), "schedule": schedule, "seeds": seeds,
             "nonprivate_mean": float(np.mean(nonprivate)), "rows": rows}
 
 
@@ -205,45 +215,42 @@ def plot(out: dict, path) -> None:
     save_figure(fig, str(path))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller sweeps (minutes -> seconds)")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON already written")
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(__doc__)
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON in the output folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args()
+    args = parse(parser, argv)
     if args.plot_only:
-        name = "uldp_sgd_quick" if args.quick else "uldp_sgd"
-        plot(json.loads((RESULTS / f"{name}.json").read_text()), RESULTS / f"{name}.png")
-        return
-    epsilons = (1.0, 2.0) if args.quick else EPSILONS
-    m_values = (1, 10) if args.quick else M_VALUES
-    seeds = 1 if args.quick else 3
-    real_eps = (2.0, 8.0) if args.quick else REAL_EPSILONS
-    real_seeds = 3 if args.quick else REAL_SEEDS
+        plot(read_result(args, "uldp_sgd"), args.out / "uldp_sgd.png")
+        return 0
+    sizes = QUICK if args.quick else FULL
+    schedule, m_schedule, real_schedule = sizes["schedule"], sizes["m_schedule"], sizes["real_schedule"]
+    epsilons, m_values, seeds = sizes["epsilons"], sizes["m_values"], sizes["headline_seeds"]
+    real_eps, real_seeds, rtol = sizes["real_epsilons"], sizes["real_seeds"], sizes["rtol"]
     started = time.perf_counter()
-    data = synthetic_logistic(**SYNTHETIC, seed=0)
-    total = SCHEDULE["steps"] * (1 + 2 * len(epsilons) + 2 * seeds) + M_SCHEDULE["steps"] * 3 * len(m_values)
-    total += REAL_SCHEDULE["steps"] * real_seeds * len(real_eps) if real_dataset_available() else 0
-    out: dict = {"synthetic": data.describe(), "schedule": SCHEDULE, "delta": DELTA}
+    data = synthetic_logistic(**sizes["synthetic"], seed=0)
+    total = schedule["steps"] * (1 + 2 * len(epsilons) + 2 * seeds) + m_schedule["steps"] * 3 * len(m_values)
+    total += real_schedule["steps"] * real_seeds * len(real_eps) if real_dataset_available() else 0
+    out: dict = {"synthetic": data.describe(), "schedule": schedule, "delta": DELTA}
     with progress_bar(total, quiet=args.quiet, unit="step") as step:
         print("headline (eps <= 2, timed end to end):", flush=True)
-        out["headline"] = headline(data, SCHEDULE, seeds, step)
+        out["headline"] = headline(data, schedule, seeds, step, rtol)
         print("accuracy against session epsilon:", flush=True)
-        out["epsilon_sweep"] = epsilon_sweep(data, SCHEDULE, epsilons, step)
-        print(f"accuracy against m at n = {M_SWEEP_USERS:,}:", flush=True)
-        out["m_sweep"] = m_sweep(m_values, M_SWEEP_USERS, M_SCHEDULE, HEADLINE_EPSILON, step)
+        out["epsilon_sweep"] = epsilon_sweep(data, schedule, epsilons, step, rtol)
+        print(f"accuracy against m at n = {sizes['m_users']:,}:", flush=True)
+        out["m_sweep"] = m_sweep(m_values, sizes["m_users"], m_schedule, HEADLINE_EPSILON, step, rtol)
         if real_dataset_available():
             print("real data (breast cancer, scikit-learn):", flush=True)
-            out["real"] = real(real_eps, real_seeds, step)
+            out["real"] = real(real_eps, real_seeds, real_schedule, step, sizes["real_rtol"])
         else:
             out["real"] = None
             print("real data skipped: scikit-learn is not installed (pip install 'shuffledp[learning]')")
     out["seconds"] = time.perf_counter() - started
-    name = "uldp_sgd_quick" if args.quick else "uldp_sgd"
-    path = write_result(name, out)
-    plot(out, RESULTS / f"{name}.png")
-    print(f"wrote {path} and {RESULTS / f'{name}.png'} in {out['seconds']:.0f} s")
+    path = write_result(args, "uldp_sgd", out, sizes=sizes)
+    plot(out, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')} in {out['seconds']:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,13 +9,12 @@
 3. **Memory.** n = 1e6, d = 256, m = 10 in a fresh process: peak RSS against the
    2 GiB target, and the same run's wall time.
 
-Run: ``python benchmarks/bench_vector.py [--quick]``; writes benchmarks/results/vector.json
-and benchmarks/results/vector_modes.png.
+Run: ``python benchmarks/bench_vector.py [--quick] [--out DIR]``; writes vector.json and
+vector_modes.png into the output folder (default ``bench-out/``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import time
 
 import numpy as np
 
-from _common import RESULTS, write_result
+from _common import arguments, parse, write_result
 
 from shuffledp.progress import pyplot, save_figure
 
@@ -31,6 +30,10 @@ from shuffledp.vector_population import VectorPopulation
 from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
 
 EPSILON = 4.0
+FULL = {"mode_sizes": [1000, 3000, 10_000, 30_000, 100_000, 300_000], "mode_seeds": 3, "dims": [64, 256, 1024],
+        "dims_n": 100_000, "memory_n": 1_000_000, "memory_d": 256}
+QUICK = {"mode_sizes": [1000, 3000], "mode_seeds": 1, "dims": [64, 256], "dims_n": 2000, "memory_n": 2000,
+         "memory_d": 64}
 
 
 def modes(sizes: list[int], seeds: int) -> dict:
@@ -99,21 +102,19 @@ def plot(mode_rows: dict, path) -> None:
     save_figure(fig, path)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run)")
-    args = parser.parse_args()
-    sizes = [1000, 3000, 10_000] if args.quick else [1000, 3000, 10_000, 30_000, 100_000, 300_000]
+def main(argv: list[str] | None = None) -> int:
+    args = parse(arguments(__doc__), argv)
+    sizes = QUICK if args.quick else FULL
     print("1. budget modes (d = 64)")
-    mode_rows = modes(sizes, seeds=2 if args.quick else 3)
+    mode_rows = modes(sizes["mode_sizes"], seeds=sizes["mode_seeds"])
     print("2. dimensions (sampled mode)")
-    dim_rows = dimensions([64, 256] if args.quick else [64, 256, 1024], 10_000 if args.quick else 100_000)
+    dim_rows = dimensions(sizes["dims"], sizes["dims_n"])
     print("3. memory at scale")
-    mem = memory(20_000 if args.quick else 1_000_000, 256)
-    RESULTS.mkdir(exist_ok=True)
-    plot(mode_rows, RESULTS / "vector_modes.png")
-    path = write_result("vector", {"epsilon0": EPSILON, "modes": mode_rows, "dimensions": dim_rows, "memory": mem})
-    print(f"wrote {path} and {RESULTS / 'vector_modes.png'}")
+    mem = memory(sizes["memory_n"], sizes["memory_d"])
+    plot(mode_rows, args.out / "vector_modes.png")
+    path = write_result(args, "vector", {"epsilon0": EPSILON, "modes": mode_rows, "dimensions": dim_rows, "memory": mem},
+                        sizes=sizes)
+    print(f"wrote {path} and {args.out / 'vector_modes.png'}")
     return 0
 
 

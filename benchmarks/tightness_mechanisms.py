@@ -23,17 +23,16 @@ predicts between the blanket (the optimal decomposition bound) and the worst dat
 epsilon (``protocol/accounting/gaussian_limit.py``): what no decomposition analysis can go below.
 It is a prediction, not a bound; it is recomputed on every run, ``--replot`` included.
 
-Writes ``benchmarks/results/tightness_mechanisms.json`` and ``.png``; prints a table.
-Run: ``python benchmarks/tightness_mechanisms.py [--quick] [--replot] [--mechanism NAME ...]``
-(``--quick``: n <= 1e5, under a minute; the full grid takes ~15 minutes on 2 cores;
-``--mechanism``: recompute those rows only, keeping the others from the saved JSON).
+Writes ``tightness_mechanisms.json`` and ``.png`` into the output folder (default ``bench-out/``);
+prints a table. Run: ``python benchmarks/tightness_mechanisms.py [--quick] [--out DIR] [--replot]
+[--mechanism NAME ...]`` (``--quick``: eps0 = 1, n in {1e3, 1e4}, a few seconds; the full grid
+takes ~15 minutes on 2 cores; ``--mechanism``: recompute those rows only, keeping the others
+from the JSON in the output folder).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
 import sys
 import time
@@ -42,6 +41,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 os.environ["SHUFFLEDP_ACCOUNTING_CACHE"] = "off"  # time the computation, not the cache
+
+from _common import arguments, parse, read_result, write_result  # noqa: E402
 
 from shuffledp.protocol.accounting import (  # noqa: E402
     binary_rr_guarantee,
@@ -58,7 +59,7 @@ EPS0 = (0.5, 1.0, 2.0, 4.0, 8.0)
 NS = (10**3, 10**4, 10**5, 10**6, 10**7, 10**8)
 DELTA = 1e-6
 G, K_RR, K_HR, K_BLOCK = 4096, 16, 64, 1024
-RESULTS = Path(__file__).parent / "results"
+QUICK = {"eps0": (1.0,), "ns": (10**3, 10**4)}
 #: Top of the ratio axes (cells above it are listed on the panel).
 RATIO_AXIS_TOP = 2.2
 #: The published variation-ratio code's own time at n = 1e6 (its README; it is not on this machine
@@ -121,7 +122,7 @@ def plot(cells: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(2, len(MECHANISMS), figsize=(22, 7.5), sharex=True)
     for col, (mech, (label, _)) in enumerate(MECHANISMS.items()):
-        for e0 in EPS0:
+        for e0 in sorted({c["eps0"] for c in cells}):
             rows = [c for c in cells if c["mechanism"] == mech and c["eps0"] == e0]
             if not rows:
                 continue
@@ -133,7 +134,7 @@ def plot(cells: list[dict], path: Path) -> None:
                 axes[0, col].plot(ns, [float("nan") if f is None else f for f in floor], ls=":", lw=1.5,
                                   color=line.get_color())
             axes[1, col].plot(ns, [c["seconds"] for c in rows], marker="o", label=f"eps0 = {e0:g}")
-        top = max((c["ratio"] or 0.0) for c in cells if c["mechanism"] == mech)
+        top = max(((c["ratio"] or 0.0) for c in cells if c["mechanism"] == mech), default=0.0)
         if top > RATIO_AXIS_TOP:  # a few small-n cells at eps0 = 8 would squash the rest: say so instead
             axes[0, col].set_ylim(top=RATIO_AXIS_TOP)
             off = [c for c in cells if c["mechanism"] == mech and (c["ratio"] or 0.0) > RATIO_AXIS_TOP]
@@ -164,31 +165,30 @@ def plot(cells: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="n <= 1e5 only")
-    ap.add_argument("--replot", action="store_true", help="redraw from the saved JSON")
+    ap = arguments(__doc__, quick="eps0 = 1, n in {1e3, 1e4} (a smoke run)")
+    ap.add_argument("--replot", action="store_true", help="redraw from the JSON in the output folder")
     ap.add_argument("--mechanism", action="append", choices=list(MECHANISMS),
-                    help="recompute only this mechanism's cells (repeatable); the others are kept from the saved JSON")
-    args = ap.parse_args(argv)
-    out = RESULTS / ("tightness_mechanisms_quick.json" if args.quick else "tightness_mechanisms.json")
+                    help="recompute only this mechanism's cells (repeatable); the others are kept from the JSON "
+                         "in the output folder")
+    args = parse(ap, argv)
+    name = "tightness_mechanisms"
+    sizes = QUICK if args.quick else {"eps0": EPS0, "ns": NS}
     if args.replot:
-        cells = json.loads(out.read_text())["cells"]
+        cells = read_result(args, name)["cells"]
     else:
-        ns = [n for n in NS if n <= 10**5] if args.quick else list(NS)
         chosen = args.mechanism or list(MECHANISMS)
-        grid = [(m, e0, n) for m in chosen for e0 in EPS0 for n in ns]
+        grid = [(m, e0, n) for m in chosen for e0 in sizes["eps0"] for n in sizes["ns"]]
         fresh = {(c["mechanism"], c["eps0"], c["n"]): c
                  for c in (cell(m, e0, n) for m, e0, n in tqdm(grid, desc="tightness", file=sys.stderr))}
-        kept = json.loads(out.read_text())["cells"] if args.mechanism and out.exists() else []
-        keys = [(m, e0, n) for m in MECHANISMS for e0 in EPS0 for n in ns]
+        kept = read_result(args, name)["cells"] if args.mechanism and (args.out / f"{name}.json").exists() else []
+        keys = [(m, e0, n) for m in MECHANISMS for e0 in sizes["eps0"] for n in sizes["ns"]]
         by_key = {(c["mechanism"], c["eps0"], c["n"]): c for c in kept} | fresh
         cells = [by_key[k] for k in keys if k in by_key]
     for c in cells:  # cheap: recomputed on every run, --replot included
         c["gaussian_limit_ratio"] = gaussian_limit_ratio(c)
-    RESULTS.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"delta": DELTA, "G": G, "k_rr": K_RR, "K_hr": K_HR, "k_block": K_BLOCK,
-                               "reference_time": PUBLISHED_VR, "cells": cells}, indent=1) + "\n")
-    plot(cells, out.with_suffix(".png"))
+    path = write_result(args, name, {"delta": DELTA, "G": G, "k_rr": K_RR, "K_hr": K_HR, "k_block": K_BLOCK,
+                                     "reference_time": PUBLISHED_VR, "cells": cells}, sizes=sizes)
+    plot(cells, path.with_suffix(".png"))
     print(f"{'mechanism':>23} {'eps0':>5} {'n':>7} {'reported':>10} {'method':>16} {'lower':>10} {'ratio':>7} "
           f"{'limit':>7} {'time s':>7}")
     for c in cells:
@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         limit = "" if c["gaussian_limit_ratio"] is None else f"{c['gaussian_limit_ratio']:.3f}"
         print(f"{c['mechanism']:>23} {c['eps0']:>5g} {c['n']:>7.0e} {c['epsilon']:>10.5g} {c['method']:>16} "
               f"{c['lower'] or 0:>10.5g} {ratio:>7} {limit:>7} {c['seconds']:>7.2f}")
+    print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0
 
 

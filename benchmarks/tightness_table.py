@@ -12,18 +12,19 @@ arbitrary randomizers), Girgis et al.'s RDP bound converted to (eps, delta), and
 reference, the corrected variation-ratio bound of Hadamard response (a different
 mechanism: it may legitimately fall below the RR floor).
 
-Writes ``benchmarks/results/tightness.json`` and ``benchmarks/results/tightness.png``.
-Run: ``python benchmarks/tightness_table.py``.
+Writes ``tightness.json`` and ``tightness.png`` into the output folder (default ``bench-out/``).
+Run: ``python benchmarks/tightness_table.py [--quick] [--out DIR]``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
+
+from _common import arguments, parse, write_result
 
 from shuffledp.protocol.accounting import (
     RR_EXACT_MAX_N,
@@ -42,7 +43,7 @@ from shuffledp.protocol.accounting import (
 EPS0 = (0.5, 1.0, 2.0, 4.0, 8.0)
 NS = (10**3, 10**4, 10**5, 10**6, 10**7)
 DELTA = 1e-6
-RESULTS = Path(__file__).parent / "results"
+QUICK = {"eps0": (1.0,), "ns": (10**3, 10**4, 10**5)}
 BOUNDS = {
     "fmt21-closed": "FMT21 closed form (Thm 3.1)",
     "fmt21-numerical": "FMT21 numerical (Thm 3.2)",
@@ -74,11 +75,13 @@ def plot(cells: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(EPS0), figsize=(17, 4.2), sharey=True)
+    eps0s = sorted({c["eps0"] for c in cells})
+    fig, axes = plt.subplots(1, len(eps0s), figsize=(17, 4.2), sharey=True, squeeze=False)
+    axes = axes[0]
     styles = {"fmt21-closed": ("tab:red", "s"), "fmt21-numerical": ("tab:blue", "o"),
               "strong-clone": ("tab:green", "^"), "rdp-girgis": ("tab:purple", "v"),
               "vr-hadamard": ("tab:orange", "D")}
-    for ax, e0 in zip(axes, EPS0):
+    for ax, e0 in zip(axes, eps0s):
         rows = [c for c in cells if c["eps0"] == e0]
         ns = [c["n"] for c in rows]
         for key, label in BOUNDS.items():
@@ -101,20 +104,22 @@ def plot(cells: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = parse(arguments(__doc__), argv)
+    sizes = QUICK if args.quick else {"eps0": EPS0, "ns": NS}
     cells = []
-    grid = [(e0, n) for e0 in EPS0 for n in NS]
+    grid = [(e0, n) for e0 in sizes["eps0"] for n in sizes["ns"]]
     for e0, n in tqdm(grid, desc="tightness", file=sys.stderr):
         cells.append(cell(e0, n))
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tightness.json").write_text(json.dumps({"delta": DELTA, "bounds": BOUNDS, "cells": cells}, indent=2) + "\n")
-    plot(cells, RESULTS / "tightness.png")
+    path = write_result(args, "tightness", {"delta": DELTA, "bounds": BOUNDS, "cells": cells}, sizes=sizes)
+    plot(cells, args.out / "tightness.png")
     header = f"{'eps0':>5} {'n':>8} {'RR floor':>10} " + " ".join(f"{k:>16}" for k in BOUNDS)
     print(header)
     for c in cells:
         ratios = " ".join(f"{'n/a' if c['ratio'][k] is None else format(c['ratio'][k], '.3f'):>16}" for k in BOUNDS)
         print(f"{c['eps0']:>5g} {c['n']:>8.0e} {c['rr_floor']:>10.4g} {ratios}")
     print("ratios are epsilon / exact shuffled-RR epsilon (vr-hadamard is a different mechanism: may be < 1)")
+    print(f"wrote {path} and {args.out / 'tightness.png'}")
     return 0
 
 
