@@ -14,10 +14,11 @@ The third user story: someone auditing a shuffled deployment. Given a session di
    replays. To audit the shuffler *process* of a live deployment instead, run
    ``shuffledp audit --part mechanics --broker BROKER --keys KEYS --shuffler-service``.
 
-Exit status 0 if both pass::
+Without ``--dir`` (or with a new or empty one) it first runs a session with
+``examples/mqtt_session.py`` (needs mosquitto) and audits that. Exit status 0 if both pass::
 
-    python examples/audit_deployment.py --dir /tmp/session          # runs a session first if DIR is empty
-    python examples/audit_deployment.py --dir /tmp/session --users 300
+    python examples/audit_deployment.py                       # a new session in a temporary directory, audited
+    python examples/audit_deployment.py --dir /tmp/session    # the session kept there (runs one if it is empty)
 """
 
 from __future__ import annotations
@@ -31,14 +32,22 @@ def main(argv: list[str] | None = None) -> int:
     from shuffledp.audit_cli import format_audit, run_audit
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=Path, required=True, help="a session directory (run one there if new or empty)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="a session directory (run one there if new or empty); default: a new temporary one")
     parser.add_argument("--users", type=int, default=2000, help="users of the session run when DIR is empty")
     args = parser.parse_args(argv)
-    if not (args.dir / "result.json").exists():
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from mqtt_session import run_session
+    if args.dir is None or not (args.dir / "result.json").exists():
+        from shuffledp.size_cap import capped, note
 
-        run_session(args.dir, args.users)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from mqtt_session import new_directory, run_session
+
+        users = capped(args.users)  # SHUFFLEDP_SIZE_CAP (README, testing)
+        note([f"--users {args.users} -> {users}"] if users != args.users else [], "audit_deployment.py")
+        if args.dir is None:
+            args.dir = new_directory()
+        print(f"running a session in {args.dir} ({users:,} users) to audit", flush=True)
+        run_session(args.dir, users)
     claim = run_audit(True, "claim", 1e-6, 0, session=str(args.dir / "result.json"), keys=str(args.dir / "keys"))
     print(format_audit(claim))
     mechanics = run_audit(True, "mechanics", 1e-6, 0)

@@ -33,6 +33,7 @@ import numpy as np
 from shuffledp.client import Client, PrivacyLedger, verified_spec
 from shuffledp.protocol.channel import outcome_topic, reports_topic, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.size_cap import capped, note
 
 
 def thermometer(device_id: int, m: int) -> np.ndarray:
@@ -41,11 +42,13 @@ def thermometer(device_id: int, m: int) -> np.ndarray:
     return 21.0 + rng.normal(0.0, 1.5) + rng.normal(0.0, 0.3, size=m)
 
 
-async def device(channel, session_id: bytes, credential: bytes, analyzer_key: bytes, shuffler_key: bytes,
-                 readings: np.ndarray, rounds: int, budget: float) -> list[str]:
+async def device(channel, session_id: bytes, credential: bytes, analyzer_key: bytes, shuffler_signing_key: bytes,
+                 shuffler_key: bytes, readings: np.ndarray, rounds: int, budget: float) -> list[str]:
     """One device's loop: answer ``rounds`` rounds with its readings; return each round's outcome."""
     ledger = PrivacyLedger(budget)
-    client = Client(readings, analyzer_key, ledger, credential=credential, shuffler_signing_key=shuffler_key)
+    # pins both of its shuffler's keys: a spec naming another signing or sealing key is refused
+    client = Client(readings, analyzer_key, ledger, credential=credential,
+                    shuffler_signing_key=shuffler_signing_key, shuffler_key=shuffler_key)
     specs = await channel.subscribe(spec_topic(session_id))
     outcomes: list[str] = []
     try:
@@ -83,7 +86,8 @@ async def run(devices: int, m: int, epsilon: float) -> None:
     shuffler_task = asyncio.create_task(shuffler.serve())
     fleet = [
         asyncio.create_task(device(channel, deployment.session_id, deployment.enroll(), deployment.analyzer_signing_key,
-                                   deployment.shuffler_keys.signing_public, r, rounds=2, budget=epsilon))
+                                   deployment.shuffler_keys.signing_public, deployment.shuffler_keys.hpke_public, r,
+                                   rounds=2, budget=epsilon))
         for r in readings
     ]
     started = time.perf_counter()
@@ -109,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readings", type=int, default=24, help="sensor readings per device (m)")
     parser.add_argument("--epsilon", type=float, default=2.0, help="each device's local budget")
     args = parser.parse_args(argv)
-    asyncio.run(run(args.devices, args.readings, args.epsilon))
+    devices = capped(args.devices)  # SHUFFLEDP_SIZE_CAP (README, testing)
+    note([f"--devices {args.devices} -> {devices}"] if devices != args.devices else [], "device_client.py")
+    asyncio.run(run(devices, args.readings, args.epsilon))
     return 0
 
 

@@ -10,9 +10,11 @@
    of N simulated devices) and ``shuffledp analyzer run`` (announces the rounds, opens the
    batches, writes ``result.json`` with every round's signed spec and batch sizes).
 
-This script runs it in a directory it keeps, then reads what the analyzer wrote::
+This script runs it in a directory it keeps (a new temporary one unless ``--dir`` names
+a new or empty one), then reads what the analyzer wrote::
 
-    python examples/mqtt_session.py --dir /tmp/session --users 2000
+    python examples/mqtt_session.py                                  # 2,000 users
+    python examples/mqtt_session.py --dir /tmp/session --users 300
 
 Needs mosquitto (``apt-get install mosquitto``). Audit the result with
 ``examples/audit_deployment.py``.
@@ -24,7 +26,15 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+from shuffledp.size_cap import capped, note
+
+
+def new_directory() -> Path:
+    """A new temporary deployment directory (kept: it is the session's record)."""
+    return Path(tempfile.mkdtemp(prefix="shuffledp-session-"))
 
 
 def run_session(directory: Path, users: int, epsilon: float = 1.0) -> dict:
@@ -37,11 +47,17 @@ def run_session(directory: Path, users: int, epsilon: float = 1.0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", type=Path, required=True, help="deployment directory (new or empty; kept)")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="deployment directory (new or empty; kept); default: a new temporary one")
     parser.add_argument("--users", type=int, default=2000)
     parser.add_argument("--epsilon", type=float, default=1.0)
     args = parser.parse_args(argv)
-    result = run_session(args.dir, args.users, args.epsilon)
+    users = capped(args.users)  # SHUFFLEDP_SIZE_CAP (README, testing)
+    note([f"--users {args.users} -> {users}"] if users != args.users else [], "mqtt_session.py")
+    if args.dir is None:
+        args.dir = new_directory()
+    print(f"deployment directory {args.dir}", flush=True)
+    result = run_session(args.dir, users, args.epsilon)
     print()
     print(f"session {result['session_id']}: estimate {result['estimate']:.4f} "
           f"(standard error {result['standard_error']:.4f}) from {result['reports']:,} reports")
@@ -51,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     central = result["central"]
     print(f"  central privacy after shuffling: eps = {central['epsilon']:.4g} at delta = {central['delta']:.2g}")
     print(f"  range check: {result['range_check']['status']}")
-    print(f"kept {args.dir}: keys/, broker/, spool.db, result.json (audit it: examples/audit_deployment.py --dir {args.dir})")
+    print(f"kept {args.dir}: keys/, broker/, spool/, result.json (audit it: examples/audit_deployment.py --dir {args.dir})")
     return 0
 
 

@@ -17,6 +17,7 @@ import argparse
 from shuffledp.population import Population
 from shuffledp.progress import pyplot, save_figure
 from shuffledp.simulation import SimulationConfig, run_simulation
+from shuffledp.size_cap import capped_list, note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     population = Population("gaussian", mu=1.7, sigma=1.0, bound=20.0, m=50)
-    ns = (2_000, 10_000) if args.quick else (2_000, 10_000, 100_000, 1_000_000)
+    documented = (2_000, 10_000) if args.quick else (2_000, 10_000, 100_000, 1_000_000)
+    ns = capped_list(documented)  # SHUFFLEDP_SIZE_CAP (README, testing)
+    note([f"n {', '.join(map(str, documented))} -> {', '.join(map(str, ns))}"] if list(documented) != ns else [],
+         "simulate_and_plot.py")
     rows = []
     print(f"{'n':>10} {'estimate':>10} {'|error|':>9} {'RMSE theory':>12} {'range check':>12} {'central eps':>12}")
     for n in ns:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from shuffledp.learning_data import synthetic_logistic
+from shuffledp.size_cap import capped, note
 from shuffledp.uldp_sgd import TrainingConfig, calibrate_epsilon0, step_has_range_round, train
 
 
@@ -25,7 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epsilon", type=float, default=2.0, help="the session's central epsilon")
     parser.add_argument("--delta", type=float, default=1e-5)
     args = parser.parse_args(argv)
-    users, steps, cohort = (20_000, 300, 1000) if args.quick else (100_000, 1000, 2000)
+    documented = (20_000, 300, 1000) if args.quick else (100_000, 1000, 2000)
+    users, steps, cohort = (capped(v) for v in documented)  # SHUFFLEDP_SIZE_CAP (README, testing)
+    note([f"{name} {a} -> {b}" for name, a, b in zip(("users", "steps", "cohort"), documented, (users, steps, cohort))
+          if a != b], "train_uldp_sgd.py")
     data = synthetic_logistic(users, 10, 15, seed=0)
     config = TrainingConfig(steps=steps, cohort=cohort, learning_rate=1.0, clip=0.25)
     range_round = step_has_range_round(data.dim, config.clip, cohort)  # one bin over [-C, C]: no range round

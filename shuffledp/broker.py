@@ -30,7 +30,12 @@ receives.
 Command line (writes a deployment directory, optionally runs the broker)::
 
     python -m shuffledp.broker DIR --bind 0.0.0.0 --port 8883 --name mqtt.example.org \\
-        --client device-1 --client device-2 [--run]
+        --client device-1 --client device-2 [--run | --background]
+
+Besides the broker's files it writes ``DIR/USERNAME.pw`` (0600) for each account: the
+password on one line, what a service's ``--password-file`` reads. ``--run`` runs
+mosquitto in the foreground until interrupted; ``--background`` returns once it
+accepts TLS connections and leaves it running (pid in ``DIR/mosquitto.pid``).
 """
 
 from __future__ import annotations
@@ -745,7 +750,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plaintext", action="store_true", help="also listen in plaintext on a loopback port")
     parser.add_argument("--persistence-dir", type=Path, default=None, help="persist retained messages and sessions there")
     parser.add_argument("--run", action="store_true", help="run the broker until interrupted")
+    parser.add_argument("--background", action="store_true",
+                        help="start the broker and return once it accepts TLS connections, leaving it running "
+                        "(its pid in DIR/mosquitto.pid: stop it with kill)")
     args = parser.parse_args(argv)
+    if args.run and args.background:
+        parser.error("--run and --background exclude each other")
     broker = Broker(
         args.directory,
         users=BrokerUsers.default(args.client or ("client",)),
@@ -756,9 +766,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         persistence_dir=args.persistence_dir,
     )
     broker.write_files()
-    print(f"wrote {broker.directory}: mosquitto.conf, acl, passwd, ca.crt, server.crt/key, credentials.json")
-    print(f"run: mosquitto -c {broker.conf_file}")
-    if not args.run:
+    # One password file per account (0600), for the services' --password-file.
+    for user in broker.users:
+        _write_private(broker.directory / f"{user.username}.pw", f"{user.password}\n")
+    names = ", ".join(f"{u.username}.pw" for u in broker.users)
+    print(f"wrote {broker.directory}: mosquitto.conf, acl, passwd, ca.crt, server.crt/key, credentials.json, {names}")
+    if not (args.run or args.background):
+        print(f"run: mosquitto -c {broker.conf_file}")
+        return 0
+    if args.background:
+        try:
+            broker.start()
+        except BrokerError as exc:
+            print(f"python -m shuffledp.broker: {exc}", file=sys.stderr)
+            return 1
+        broker._detach_reaper()  # mosquitto outlives this process
+        pid_file = broker.directory / "mosquitto.pid"
+        pid_file.write_text(f"{broker.pid}\n")
+        print(f"mosquitto listening on {broker.host}:{broker.port} (TLS), pid {broker.pid}; log {broker.log_file}; "
+              f"stop it: kill $(cat {pid_file})")
         return 0
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from shuffledp import __version__
 from shuffledp.extras import MissingExtraError, as_missing_extra, require_extras
+from shuffledp.size_cap import apply_size_cap
 
 #: Modules that provide sub-commands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -49,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; a missing optional dependency is one line on stderr and exit status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    apply_size_cap(args)  # SHUFFLEDP_SIZE_CAP=N: documented commands at a small size (shuffledp/size_cap.py)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -9,27 +9,37 @@
   it, charges its ledger, randomizes, pads, seals every message on its own and wraps
   it for the shuffler; the real :class:`~shuffledp.shuffler.Shuffler` admits (with a
   quota of the round's messages per user), permutes and signs; the analyzer opens.
-  Over the in-process channel by default, or an MQTT broker.
+  Over the in-process channel by default, or an MQTT broker. The simulated users
+  (:class:`~shuffledp.client.pool.ClientPool`, a :class:`~shuffledp.fleet.Fleet`) keep
+  each envelope until the shuffler's signed receipt names it and send it again, byte
+  for byte, if it seems lost, so a run over a broker survives a broker restart
+  (the in-process channel loses nothing, and nothing is sent twice there).
 
 Randomness: round ``r``'s draws for users ``[b B, (b+1) B)`` come from the seed
 ``(seed, 0x5EED, r, b)`` on both engines (:func:`draw_round`), so at any n the two
 engines' rounds are the *same multiset* of reports, and a protocol's result is the
-same up to the permutation, which no decoder depends on (``tests/test_engine.py``). The fast engine's permutation uses
-its own seed; the shuffler's comes from the OS CSPRNG.
+same up to the permutation (``tests/test_engine.py``). The fast engine's permutation uses
+its own seed; the shuffler's comes from the OS CSPRNG. A decoder's float sums see the
+order in their last bits; decoded in :func:`canonical_order` (:class:`InCanonicalOrder`,
+as ``shuffledp simulate`` and the analyzer service decode the scalar mean) the result is
+the same to the last bit. A seeded fleet of separate processes (``shuffledp up --seed``)
+draws through the same function (:func:`seeded_draw`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from shuffledp.analyzer.protocols import Protocol, RoundPlan, drive
+from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds, drive
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mechanisms import randomize_round
 from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.messages import RoundSpec
 from shuffledp.protocol.randomness import SeededSource
 
 Progress = Callable[[str, int], None]
@@ -47,9 +57,11 @@ class RoundRun:
     """One executed round: its plan, what the analyzer opened, and what it cost on the wire.
 
     ``messages`` counts envelopes (fast engine: those the users would have sent;
-    message engine: those the shuffler forwarded); ``envelope_bytes`` is exact on both,
-    since every envelope of a round has one size. ``batch_bytes`` exists only where a
-    batch was really sent."""
+    message engine: those the shuffler forwarded); ``envelope_bytes`` (the users'
+    envelopes, each once) is exact on both, since every envelope of a round has one
+    size. ``retransmitted`` counts the copies the message engine's users sent again for
+    want of a receipt (over a broker that lost messages), not in ``envelope_bytes``.
+    ``batch_bytes`` exists only where a batch was really sent."""
 
     plan: RoundPlan
     reports: int
@@ -59,6 +71,7 @@ class RoundRun:
     batch_sizes: tuple[int, ...] = ()
     rejected_at_shuffler: dict[str, int] = field(default_factory=dict)
     rejected_at_analyzer: dict[str, int] = field(default_factory=dict)
+    retransmitted: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -74,6 +87,8 @@ class RoundRun:
         }
         if self.batch_bytes is not None:
             out["batch_bytes"] = self.batch_bytes
+        if self.retransmitted:
+            out["retransmitted_envelopes"] = self.retransmitted
         return out
 
 
@@ -85,6 +100,64 @@ class EngineRun:
     rounds: list[RoundRun]
     engine: str
     transport: str = ""
+
+
+def canonical_order(rows: np.ndarray) -> np.ndarray:
+    """A batch's rows (``(N, width)`` int64) in one fixed order: sorted lexicographically.
+
+    A batch is a multiset; the order the shuffler forwards it in means nothing, but a
+    decoder's float sums (the mean round's average, for one) depend on it in their last
+    bits. Decoded in this order, a protocol's result is a function of the multiset alone.
+    Rows whose columns fit one int64 key together are sorted by that key (one sort of
+    integers); others by ``np.lexsort``."""
+    rows = np.asarray(rows)
+    if rows.ndim != 2 or len(rows) < 2:
+        return rows
+    if rows.shape[1] == 1:
+        return np.sort(rows, axis=0)
+    low = rows.min(axis=0)
+    spans = [int(high) - int(lo) + 1 for lo, high in zip(low, rows.max(axis=0))]
+    if math.prod(spans) > 2**62:
+        return rows[np.lexsort(rows.T[::-1])]
+    key = np.zeros(len(rows), dtype=np.int64)
+    for column, span in enumerate(spans):  # mixed radix, first column most significant
+        key = key * span + (rows[:, column] - low[column])
+    key.sort()
+    out = np.empty_like(rows)
+    for column in reversed(range(len(spans))):
+        key, digit = np.divmod(key, spans[column])
+        out[:, column] = digit + low[column]
+    return out
+
+
+class InCanonicalOrder(Protocol):
+    """``protocol``, decoding every round's batch in :func:`canonical_order`.
+
+    Its result depends only on the multiset of each round's reports, bit for bit, whatever
+    order a shuffler forwarded them in: ``shuffledp simulate`` (either engine) and the
+    analyzer service (``shuffledp analyzer run``, so ``shuffledp up``) both decode the scalar
+    mean this way, so with the same seed they print the same estimate."""
+
+    name = "canonical-order"
+
+    def __init__(self, protocol: Protocol) -> None:
+        self.protocol = protocol
+        self.name = protocol.name
+        self.data_rank = protocol.data_rank
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        return self.protocol.budget
+
+    def rounds(self) -> Rounds:
+        inner = self.protocol.rounds()
+        plan = next(inner)
+        while True:
+            rows = yield plan
+            try:
+                plan = inner.send(canonical_order(rows))
+            except StopIteration as done:
+                return done.value
 
 
 def _check_data(protocol: Protocol, local_data: np.ndarray) -> np.ndarray:
@@ -108,6 +181,18 @@ def draw_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: 
         if progress:
             progress(f"round {round_index} ({plan.params.MECHANISM})", len(chunk))
     return np.concatenate(parts)
+
+
+def seeded_draw(seed: int) -> Callable[[RoundSpec, np.ndarray], np.ndarray]:
+    """How simulated devices draw a signed round's reports with ``seed``: :func:`draw_round` at the
+    spec's round id. The message engine's client pool and a seeded :class:`~shuffledp.fleet.Fleet`
+    (``shuffledp clients run --seed``, ``shuffledp up --seed``) both use it, so with the same seed
+    and data they draw the same reports as each other and as the fast engine."""
+
+    def draw(spec: RoundSpec, local_data: np.ndarray) -> np.ndarray:
+        return draw_round(RoundPlan(spec.params, spec.epsilon0, spec.delta0), local_data, seed, spec.round_id)
+
+    return draw
 
 
 def fast_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
@@ -149,7 +234,7 @@ async def run_messages_on(
     """Run ``protocol`` on the message engine over ``(coordinator, shuffler, clients)`` channels."""
     from shuffledp.client.pool import ClientPool
     from shuffledp.deployment import Deployment
-    from shuffledp.protocol.channel import reports_topic
+    from shuffledp.protocol.channel import InProcessChannel, reports_topic
 
     data = _check_data(protocol, local_data)
     coordinator_channel, shuffler_channel, pool_channel = channels
@@ -157,13 +242,15 @@ async def run_messages_on(
     on_open = (lambda k: progress("opened reports", k)) if progress else None
     coordinator = deployment.coordinator(coordinator_channel, round_timeout=round_timeout, on_progress=on_open)
     epsilon, delta = protocol.budget
-    central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public}
+    central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public,
+               "shuffler_key": deployment.shuffler_keys.hpke_public}
     clients = [deployment.client(row[None], PrivacyLedger(epsilon, delta), **central) for row in data]
     on_sealed = (lambda k: progress("sealed users", k)) if progress else None
-    def draw(spec, local_means: np.ndarray) -> np.ndarray:
-        return draw_round(RoundPlan(spec.params, spec.epsilon0, spec.delta0), local_means, seed, spec.round_id)
-
-    pool = ClientPool(pool_channel, coordinator.session_id, clients, None, draw=draw, on_progress=on_sealed)
+    # Over a broker, an envelope without a receipt is sent again (a restarted broker drops
+    # what it had not delivered); the in-process channel loses nothing, so nothing is.
+    retry_interval = math.inf if isinstance(pool_channel, InProcessChannel) else 2.0
+    pool = ClientPool(pool_channel, coordinator.session_id, clients, None, draw=seeded_draw(seed),
+                      on_progress=on_sealed, retry_interval=retry_interval)
     shuffler = deployment.shuffler(shuffler_channel)
     shuffler_task = asyncio.create_task(shuffler.serve())
     pool_task = asyncio.create_task(pool.serve(rounds=1 << 30))
@@ -186,16 +273,24 @@ async def run_messages_on(
     for record in records:
         spec = record.spec
         stats = shuffler.rounds[spec.round_id]
+        sent = pool.rounds[spec.round_id]
+        topic = reports_topic(spec.session_id, spec.round_id)
+        # Every envelope of a round has one size: the bytes of the users' envelopes, each
+        # once, are the first transmissions at the size measured on the wire.
+        copies_on_wire = pool_channel.messages_by_topic.get(topic, 0)
+        wire_bytes = pool_channel.bytes_by_topic.get(topic, 0)
+        envelope_bytes = wire_bytes // copies_on_wire * sent.sent if copies_on_wire else 0
         runs.append(
             RoundRun(
                 RoundPlan(spec.params, spec.epsilon0, spec.delta0),
                 record.opened.size,
                 stats.forwarded,
-                pool_channel.bytes_by_topic.get(reports_topic(spec.session_id, spec.round_id), 0),
+                envelope_bytes,
                 record.batch_bytes,
                 record.batch_sizes,
                 dict(stats.rejected),
                 dict(record.opened.rejected),
+                sent.retransmitted,
             )
         )
     return EngineRun(result, runs, "messages")

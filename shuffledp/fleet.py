@@ -1,12 +1,18 @@
 """A simulated fleet of devices answering a session's rounds, and retransmitting what was not acknowledged.
 
-:class:`~shuffledp.client.pool.ClientPool` answers each round once and forgets its
-envelopes. A fleet that outlives a shuffler crash needs more, as a real device
-does: keep each envelope until the shuffler's signed receipt names it, and send
-the *same bytes* again if it seems lost. :class:`Fleet` does that, with the same
-building blocks as ``ClientPool`` (one vectorized call of the round's randomizer,
-then every :class:`~shuffledp.client.Client` verifies, budget-checks, seals and
-wraps its own report with ``answer_verified``):
+:class:`Fleet` keeps each envelope until the shuffler's signed receipt names it and
+sends the *same bytes* again if it seems lost, as a real device does, so a fleet
+outlives a shuffler crash or a broker restart (the simulation's
+:class:`~shuffledp.client.pool.ClientPool` is a ``Fleet`` too). Every
+:class:`~shuffledp.client.Client` verifies, budget-checks, seals and wraps its own
+report with ``answer_verified``:
+
+* **Randomness.** By default every client draws its own report from its own source,
+  as a device does (the OS CSPRNG unless the client was given another). A
+  simulation may instead draw a round's reports for all clients at once: with
+  ``draw`` (:func:`shuffledp.engine.seeded_draw`, the message engine's seeded draw,
+  so a seeded fleet reports exactly what ``shuffledp simulate`` draws with that seed)
+  or with a ``source`` (one vectorized call of the round's randomizer).
 
 * **Answering.** For each new round on the session's spec topic (verified against
   the pinned analyzer key; re-delivered specs are ignored), every client answers
@@ -160,9 +166,12 @@ class _Publisher:
 class Fleet:
     """Simulated devices (``clients``, sharing one pinned analyzer key) serving one session over ``channel``.
 
-    ``source`` draws every round's report values in one vectorized call (a
-    :class:`~shuffledp.protocol.randomness.SeededSource` for simulations). ``on_event``
-    receives one human-readable line per notable event (round answered, round ended).
+    Where report values come from (see the module docstring): ``draw(spec, local means)``
+    returns every client's values for a round; else ``source`` draws them in one
+    vectorized call (a :class:`~shuffledp.protocol.randomness.SeededSource` for
+    simulations); with neither, each client draws its own from its own source (a
+    device's: the OS CSPRNG). ``on_event`` receives one human-readable line per notable
+    event (round answered, round ended).
     """
 
     def __init__(
@@ -170,8 +179,9 @@ class Fleet:
         channel: Channel,
         session_id: bytes,
         clients: Sequence[Client],
-        source: RandomSource,
+        source: RandomSource | None = None,
         *,
+        draw: Callable[[RoundSpec, np.ndarray], np.ndarray] | None = None,
         rate: float = 0.0,
         retry_interval: float = 2.0,
         grace: float = 10.0,
@@ -180,6 +190,8 @@ class Fleet:
     ) -> None:
         if not clients:
             raise ValueError("a fleet needs at least one client")
+        if source is not None and draw is not None:
+            raise ValueError("a fleet draws reports from a source or a draw function, not both")
         if rate < 0 or retry_interval <= 0 or grace < 0 or window < 1:
             raise ValueError("need rate >= 0, retry_interval > 0, grace >= 0, window >= 1")
         self.channel = channel
@@ -187,6 +199,7 @@ class Fleet:
         self.clients = list(clients)
         self.analyzer_signing_key = self.clients[0].analyzer_signing_key
         self.source = source
+        self.draw = draw
         self.rate = rate
         self.retry_interval = retry_interval
         self.grace = grace
@@ -230,7 +243,7 @@ class Fleet:
     async def run_round(self, spec: RoundSpec, state: FleetRound) -> FleetRound:
         """Answer one verified round with every client, then settle it (receipts, retransmission, outcome)."""
         try:
-            values = randomize_reports(spec, self._local_means, self.source)
+            values = self._values(spec)
             sealer = Sealer(spec.analyzer_key)
             assigned = [c.instance_for(spec) for c in self.clients]
         except ShuffleDPError as exc:  # a spec no client can answer: declined by all
@@ -268,6 +281,14 @@ class Fleet:
             f"{state.retransmitted} retransmitted, {state.unacknowledged} unacknowledged"
         )
         return state
+
+    def _values(self, spec: RoundSpec) -> Sequence[np.ndarray | None]:
+        """Every client's report values for the round, or ``None`` each: every client draws its own."""
+        if self.draw is not None:
+            return self.draw(spec, self._local_means)
+        if self.source is not None:
+            return randomize_reports(spec, self._local_means, self.source)
+        return [None] * len(self.clients)
 
     async def _send(self, spec, state, values, sealer, assigned, pending, answered, publisher, order) -> None:
         """First transmission: each client answers (charging its ledger) and publishes, paced by ``rate``."""

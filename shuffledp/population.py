@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -120,3 +121,22 @@ def user_blocks(population: Population, n: int, seed: int) -> "list[tuple[int, i
 def block_samples(population: Population, block: "tuple[int, int, np.random.SeedSequence]") -> np.ndarray:
     _, count, seed = block
     return population.samples(np.random.default_rng(seed), count)
+
+
+def local_means(
+    population: Population, n: int, seed: int, progress: "Callable[[str, int], None] | None" = None
+) -> "tuple[np.ndarray, float]":
+    """Local means of users ``0..n-1`` (one float each) and the exact mean of all their n*m samples.
+
+    ``shuffledp simulate`` and the simulated fleet (``shuffledp clients run``, ``shuffledp up``)
+    both draw their users here, so with the same seed they hold the same data."""
+    means = np.empty(n)
+    total = 0.0
+    for block in user_blocks(population, n, seed):
+        samples = block_samples(population, block)
+        start, count, _ = block
+        means[start : start + count] = samples.mean(axis=1)
+        total += float(samples.sum())
+        if progress:
+            progress("generate users", count)
+    return means, total / (n * population.m)

@@ -22,12 +22,15 @@ the command line):
   whose devices use the credentials enrolled in ``DIR/credentials.json`` (never
   ``issuer.key``: devices cannot mint credentials), pin the analyzer's signing key
   and the shuffler's signing key from ``public.json``, and retransmit envelopes the
-  shuffler has not acknowledged.
+  shuffler has not acknowledged. Each device draws its noise from the OS CSPRNG, unless
+  ``--seed`` makes the fleet a reproducible simulation (the data and draws of
+  ``shuffledp simulate --seed``).
 * ``shuffledp up`` runs the whole deployment on one machine: keys, a real
   mosquitto (:class:`~shuffledp.broker.Broker`: TLS, passwords, ACL by role), then
   the shuffler, the fleet and the analyzer as separate OS processes
   (``python -m shuffledp.cli ...``); it relays their output, prints the estimate,
-  stops everything, and exits 0 only if every party succeeded.
+  stops everything, and exits 0 only if every party succeeded. With ``--seed S`` the
+  estimate is exactly that of ``shuffledp simulate --seed S`` with the same parameters.
 
 Exit statuses: 0 success, 1 the service failed (transport, protocol, a round
 failed), 2 bad usage or configuration (arguments, key files, password file).
@@ -233,7 +236,10 @@ def _scalar_mean_options(p: argparse.ArgumentParser, *, analyzer: bool) -> None:
 
         p.add_argument("--distribution", choices=DISTRIBUTIONS, default="gaussian", help="data distribution")
         p.add_argument("--mu", type=float, default=1.7, help="distribution mean parameter")
-        p.add_argument("--seed", type=int, default=0, help="seed of the simulated data and of the simulated randomizers")
+        p.add_argument("--seed", type=int, default=None,
+                       help="seed the simulated data and the devices' randomizer draws as `shuffledp simulate --seed` "
+                       "does (a seeded generator, for simulation only); without it the data are fresh and every "
+                       "device draws its noise from the OS CSPRNG")
 
 
 # --------------------------------------------------------------------------- parsers
@@ -338,8 +344,9 @@ def add_parser(subparsers) -> None:
         "credential enrolled in DIR/credentials.json (the first N; never issuer.key: devices cannot mint "
         "credentials), pins the analyzer's and the shuffler's signing keys from public.json, keeps its own "
         "privacy ledger (--budget), and sends its envelope again if the shuffler's signed receipt does not "
-        "come (the shuffler counts a copy once). Data: N users with m samples each, as in `shuffledp "
-        "simulate` with the same --seed. Exits 0 once --rounds rounds were answered and released, 1 if one "
+        "come (the shuffler counts a copy once). Data: N users with m samples each; with --seed S the data and "
+        "the randomizer draws are those of `shuffledp simulate --seed S` (a seeded generator), without it every "
+        "device draws from the OS CSPRNG. Exits 0 once --rounds rounds were answered and released, 1 if one "
         "failed or --timeout passed.",
     )
     fleet.add_argument("--keys", type=Path, required=True, metavar="DIR", help="key directory (shuffledp keys init)")
@@ -362,15 +369,22 @@ def add_parser(subparsers) -> None:
         description="Write keys, start a real mosquitto (TLS, passwords, ACL by role) with shuffledp.broker, "
         "then run the shuffler, a fleet of N simulated clients and the analyzer as separate processes "
         "(python -m shuffledp.cli ...), relay their output, print the estimate, stop everything. Exit status 0 "
-        "only if every party succeeded. Needs the mosquitto binaries.",
+        "only if every party succeeded. With --seed S the estimate is exactly that of `shuffledp simulate --seed S` "
+        "with the same data model, -n, -m and --epsilon. Needs the mosquitto binaries.",
     )
+    from shuffledp.population import DISTRIBUTIONS
+
     up.add_argument("--users", "-n", type=int, default=UP_DEFAULT_USERS, help="simulated users")
     up.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
-    up.add_argument("--mu", type=float, default=1.7, help="data mean parameter (gaussian data)")
-    up.add_argument("--sigma", type=float, default=1.0, help="data spread parameter")
+    up.add_argument("--distribution", choices=DISTRIBUTIONS, default="gaussian", help="data distribution")
+    up.add_argument("--mu", type=float, default=1.7, help="distribution mean parameter")
+    up.add_argument("--sigma", type=float, default=1.0, help="distribution spread parameter")
     up.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B")
     up.add_argument("--epsilon", "-e", type=float, default=1.0, help="local budget eps0 of the session")
-    up.add_argument("--seed", type=int, default=0, help="seed of the simulated data and randomizers")
+    up.add_argument("--seed", type=int, default=None,
+                    help="seed the simulated data and the devices' randomizer draws: the estimate is then exactly "
+                    "that of `shuffledp simulate --seed` with the same parameters; without it the data are fresh "
+                    "and every device draws its noise from the OS CSPRNG")
     up.add_argument("--dir", type=Path, default=None, metavar="DIR",
                     help="deployment directory, kept afterwards (must be empty or new); default: a temporary one")
     up.add_argument("--keep", action="store_true", help="keep the temporary deployment directory")
@@ -450,7 +464,7 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
     from shuffledp.protocol.errors import TransportError
     from shuffledp.shuffler.metrics import MetricsServer, render_metrics
     from shuffledp.shuffler.service import Shuffler
-    from shuffledp.shuffler.spool import SqliteSpool
+    from shuffledp.shuffler.spool import SpoolError, SqliteSpool
 
     log = _setup_logging("shuffler", args.verbose)
     if args.stats_interval <= 0 or args.log_interval <= 0:
@@ -459,7 +473,7 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
     channel = _channel(args, "shuffler")
     try:
         spool = SqliteSpool(args.spool, durable_against_power_loss=args.durable)
-    except sqlite3.Error as exc:
+    except (sqlite3.Error, SpoolError) as exc:
         raise UsageError(f"--spool: cannot open {args.spool} ({exc})") from None
     metrics = None
     try:
@@ -663,6 +677,7 @@ def format_analyzer_result(result: dict[str, Any]) -> str:
 async def _analyzer_run_async(args: argparse.Namespace) -> int:
     from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol, concentration_radius
     from shuffledp.analyzer.service import Analyzer
+    from shuffledp.engine import InCanonicalOrder
     from shuffledp.keys import load_analyzer
     from shuffledp.simulation import central_guarantee_at
     from shuffledp.protocol.errors import ShuffleDPError
@@ -699,7 +714,9 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
             max_batch=max_batch, shuffler_instances=args.shuffler_instances,
         )
         log.info("session %s: scalar-mean with min_batch %d over %s", side.session_id.hex(), min_batch, channel.address)
-        outcome, records = await coordinator.run_protocol(ScalarMeanProtocol(config), min_batch)
+        # Each batch decoded in canonical order: the estimate depends on the reports' multiset only, not on the
+        # shuffler's order, so with the same data and draws it is `shuffledp simulate`'s to the last bit.
+        outcome, records = await coordinator.run_protocol(InCanonicalOrder(ScalarMeanProtocol(config)), min_batch)
     finally:
         analyzer.close()
         try:
@@ -746,6 +763,9 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
     }
     smallest = min(r["smallest_batch"] for r in rounds)
     result["central"] = {"accounted_at_n": smallest, **central_guarantee_at(config, smallest, args.delta)}
+    from shuffledp.run_info import with_run_info
+
+    result = with_run_info(result, args)
     if args.output is not None:
         _write_json_atomic(args.output, result)
     print(json.dumps(result, indent=2, default=float) if args.json else format_analyzer_result(result), flush=True)
@@ -759,54 +779,45 @@ def _analyzer_run(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- clients
 
 
-def fleet_data(population, users: int, seed: int):
-    """Local means of ``users`` simulated users and the exact mean of all their samples (as ``simulate`` draws them)."""
-    import numpy as np
-
-    from shuffledp.population import block_samples, user_blocks
-
-    means = np.empty(users)
-    total = 0.0
-    for block in user_blocks(population, users, seed):
-        samples = block_samples(population, block)
-        start, count, _ = block
-        means[start : start + count] = samples.mean(axis=1)
-        total += float(samples.sum())
-    return means, total / (users * population.m)
-
-
 async def _clients_run_async(args: argparse.Namespace) -> int:
     import numpy as np
 
     from shuffledp.client.client import Client
     from shuffledp.client.ledger import PrivacyLedger
     from shuffledp.fleet import Fleet, cancel_and_wait
+    from shuffledp.engine import seeded_draw
     from shuffledp.keys import load_clients
-    from shuffledp.population import Population
+    from shuffledp.population import Population, local_means
     from shuffledp.protocol.errors import ShuffleDPError
-    from shuffledp.protocol.randomness import SeededSource
 
     log = _setup_logging("clients", args.verbose)
     if args.users < 1 or args.rounds < 1 or args.rate < 0 or args.retry_interval <= 0 or args.timeout < 0:
         raise UsageError("need --users >= 1, --rounds >= 1, --rate >= 0, --retry-interval > 0, --timeout >= 0")
+    if args.seed is not None and args.seed < 0:
+        raise UsageError("--seed: must be >= 0")
     side = load_clients(args.keys, args.users)
     population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
-    means, true_mean = fleet_data(population, args.users, args.seed)
+    # With --seed, the data and the draws of `shuffledp simulate --seed` (one shared definition of each);
+    # without it, fresh data, and every device draws its own noise from the OS CSPRNG (Client's default source).
+    seeded = args.seed is not None
+    data_seed = args.seed if seeded else np.random.SeedSequence().entropy
+    means, true_mean = local_means(population, args.users, data_seed)
     clients = [
         Client(
             np.array([y]), side.public.analyzer_signing_public,
             PrivacyLedger(args.budget, args.delta_budget), credential=credential,
-            shuffler_signing_key=side.public.shuffler.signing_public, min_batch_floor=args.min_batch_floor,
+            shuffler_signing_key=side.public.shuffler.signing_public, shuffler_key=side.public.shuffler.hpke_public,
+            min_batch_floor=args.min_batch_floor,
         )
         for y, credential in zip(means, side.credentials)
     ]
-    source = SeededSource(np.random.SeedSequence([args.seed, 0xC11E]))
     channel = _channel(args, "client")
     await channel.connect()
-    fleet = Fleet(channel, side.session_id, clients, source, rate=args.rate, retry_interval=args.retry_interval,
-                  on_event=log.info)
-    log.info("%d device(s) of session %s on %s, waiting for rounds (true mean of their data %.6f)",
-             args.users, side.session_id.hex(), channel.address, true_mean)
+    fleet = Fleet(channel, side.session_id, clients, draw=seeded_draw(args.seed) if seeded else None,
+                  rate=args.rate, retry_interval=args.retry_interval, on_event=log.info)
+    log.info("%d device(s) of session %s on %s, waiting for rounds (true mean of their data %.6f; %s)",
+             args.users, side.session_id.hex(), channel.address, true_mean,
+             f"data and draws seeded with --seed {args.seed}" if seeded else "draws from the OS CSPRNG")
     serve = asyncio.create_task(fleet.serve(args.rounds), name="fleet-serve")
     stop = asyncio.Event()
     _on_signals(stop.set)
@@ -837,7 +848,9 @@ async def _clients_run_async(args: argparse.Namespace) -> int:
         "rounds": [r.as_dict() for r in rounds],
         "bad_messages": dict(fleet.bad_messages),
         "devices_with_lost_rounds": sum(1 for c in clients if c.ledger.lost_rounds()),
-        "randomness": "seeded numpy PCG64 (simulation; devices use the OS CSPRNG)",
+        "seed": args.seed,
+        "randomness": (f"seeded numpy PCG64, --seed {args.seed} (simulation: the draws of `shuffledp simulate --seed "
+                       f"{args.seed}`)") if seeded else "OS CSPRNG (each device's own draws, as on a real device)",
         "ok": ok,
     }
     if args.output is not None:
@@ -888,15 +901,20 @@ async def _up_async(args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    from shuffledp.analyzer.scalar_mean import concentration_radius
     from shuffledp.broker import Broker, BrokerError, BrokerUsers
     from shuffledp.keys import init_keys
     from shuffledp.population import Population
+    from shuffledp.simulation import SimulationConfig
 
     if args.users < 2:
         raise UsageError("--users: need at least 2")
-    population = Population("gaussian", args.mu, args.sigma, args.bound, args.samples)  # checks the data model
-    tau = min(args.bound, concentration_radius(population.proxy_sigma, args.users, args.samples, 0.01))
+    if args.seed is not None and args.seed < 0:
+        raise UsageError("--seed: must be >= 0")
+    # The configuration `shuffledp simulate` builds from the same options (it checks the data model and
+    # derives the radius tau), so the analyzer runs the protocol simulate runs.
+    population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
+    simulated = SimulationConfig(population=population, n=args.users, epsilon0=args.epsilon)
+    tau = simulated.radius
     started = time.monotonic()
     temporary = args.dir is None
     if temporary:
@@ -915,6 +933,8 @@ async def _up_async(args: argparse.Namespace) -> int:
         _say(f"deployment directory {base}")
         public = init_keys(base / "keys", clients=args.users)
         _say(f"keys: session {public.session_id.hex()}, {args.users} client credentials (keys/, private files 0600)")
+        _say(f"data and randomizer draws seeded with --seed {args.seed}, as `shuffledp simulate --seed {args.seed}`"
+             if args.seed is not None else "fresh data; every device draws its noise from the OS CSPRNG")
         broker = Broker(base / "broker", users=BrokerUsers.default())
         try:
             await asyncio.to_thread(broker.start)
@@ -934,11 +954,12 @@ async def _up_async(args: argparse.Namespace) -> int:
             accounts[role] = ["--username", str(options["username"]), "--password-file", str(path)]
         python = [sys.executable, "-m", "shuffledp.cli"]
         commands = {
-            "shuffler": [*python, "shuffler", "serve", *common, *accounts["shuffler"], "--spool", str(base / "spool.db"),
+            "shuffler": [*python, "shuffler", "serve", *common, *accounts["shuffler"], "--spool", str(base / "spool" / "shuffler.db"),
                          "--stats-file", str(base / "shuffler-stats.json"), "--stats-interval", "1", "--metrics-port", "0"],
             "clients": [*python, "clients", "run", *common, *accounts["client"], "--users", str(args.users),
-                        "--samples", str(args.samples), "--mu", str(args.mu), "--sigma", str(args.sigma),
-                        "--bound", str(args.bound), "--seed", str(args.seed), "--budget", str(args.epsilon),
+                        "--samples", str(args.samples), "--distribution", args.distribution, "--mu", repr(args.mu),
+                        "--sigma", repr(args.sigma), "--bound", repr(args.bound), "--budget", repr(args.epsilon),
+                        *(["--seed", str(args.seed)] if args.seed is not None else []),
                         "--output", str(base / "clients.json")],
             "analyzer": [*python, "analyzer", "run", *common, *accounts["analyzer"], "--users", str(args.users),
                          "--samples", str(args.samples), "--bound", str(args.bound), "--tau", repr(tau),
@@ -995,7 +1016,7 @@ async def _up_async(args: argparse.Namespace) -> int:
     if temporary and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     else:
-        _say(f"kept {base} (keys, broker, spool.db, shuffler-stats.json, result.json, clients.json)")
+        _say(f"kept {base} (keys, broker, spool/, shuffler-stats.json, result.json, clients.json)")
     return 130 if interrupted else EXIT_OK if ok else EXIT_FAILED
 
 

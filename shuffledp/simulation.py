@@ -37,10 +37,10 @@ from shuffledp.analyzer.scalar_mean import (
     concentration_radius,
     theorem1_mse_bound,
 )
-from shuffledp.engine import run_fast, run_messages
+from shuffledp.engine import InCanonicalOrder, run_fast, run_messages
 from shuffledp.client.mean_randomizer import noise_variance, rounding_variance
 from shuffledp.client.range_randomizer import bin_index
-from shuffledp.population import Population, block_samples, user_blocks
+from shuffledp.population import Population, local_means
 from shuffledp.protocol.channel import InProcessChannel
 from shuffledp.protocol.errors import InvalidParameter
 
@@ -132,16 +132,7 @@ class SimulationResult:
 
 def _local_means(config: SimulationConfig, progress: Progress | None) -> tuple[np.ndarray, float]:
     """Local means of all users (one float each) and the exact mean of all n*m samples."""
-    means = np.empty(config.n)
-    total = 0.0
-    for block in user_blocks(config.population, config.n, config.seed):
-        samples = block_samples(config.population, block)
-        start, count, _ = block
-        means[start : start + count] = samples.mean(axis=1)
-        total += float(samples.sum())
-        if progress:
-            progress("generate users", count)
-    return means, total / (config.n * config.population.m)
+    return local_means(config.population, config.n, config.seed, progress)
 
 
 def parse_broker(address: str) -> tuple[str, int]:
@@ -286,11 +277,14 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
     accountant_imports = _load_accountant_in_background()
     protocol = config.protocol_config()
     means, true_mean = _local_means(config, progress)
+    # Decoded in canonical order, as the analyzer service decodes it: the estimate is a function of the
+    # reports' multiset, so `shuffledp up --seed` (separate processes, the shuffler's own order) prints it too.
+    scalar_mean = InCanonicalOrder(ScalarMeanProtocol(protocol))
     if config.path == "fast":
-        run = run_fast(ScalarMeanProtocol(protocol), means, config.seed, progress)
+        run = run_fast(scalar_mean, means, config.seed, progress)
         extra = {}
     else:
-        run = run_messages(ScalarMeanProtocol(protocol), means, config.seed, config.broker, progress)
+        run = run_messages(scalar_mean, means, config.seed, config.broker, progress)
         extra = {"transport": run.transport}
     found, mean, mean_params = run.result.found_range, run.result.mean, run.result.mean_params
     rounds = [r.as_dict() for r in run.rounds]

@@ -153,7 +153,8 @@ def test_a_spec_signed_by_another_key_is_refused(session_file, tmp_path):
     with pytest.raises(SessionFileError, match="does not verify"):
         claim_report(load_session(forged), KEY, DELTA, lower_rounds=None)
     doc = json.loads(session_file.read_text())
-    doc["rounds"][1]["signed_spec"] = doc["rounds"][1]["signed_spec"][:-2] + "00"  # a flipped signature byte
+    last = int(doc["rounds"][1]["signed_spec"][-2:], 16)
+    doc["rounds"][1]["signed_spec"] = doc["rounds"][1]["signed_spec"][:-2] + f"{last ^ 0x01:02x}"  # a flipped signature bit
     (tmp_path / "flipped.json").write_text(json.dumps(doc))
     with pytest.raises(SessionFileError, match="round #1"):
         load_session(tmp_path / "flipped.json", KEY)

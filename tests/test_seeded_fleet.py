@@ -1,0 +1,112 @@
+"""What lets ``shuffledp up --seed`` reproduce ``shuffledp simulate --seed`` (the MQTT run itself:
+``tests/mqtt/test_up_matches_simulate.py``), and what keeps unseeded devices on the OS CSPRNG.
+
+* ``engine.canonical_order`` sorts a batch's rows; the scalar mean decoded in that order is
+  a function of the multiset of reports, so both engines give the same float, bit for bit.
+* A seeded fleet draws exactly the reports of ``engine.draw_round`` (the engines' draws).
+* Without ``--seed``, ``clients run`` and ``up`` seed nothing: every device draws its own
+  report from its own source, the OS CSPRNG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from shuffledp.analyzer.protocols import RoundPlan, drive
+from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
+from shuffledp.cli import build_parser
+from shuffledp.client.ledger import PrivacyLedger
+from shuffledp.deployment import Deployment
+from shuffledp.engine import InCanonicalOrder, canonical_order, draw_round, seeded_draw
+from shuffledp.fleet import Fleet
+from shuffledp.population import Population, local_means
+from shuffledp.protocol.channel import InProcessChannel
+from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.simulation import SimulationConfig, run_simulation
+
+
+@pytest.mark.parametrize("width,low,high", [(1, -50, 90), (2, 0, 64), (3, -(2**40), 2**40), (2, -(2**62), 2**62)])
+def test_canonical_order_sorts_rows_lexicographically_whatever_their_order(width, low, high):
+    rng = np.random.default_rng(width)
+    rows = rng.integers(low, high, size=(500, width), dtype=np.int64)
+    rows[::7] = rows[3]  # repeated rows
+    expected = rows[np.lexsort(rows.T[::-1])]
+    for _ in range(3):
+        out = canonical_order(rng.permutation(rows))
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_the_scalar_mean_in_canonical_order_ignores_the_batch_order():
+    """Plain decoding sums floats in the shuffler's order (last bits move); in canonical order they do not."""
+    config = ScalarMeanConfig(bound=20.0, tau=0.7, epsilon0=1.0)
+    means, _ = local_means(Population("gaussian", 1.7, 1.0, 20.0, 50), 300, 3)
+
+    def estimates(protocol_type, orders: int) -> set[float]:
+        out = set()
+        for order in range(orders):
+            rng = np.random.default_rng(order)
+            plans: list[RoundPlan] = []
+
+            def execute(plan: RoundPlan) -> np.ndarray:
+                rows = draw_round(plan, means, 3, len(plans))
+                plans.append(plan)
+                rows = rows.reshape(-1, rows.shape[-1])
+                return rows[rng.permutation(len(rows))]
+
+            out.add(drive(protocol_type(ScalarMeanProtocol(config)), execute).mean.estimate)
+        return out
+
+    assert len(estimates(lambda p: p, 60)) > 1  # the order does reach the last bits
+    assert len(estimates(InCanonicalOrder, 60)) == 1
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_simulate_gives_one_estimate_on_both_engines(seed):
+    config = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 300, 1.0, seed=seed)
+    fast = run_simulation(config)
+    messages = run_simulation(dataclasses.replace(config, path="messages"))
+    assert (fast.estimate, fast.standard_error) == (messages.estimate, messages.standard_error)
+
+
+def _clients(deployment: Deployment, means: np.ndarray):
+    return [deployment.client(np.array([y]), PrivacyLedger(1.0)) for y in means]
+
+
+def test_a_seeded_fleet_draws_what_the_engines_draw():
+    deployment = Deployment()
+    means = np.linspace(-1.0, 3.0, 40)
+    fleet = Fleet(InProcessChannel(), deployment.session_id, _clients(deployment, means), draw=seeded_draw(9))
+    plan = ScalarMeanProtocol(ScalarMeanConfig(bound=20.0, tau=0.7, epsilon0=1.0)).rounds().send(None)
+    for round_id in (0, 1):
+        spec = SimpleNamespace(params=plan.params, epsilon0=plan.epsilon0, delta0=plan.delta0, round_id=round_id)
+        np.testing.assert_array_equal(fleet._values(spec), draw_round(plan, means, 9, round_id))
+    other = Fleet(InProcessChannel(), deployment.session_id, _clients(deployment, means), draw=seeded_draw(10))
+    assert not np.array_equal(other._values(spec), fleet._values(spec))
+    with pytest.raises(ValueError, match="not both"):
+        Fleet(InProcessChannel(), deployment.session_id, _clients(deployment, means), SeededSource(1), draw=seeded_draw(9))
+
+
+def test_an_unseeded_fleet_leaves_every_device_its_os_csprng():
+    deployment = Deployment()
+    clients = _clients(deployment, np.zeros(5))
+    fleet = Fleet(InProcessChannel(), deployment.session_id, clients)
+    spec = SimpleNamespace(round_id=0)
+    assert list(fleet._values(spec)) == [None] * 5  # each client draws its own report
+    assert all(isinstance(c.source, SystemSource) and c.source.secure for c in clients)
+
+
+def test_the_services_seed_only_when_told():
+    parser = build_parser()
+    keys = ["--keys", "k", "--broker", "127.0.0.1"]
+    assert parser.parse_args(["clients", "run", *keys, "--users", "3"]).seed is None
+    assert parser.parse_args(["clients", "run", *keys, "--users", "3", "--seed", "4"]).seed == 4
+    assert parser.parse_args(["up"]).seed is None
+    up = parser.parse_args(["up", "--seed", "4", "--distribution", "two-point"])
+    assert (up.seed, up.distribution) == (4, "two-point")
+    assert parser.parse_args(["simulate"]).seed == 0  # simulate never reaches a device: always seeded
+
