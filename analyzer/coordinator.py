@@ -7,8 +7,12 @@ shuffled batch from its signed chunks, opening each as it arrives (until the rou
 deadline plus a grace period). It accepts only chunks signed by the shuffler the
 spec names, takes the first batch id to complete with at least ``min_batch`` valid
 reports, and acknowledges it with a signed :class:`BatchAck`; a signed ``failed``
-outcome from the shuffler ends the wait early. :meth:`Coordinator.run_protocol` runs
-any protocol described as rounds (``analyzer/protocols.py``) this way.
+outcome from the shuffler ends the wait early. With several shuffler instances the
+round has one batch per instance, and a sealed report counts once in the round: a
+copy of one that an earlier batch of the round counted (the same HPKE encapsulated
+key) is dropped as ``duplicate-across-batches``, and does not count towards its
+batch's ``min_batch`` or size. :meth:`Coordinator.run_protocol` runs any protocol
+described as rounds (``analyzer/protocols.py``) this way.
 """
 
 from __future__ import annotations
@@ -45,9 +49,12 @@ class RoundRecord:
     """One completed round: its spec, what was opened, the bytes its chunks took, and its batches.
 
     With several shuffler instances the round has one batch per instance that
-    released: ``opened`` merges them, ``batch_sizes`` gives each batch's number of
-    valid reports (the amplification of a report depends on the size of *its*
-    batch, so the accountant must use the smallest), and ``failed_instances`` counts
+    released: ``opened`` merges them, each sealed report once (a copy in a later
+    batch is dropped and counted in ``opened.rejected`` as ``duplicate-across-batches``),
+    ``batch_sizes`` gives each batch's number of valid reports the round counts, so
+    copies excluded and ``sum(batch_sizes) == opened.size`` (the amplification of a
+    report depends on the size of *its* batch, so the accountant must use the
+    smallest), and ``failed_instances`` counts
     the instances whose signed outcome said they failed. ``signed_spec`` is the
     encoded :class:`SignedRoundSpec` the coordinator announced (empty for a spec it
     served without announcing): the bytes an auditor verifies the round's claim from.
@@ -71,12 +78,24 @@ class RoundRecord:
 
 @dataclass(frozen=True)
 class _Batch:
-    """One completed batch of a round."""
+    """One completed batch of a round; ``keys``: the encapsulated keys of its counted reports
+    (kept only in a round of several shuffler instances, where later batches are checked against them)."""
 
     batch_id: bytes
     opened: OpenedBatch
     bytes: int
     chunks: int
+    keys: frozenset[bytes] = frozenset()
+
+
+class _Claimed:
+    """The encapsulated keys the round's completed batches counted (a view: nothing is copied)."""
+
+    def __init__(self, batches) -> None:
+        self.keys = [b.keys for b in batches]
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in keys for keys in self.keys)
 
 
 class _Assembly:
@@ -197,7 +216,10 @@ class Coordinator:
         :attr:`rejected_batches` by reason and ignored, before it costs more than one
         hash. Signed chunks are opened as they arrive; a chunk index already held is a
         re-delivery and is skipped, and a batch id counts once, so each batch counts
-        exactly once, on whichever topic its chunks arrive.
+        exactly once, on whichever topic its chunks arrive. A report counts once in the
+        round: a completing batch drops the copies of reports that batches completed
+        before it counted (:meth:`BatchOpening.finish`), then must still hold
+        ``min_batch`` valid reports.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.round_timeout + self.grace
@@ -276,13 +298,17 @@ class Coordinator:
         if assembly.received != assembly.total:
             self.rejected_batches["incomplete-batch"] += 1
             return None
-        opened = assembly.opening.finish()
+        # One sealing counts once per round, whichever instances' batches carry it: the
+        # first batch the round accepts claims its reports' keys; a later one drops its copies.
+        opened = assembly.opening.finish(_Claimed(completed.values()) if completed else None)
         if opened.size < spec.min_batch:
             # Not a result: the round was accounted for min_batch reports per batch, and a
-            # short batch (say, junk that fails to open) would void that claim.
+            # short batch (say, junk that fails to open, or copies of another batch's
+            # reports) would void that claim. It claims no key, so it knocks nothing out.
             self.rejected_batches[BatchTooSmall.reason] += 1
             return None
-        return _Batch(chunk.batch_id, opened, assembly.bytes, assembly.chunks)
+        keys = assembly.opening.counted if spec.shuffler_instances > 1 else frozenset()
+        return _Batch(chunk.batch_id, opened, assembly.bytes, assembly.chunks, keys)
 
     async def run_protocol(self, protocol: Protocol, users: int) -> tuple[Any, list[RoundRecord]]:
         """Run every round of ``protocol`` for ``users`` clients; return its result and the round records.

@@ -10,7 +10,10 @@ fatal.
 Batches arrive in signed chunks (:class:`~shuffledp.protocol.messages.ShuffledBatch`);
 a :class:`BatchOpening` opens them as they come, and with ``workers > 1`` spreads
 the HPKE work over that many processes (the duplicate check stays in the parent,
-so it spans the whole batch).
+so it spans the whole batch). With several shuffler instances a round has several
+batches; the coordinator passes each completed batch the encapsulated keys the
+round already counted, so the duplicate check spans the round
+(:data:`CROSS_BATCH_DUPLICATE`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Container, Sequence
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -72,6 +75,11 @@ class OpenedBatch:
 #: Below this many payloads a chunk is opened in the calling process (a process hop costs more).
 PARALLEL_THRESHOLD = 2048
 
+#: The rejection reason of a report that opened in one batch of a round but whose HPKE
+#: encapsulated key another batch of the same round already had counted: one sealing,
+#: delivered by two shuffler instances (re-wrapped under a credential of each).
+CROSS_BATCH_DUPLICATE = "duplicate-across-batches"
+
 
 def _open_rows(
     private: X25519PrivateKey, session_id: bytes, round_id: int, mechanism: str, payloads: Sequence[bytes]
@@ -109,6 +117,15 @@ class BatchOpening:
     randomizer can produce (:func:`~shuffledp.client.mechanisms.report_ranges`,
     checked in :meth:`finish`). Anything else is counted by reason and dropped, so one
     report can move an estimate by at most its bounded share.
+
+    A round with several shuffler instances has one batch per instance, and a sealed
+    report re-wrapped under a credential of each instance is admitted by both. So
+    :meth:`finish` also takes the encapsulated keys that the round's batches completed
+    before this one counted (``claimed``) and drops the rows that carry one of them
+    (:data:`CROSS_BATCH_DUPLICATE`): the copy in the batch that completes first counts,
+    every other is dropped. Only batches the round accepted claim keys, so a batch that
+    is then refused cannot knock a report out of another. :attr:`counted` holds the
+    keys of the rows :meth:`finish` returned.
     """
 
     def __init__(
@@ -123,6 +140,9 @@ class BatchOpening:
         self.on_progress = on_progress
         self.rejected: Counter = Counter()
         self.rows: list[tuple[int, ...]] = []
+        #: The encapsulated key of each row, in the order of :attr:`rows`.
+        self.keys: list[bytes] = []
+        self._kept: np.ndarray | None = None
         self.received = 0
         self._seen_keys: set[bytes] = set()
 
@@ -147,10 +167,13 @@ class BatchOpening:
                     continue
                 self._seen_keys.add(encapsulated)
                 self.rows.append(values)
+                self.keys.append(encapsulated)
         if self.on_progress is not None:
             self.on_progress(len(payloads))
 
-    def finish(self) -> OpenedBatch:
+    def finish(self, claimed: Container[bytes] | None = None) -> OpenedBatch:
+        """The batch's valid rows, less those whose encapsulated key is in ``claimed`` (the
+        keys other batches of the round already counted), and the rejections by reason."""
         ranges = report_ranges(self.spec)
         values = np.array(self.rows, dtype=np.int64).reshape(len(self.rows), len(ranges))
         valid = np.ones(len(self.rows), dtype=bool)
@@ -160,8 +183,22 @@ class BatchOpening:
         rejected = Counter(self.rejected)
         if not valid.all():
             rejected[ValueOutOfRange.reason] += int((~valid).sum())
+        if claimed is not None:
+            copies = np.fromiter((key in claimed for key in self.keys), dtype=bool, count=len(self.keys))
+            if copies.any():
+                rejected[CROSS_BATCH_DUPLICATE] += int((copies & valid).sum())
+                valid &= ~copies
+        if not valid.all():
             values = values[valid]
+        self._kept = valid
         return OpenedBatch(values, rejected)
+
+    @property
+    def counted(self) -> frozenset[bytes]:
+        """The encapsulated keys of the rows :meth:`finish` returned."""
+        if self._kept is None:
+            raise RuntimeError("counted is known once the batch is finished")
+        return frozenset(key for key, keep in zip(self.keys, self._kept.tolist()) if keep)
 
 
 class Analyzer:

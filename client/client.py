@@ -83,6 +83,7 @@ class Client:
         *,
         credential: bytes,
         shuffler_signing_key: bytes | None = None,
+        shuffler_key: bytes | None = None,
         min_batch_floor: int = 1,
         accept_central_only: bool = False,
         source: RandomSource | None = None,
@@ -110,10 +111,18 @@ class Client:
             raise InvalidParameter("credential", f"must be the {CREDENTIAL_BYTES}-byte credential issued at enrollment")
         #: Shown only to the shuffler, inside the outer layer.
         self.credential = credential
-        #: The shuffler this device trusts (pinned at enrollment), or None to take the one the
-        #: analyzer's signed spec names. Pinning keeps a malicious analyzer from naming itself
-        #: (or a colluder) as the shuffler, which would void the amplification, not the local guarantee.
+        #: The shuffler this device trusts (pinned at enrollment): its signing key and its
+        #: sealing (X25519) key, or None for both to take the shuffler the analyzer's signed spec
+        #: names. Pinning keeps a malicious analyzer from naming itself (or a colluder) as the
+        #: shuffler, which would void the amplification, not the local guarantee. Both keys are
+        #: pinned together: a spec that kept the pinned signing key but named another sealing key
+        #: would have the device seal its outer layer (credential, nonce, and for summation every
+        #: share of one user) to whoever holds that key, the analyzer included.
+        if (shuffler_signing_key is None) != (shuffler_key is None):
+            raise InvalidParameter(
+                "shuffler_key", "a device pins both of its shuffler's keys (signing and sealing) or neither")
         self.shuffler_signing_key = shuffler_signing_key
+        self.shuffler_key = shuffler_key
         #: Refuse rounds whose batch holds fewer users than this (``min_batch`` over the reports
         #: each user sends): the crowd the amplification relies on.
         self.min_batch_floor = min_batch_floor
@@ -150,6 +159,8 @@ class Client:
             raise RoundExpired(f"round {spec.round_id} closed at {spec.deadline}")
         if self.shuffler_signing_key is not None and spec.shuffler_signing_key != self.shuffler_signing_key:
             raise UntrustedRound("the spec names a shuffler other than the one this device pinned")
+        if self.shuffler_key is not None and spec.shuffler_key != self.shuffler_key:
+            raise UntrustedRound("the spec names a sealing key other than the one this device pinned for its shuffler")
         users = -(-spec.min_batch // messages_per_user(spec.params))  # the fewest users that fill min_batch
         if users < self.min_batch_floor:
             raise UntrustedRound(f"the round's batch holds {users} users' reports, below this device's floor {self.min_batch_floor}")

@@ -4,32 +4,72 @@ A real deployment runs one :class:`Client` per device; a simulation of thousands
 of users runs them in a :class:`ClientPool`, which subscribes once to the session's
 spec topic and, for each new round, lets every client verify, budget-check,
 randomize, seal and publish its envelopes. The report values of all clients are
-drawn in one vectorized call of the same randomizer a device uses, then each
-client seals its own (so the bytes on the wire are exactly a device's).
+drawn in one vectorized call of the same randomizer a device uses (a ``source``, or
+the engines' ``draw``), then each client seals its own (so the bytes on the wire are
+exactly a device's).
 
-The pool sends each envelope once and forgets it: enough for a simulation over a
-reliable channel. A fleet that must survive a shuffler or broker restart keeps its
-envelopes until signed receipts name them: :class:`shuffledp.fleet.Fleet`.
+The pool is a :class:`shuffledp.fleet.Fleet`, so it delivers as the service fleet
+does: it keeps each envelope until the shuffler's signed receipt names it and sends
+it again, byte for byte, if it seems lost (a broker restart drops what it had not yet
+delivered; the shuffler admits an exact copy once). What it adds for the simulation
+engines: a progress callback while sealing, :meth:`ClientPool.answer_round` (returns
+once a round's envelopes are sent; receipts and copies follow in the background), and
+the pool's counters (:attr:`ClientPool.refused`, :attr:`ClientPool.answered_rounds`).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from shuffledp.client.client import Client, verified_spec
-from shuffledp.client.mechanisms import randomize_reports
-from shuffledp.protocol.channel import Channel, reports_topic, spec_topic
+from shuffledp.fleet import Fleet, FleetRound, cancel_and_wait
+from shuffledp.protocol.channel import Channel, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.messages import RoundSpec
 from shuffledp.protocol.randomness import RandomSource
-from shuffledp.protocol.sealing import Sealer
+
+#: Clients per progress report while a round is sealed.
+PROGRESS_STEP = 1024
 
 
-class ClientPool:
-    """Serves ``clients`` (who share one pinned analyzer key) on ``channel`` for one session."""
+class _Progress:
+    """A round's report values, telling ``on_progress`` every :data:`PROGRESS_STEP` clients as
+    the fleet's sender takes them (each value is taken when the previous client is done)."""
+
+    def __init__(self, values: Sequence[np.ndarray | None], on_progress: Callable[[int], None]) -> None:
+        self.values = values
+        self.on_progress = on_progress
+        self.reported = 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[np.ndarray | None]:
+        for index, value in enumerate(self.values):
+            if index and index % PROGRESS_STEP == 0:
+                self.on_progress(PROGRESS_STEP)
+                self.reported += PROGRESS_STEP
+            yield value
+
+    def finish(self) -> None:
+        """Report the clients not yet reported (the round's sending is over)."""
+        self.on_progress(len(self.values) - self.reported)
+        self.reported = len(self.values)
+
+
+class ClientPool(Fleet):
+    """Serves ``clients`` (who share one pinned analyzer key) on ``channel`` for one session.
+
+    Every round's report values come from ``source`` (one vectorized randomizer call)
+    or from ``draw(spec, local means)``; ``on_progress(k)`` hears of every ``k`` clients
+    that answered. ``retry_interval``, ``grace`` and ``window`` are the fleet's
+    (:class:`~shuffledp.fleet.Fleet`): an envelope without a receipt is sent again after
+    ``retry_interval`` seconds (``math.inf``: never, for a channel that loses nothing).
+    """
 
     def __init__(
         self,
@@ -40,57 +80,92 @@ class ClientPool:
         *,
         draw: Callable[[RoundSpec, np.ndarray], np.ndarray] | None = None,
         on_progress: Callable[[int], None] | None = None,
+        retry_interval: float = 2.0,
+        grace: float = 10.0,
+        window: int = 256,
     ) -> None:
-        self.channel = channel
-        self.session_id = session_id
-        self.clients = list(clients)
-        #: The source of every round's draws, unless ``draw`` (spec, local data) -> reports is
-        #: given: the engines pass one, so both draw a round's reports the same way.
-        self.source = source
-        self.draw = draw
         if source is None and draw is None:
             raise ValueError("a ClientPool needs a source or a draw function")
+        # ``draw`` wins over ``source``: the engines pass one, so both draw a round's reports the same way.
+        super().__init__(
+            channel, session_id, clients, None if draw is not None else source, draw=draw,
+            retry_interval=retry_interval, grace=grace, window=window,
+        )
         self.on_progress = on_progress
-        self.refused: Counter = Counter()
-        self.answered_rounds: list[int] = []
+        self._tasks: list[asyncio.Task] = []
+        self._sending: dict[int, asyncio.Event] = {}
+        self._progress: dict[int, _Progress] = {}
 
-    async def serve(self, rounds: int) -> None:
-        """Answer ``rounds`` distinct rounds, then return."""
+    @property
+    def answered_rounds(self) -> list[int]:
+        """The rounds answered (each verified spec once, in order; possibly refused by every client)."""
+        return list(self.rounds)
+
+    @property
+    def refused(self) -> Counter:
+        """Refusals by reason: of specs that did not verify, and of clients that declined a round."""
+        refused: Counter = Counter()
+        for reason, count in self.bad_messages.items():
+            if reason.startswith("spec-"):
+                refused[reason[len("spec-"):]] += count
+        for state in self.rounds.values():
+            refused.update(state.declined)
+        return refused
+
+    async def serve(self, rounds: int) -> list[FleetRound]:
+        """Answer ``rounds`` distinct rounds, and follow each until its outcome (or deadline + grace)."""
         specs = await self.channel.subscribe(spec_topic(self.session_id))
         try:
-            while len(self.answered_rounds) < rounds:
+            while len(self.rounds) < rounds:
                 await self.answer_round(await specs.get())
+            await asyncio.gather(*self._tasks)
         finally:
+            await cancel_and_wait(self._tasks)
             await specs.close()
+        return [self.rounds[r] for r in sorted(self.rounds)]
 
     async def answer_round(self, signed_spec: bytes) -> None:
-        if not self.clients:
-            return
+        """Answer one signed round with every client; return once its envelopes are sent.
+
+        The round's receipts, retransmissions and outcome are followed in the background
+        (by :meth:`serve`'s end, or until cancelled); a re-delivered spec is ignored."""
         try:
-            spec = verified_spec(signed_spec, self.clients[0].analyzer_signing_key)
+            spec = verified_spec(signed_spec, self.analyzer_signing_key)
         except ShuffleDPError as exc:
-            self.refused[exc.reason] += 1
+            self.bad_messages[f"spec-{exc.reason}"] += 1
             return
-        if spec.round_id in self.answered_rounds:
+        if spec.session_id != self.session_id:
+            self.bad_messages["spec-other-session"] += 1
+            return
+        if spec.round_id in self.rounds:
             return  # a re-delivered retained spec
-        self.answered_rounds.append(spec.round_id)
-        local_means = np.array([c.local_mean for c in self.clients])
+        state = self.rounds[spec.round_id] = FleetRound(spec.round_id, spec.mechanism, spec.epsilon0)
+        sent = self._sending[spec.round_id] = asyncio.Event()
+        task = asyncio.create_task(self.run_round(spec, state))
+        self._tasks.append(task)
+        waiting = asyncio.create_task(sent.wait())
         try:
-            values = self.draw(spec, local_means) if self.draw is not None else randomize_reports(spec, local_means, self.source)
-            sealer = Sealer(spec.analyzer_key)
-        except ShuffleDPError as exc:  # a spec no client can answer: refused by all, the pool goes on
-            self.refused[exc.reason] += len(self.clients)
-            return
-        for index, (client, value) in enumerate(zip(self.clients, values)):
-            try:
-                envelopes = client.answer_verified(spec, sealer, value)
-            except ShuffleDPError as exc:
-                self.refused[exc.reason] += 1
-                continue
-            topic = reports_topic(spec.session_id, spec.round_id, client.instance_for(spec))
-            for envelope in envelopes:
-                await self.channel.publish(topic, envelope)
-            if self.on_progress is not None and index % 1024 == 1023:
-                self.on_progress(1024)
-        if self.on_progress is not None:
-            self.on_progress(len(self.clients) % 1024)
+            await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait([waiting])
+            self._sending.pop(spec.round_id, None)
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise task.exception()
+
+    def _values(self, spec: RoundSpec) -> Sequence[np.ndarray | None]:
+        values = super()._values(spec)
+        if self.on_progress is None:
+            return values
+        progress = self._progress[spec.round_id] = _Progress(values, self.on_progress)
+        return progress
+
+    async def _send(self, spec, state, *rest) -> None:
+        try:
+            await super()._send(spec, state, *rest)
+        finally:
+            progress = self._progress.pop(spec.round_id, None)
+            if progress is not None:
+                progress.finish()
+            sent = self._sending.pop(spec.round_id, None)
+            if sent is not None:
+                sent.set()

@@ -122,6 +122,10 @@ def render_metrics(stats: Mapping[str, Any], transport: Mapping[str, Any] | None
                int(stats.get("acknowledged_batches", 0)))
     out.metric("republished_batches_total", "counter", "Unacknowledged batches published again (after a restart, and periodically).",
                int(stats.get("republished_batches", 0)))
+    out.metric("storage_errors_total", "counter",
+               "Spool writes that failed (disk full, I/O error), by operation (open-round, release, fail, acknowledge); "
+               'envelopes refused because their admission could not be written are in rejected_total{reason="storage-error"}.',
+               _by("operation", stats.get("storage_errors", {})))
     out.metric("rejected_acks_total", "counter", "Acknowledgements refused, by reason.", _by("reason", stats.get("rejected_acks", {})))
     out.metric("rejected_announcements_total", "counter", "Round announcements refused, by reason.",
                _by("reason", stats.get("rejected_announcements", {})))

@@ -23,8 +23,10 @@ topic), the shuffler
 4. once ``max_batch`` envelopes are admitted, or at the deadline, releases the round
    if it holds at least ``min_batch``: keeps only the sealed reports, permutes them
    with the OS CSPRNG (:func:`secure_permutation`), cuts the batch into signed chunks
-   of at most ``chunk_size`` reports under a fresh batch id, spools the chunks, and
-   publishes them and a signed ``released`` :class:`RoundOutcome`. A round below
+   of at most ``chunk_size`` reports under a fresh batch id, spools the chunks (and,
+   in the same transaction, deletes the round's admitted envelopes: from then on the
+   spool holds no client id, nonce or arrival order of the round), and publishes
+   them and a signed ``released`` :class:`RoundOutcome`. A round below
    ``min_batch`` at its deadline fails: its reports are deleted, never forwarded
    (that would void the amplification the round was accounted for), and a signed
    ``failed`` outcome tells its clients;
@@ -35,9 +37,18 @@ topic), the shuffler
 
 Bad input never stops the service: admission raises only typed errors, and a
 last-resort guard counts anything else as ``internal-error`` (a bug to fix, never
-seen in the fuzz suite) instead of ending the task. The shuffler never sees a value
-(reports are sealed to the analyzer), and every sealed report of a round has one
-length.
+seen in the fuzz suite) instead of ending the task. Neither does a spool that cannot
+be written (a full disk, an I/O error): envelopes whose admission could not be
+committed are refused without a receipt, so their clients send them again, and
+counted as ``storage-error``; a round's opening and its release are retried every
+``storage_retry_interval`` seconds until they are written (a batch is published only
+once it is in the spool); an acknowledgement that cannot be written is retried with
+the periodic re-publishing; a round that fails while its failure cannot be written
+stays open in the spool, and fails again (its reports deleted) when it is next
+resumed. Every such failure is logged with SQLite's own error and counted
+(``storage-error`` rejections, :attr:`Shuffler.storage_errors`). The shuffler never
+sees a value (reports are sealed to the analyzer), and every sealed report of a
+round has one length.
 """
 
 from __future__ import annotations
@@ -87,7 +98,7 @@ from shuffledp.protocol.messages import (
 from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
 from shuffledp.shuffler.parallel_open import OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
-from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool, Spool
+from shuffledp.shuffler.spool import AdmittedEnvelope, SpoolStorageError, SqliteSpool, Spool
 
 _log = logging.getLogger(__name__)
 #: Reports per batch chunk by default: about 2 MiB of sealed reports per MQTT message.
@@ -96,6 +107,8 @@ DEFAULT_CHUNK_SIZE = 16384
 REFUSALS_PER_CREDENTIAL = 8
 #: Most envelopes admitted (and spooled) in one group commit, and named in one receipts message.
 BURST = 4096
+#: Seconds between attempts to write a round's opening or release the spool could not write.
+STORAGE_RETRY_INTERVAL = 1.0
 
 
 @dataclass
@@ -257,7 +270,7 @@ class RoundAdmission:
             else:
                 pending.add(admitted)
         if pending.envelopes:
-            self._commit(pending.envelopes, receipts)
+            self._commit(pending.envelopes, receipts)  # a storage failure is counted and logged there
         for nonce in retransmitted:  # named admitted only once its original is committed
             if nonce in self.nonces:
                 self.stats.retransmitted += 1
@@ -277,31 +290,51 @@ class RoundAdmission:
                 out.append(exc)
         return out
 
-    def _commit(self, batch: list[AdmittedEnvelope], receipts: Receipts) -> None:
+    def _commit(self, batch: list[AdmittedEnvelope], receipts: Receipts) -> SpoolStorageError | None:
+        """Spool ``batch`` and record what was committed; the storage failure, if any.
+
+        Envelopes the spool could not write (:class:`SpoolStorageError`: a full disk, an
+        I/O error) are not admitted and get no receipt, so their clients send them again;
+        they are counted as ``storage-error``, not held against their credentials."""
         spec = self.spec
+        failure: SpoolStorageError | None = None
+        unwritten = 0
         if self.spool is not None:
             try:
                 self.spool.admit_many(spec.session_id, spec.round_id, batch)
+            except SpoolStorageError as exc:
+                failure, unwritten, batch = exc, len(batch), []
             except ShuffleDPError:  # another process on the spool admitted one of them: go one by one
                 kept = []
                 for envelope in batch:
                     try:
                         self.spool.admit(spec.session_id, spec.round_id, envelope)
                         kept.append(envelope)
+                    except SpoolStorageError as exc:
+                        failure, unwritten = exc, unwritten + 1
                     except ShuffleDPError as exc:
                         self.stats.rejected[exc.reason] += 1
                         receipts.refused.append(envelope.nonce)
                         receipts.reasons.append(exc.reason)
                 batch = kept
+        if failure is not None:
+            self.stats.rejected[SpoolStorageError.reason] += unwritten
+            _log.error(
+                "shuffler: round %d: %d envelope(s) not admitted, no receipt sent (their clients send them again): %s",
+                spec.round_id, unwritten, failure,
+            )
         for envelope in batch:
             self._record(envelope)
             receipts.admitted.append(envelope.nonce)
+        return failure
 
     def admit(self, data: bytes) -> None:
         """Admit one encoded envelope or raise its typed :class:`ShuffleDPError` (tests and tools)."""
         _, admitted = self._check(data, _Pending())
         if admitted is not None:
-            self._commit([admitted], Receipts())
+            failure = self._commit([admitted], Receipts())
+            if failure is not None:
+                raise failure
 
     def offer(self, data: bytes) -> None:
         """Admit or count the rejection; never raises for bad input."""
@@ -386,6 +419,7 @@ class Shuffler:
         republish_interval: float = 30.0,
         instance: int = 0,
         workers: int = 1,
+        storage_retry_interval: float = STORAGE_RETRY_INTERVAL,
         clock=time.time,
     ) -> None:
         if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -405,12 +439,19 @@ class Shuffler:
         self.spool = spool if spool is not None else SqliteSpool(":memory:")
         self.chunk_size = chunk_size
         self.republish_interval = republish_interval
+        self.storage_retry_interval = storage_retry_interval
         self.clock = clock
         self.rounds: dict[int, RoundStats] = {}
         self.rejected_announcements: Counter = Counter()
         self.rejected_acks: Counter = Counter()
         self.acknowledged: int = 0
         self.republished: int = 0
+        #: Spool writes that failed (disk full, I/O error), by operation: ``open-round``, ``release``,
+        #: ``fail``, ``acknowledge``. (Envelopes whose admission could not be written are counted
+        #: as their round's ``storage-error`` rejections.)
+        self.storage_errors: Counter = Counter()
+        #: Acknowledged batches whose acknowledgement the spool could not write yet (retried).
+        self._acks_unwritten: set[bytes] = set()
         self.started = time.time()
 
     # ------------------------------------------------------------------ serving
@@ -427,7 +468,11 @@ class Shuffler:
                     try:
                         spec = self.verified_spec(stored.signed_spec)
                     except ShuffleDPError as exc:  # e.g. keys rotated since: the round cannot be served
-                        self.spool.fail(stored.session_id, stored.round_id, exc.reason)
+                        try:
+                            self.spool.fail(stored.session_id, stored.round_id, exc.reason)
+                        except SpoolStorageError as failure:  # still open in the spool: failed again next time
+                            self.storage_errors["fail"] += 1
+                            _log.error("shuffler: round %d: failure not written to the spool: %s", stored.round_id, failure)
                         continue
                     await self._run_guarded(spec, stored.signed_spec)
             async for data in announcements:
@@ -474,14 +519,40 @@ class Shuffler:
         try:
             await self.run_round(spec, signed_spec)
         except ShuffleDPError as exc:  # e.g. a batch too large to encode: the round fails, the service goes on
-            self.rounds[spec.round_id].outcome = exc.reason
-            self.spool.fail(spec.session_id, spec.round_id, exc.reason)
-            await self._publish_outcome(spec, "failed", exc.reason, self.rounds[spec.round_id].admitted)
+            stats = self.rounds.setdefault(spec.round_id, RoundStats(spec.round_id))
+            stats.outcome = exc.reason
+            self._fail_round(spec, exc.reason)
+            await self._publish_outcome(spec, "failed", exc.reason, stats.admitted)
             _log.warning("shuffler: round %d failed: %s", spec.round_id, exc)
+
+    def _fail_round(self, spec: RoundSpec, reason: str) -> None:
+        """Mark the round failed in the spool (deleting its reports); if the spool cannot be written,
+        log and count it: the round stays open there, and fails again when it is next resumed."""
+        try:
+            self.spool.fail(spec.session_id, spec.round_id, reason)
+        except SpoolStorageError as exc:
+            self.storage_errors["fail"] += 1
+            _log.error("shuffler: round %d: failure not written to the spool (its reports are deleted when "
+                       "the round is next resumed): %s", spec.round_id, exc)
+
+    async def _until_written(self, what: str, round_id: int, write, *args, deadline: float | None = None):
+        """``write(*args)``, retried every ``storage_retry_interval`` seconds while the spool cannot
+        write it (each failure logged and counted); re-raises once ``deadline`` (clock time) passed."""
+        while True:
+            try:
+                return write(*args)
+            except SpoolStorageError as exc:
+                self.storage_errors[what] += 1
+                if deadline is not None and self.clock() >= deadline:
+                    raise
+                _log.error("shuffler: round %d: %s not written to the spool, retrying in %g s: %s",
+                           round_id, what, self.storage_retry_interval, exc)
+                await asyncio.sleep(self.storage_retry_interval)
 
     async def run_round(self, spec: RoundSpec, signed_spec: bytes) -> RoundStats:
         """Open (or resume) one round, admit until ``max_batch`` or the deadline, then release or fail."""
-        self.spool.open_round(spec.session_id, spec.round_id, signed_spec)
+        await self._until_written("open-round", spec.round_id, self.spool.open_round, spec.session_id, spec.round_id,
+                                  signed_spec, deadline=spec.deadline)
         admission = RoundAdmission(
             spec, self.keys, self.issuer, self.spool, revoked=self.revoked, instance=self.instance, opener_pool=self.opener_pool
         )
@@ -509,13 +580,14 @@ class Shuffler:
         stats = admission.stats
         if not batch_releasable(stats.admitted, spec):
             stats.outcome = BatchTooSmall.reason
-            self.spool.fail(spec.session_id, spec.round_id, BatchTooSmall.reason)
+            self._fail_round(spec, BatchTooSmall.reason)
             await self._publish_outcome(spec, "failed", BatchTooSmall.reason, stats.admitted)
             _log.info("shuffler: round %d failed with %d of %d reports", spec.round_id, stats.admitted, spec.min_batch)
             return stats
         batch_id = os.urandom(BATCH_ID_BYTES)
         chunks = batch_chunks(spec, self.keys, batch_id, admission.shuffled_payloads(), self.chunk_size)
-        self.spool.release(spec.session_id, spec.round_id, batch_id, chunks)
+        # published only once spooled: until then the round stays open in the spool, with its reports
+        await self._until_written("release", spec.round_id, self.spool.release, spec.session_id, spec.round_id, batch_id, chunks)
         await self._publish_chunks(spec.session_id, spec.round_id, chunks)
         stats.forwarded = stats.admitted
         stats.chunks = len(chunks)
@@ -567,7 +639,7 @@ class Shuffler:
         """Publish again every released batch of this session the analyzer has not acknowledged."""
         count = 0
         for stored in self.spool.unacknowledged():
-            if stored.session_id == self.session_id:
+            if stored.session_id == self.session_id and stored.batch_id not in self._acks_unwritten:
                 await self._publish_chunks(stored.session_id, stored.round_id, stored.chunks)
                 count += 1
         self.republished += count
@@ -576,6 +648,11 @@ class Shuffler:
     async def _republish_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.republish_interval)
+            for batch_id in sorted(self._acks_unwritten):
+                try:
+                    self._acknowledge(batch_id)
+                except SpoolStorageError:
+                    break  # still not writable: next time
             try:
                 await self.republish_unacknowledged()
             except ShuffleDPError as exc:  # e.g. the broker is away: try again next time
@@ -599,15 +676,32 @@ class Shuffler:
             self.rejected_acks[INTERNAL_ERROR] += 1
             _log.exception("shuffler acknowledgement: untyped exception")
             return False
-        served = self.spool.acknowledge(ack.batch_id)
-        if served is not None:
-            self.acknowledged += 1
-            stats = self.rounds.get(served[1]) if served[0] == self.session_id else None  # the batch's round, not the ack's word
-            if stats is not None:
-                stats.outcome = "served"
-            return True
+        try:
+            if self._acknowledge(ack.batch_id):
+                return True
+        except SpoolStorageError as exc:
+            self.rejected_acks[exc.reason] += 1
+            self._acks_unwritten.add(ack.batch_id)
+            _log.error("shuffler: acknowledgement of batch %s not written to the spool (retried): %s", ack.batch_id.hex(), exc)
+            return False
         self.rejected_acks["unknown-batch"] += 1
         return False
+
+    def _acknowledge(self, batch_id: bytes) -> bool:
+        """Write an authenticated acknowledgement to the spool; whether it served a released batch."""
+        try:
+            served = self.spool.acknowledge(batch_id)
+        except SpoolStorageError:
+            self.storage_errors["acknowledge"] += 1
+            raise
+        self._acks_unwritten.discard(batch_id)
+        if served is None:
+            return False
+        self.acknowledged += 1
+        stats = self.rounds.get(served[1]) if served[0] == self.session_id else None  # the batch's round, not the ack's word
+        if stats is not None:
+            stats.outcome = "served"
+        return True
 
     # ------------------------------------------------------------------ operator view
     def stats(self) -> dict[str, Any]:
@@ -625,6 +719,7 @@ class Shuffler:
             "rejected_acks": dict(self.rejected_acks),
             "acknowledged_batches": self.acknowledged,
             "republished_batches": self.republished,
+            "storage_errors": dict(sorted(self.storage_errors.items())),
         }
 
 

@@ -64,7 +64,8 @@ def _client(vector, source=None, ledger=None) -> Client:
     ledger = ledger or PrivacyLedger(100.0, delta_budget=0.9)
     # the summation round is central-only: such a device opts in and pins its shuffler
     return DEPLOYMENT.client(
-        np.array([vector], dtype=float), ledger, source=source, accept_central_only=True, shuffler_signing_key=SHUFFLER_KEYS.signing_public
+        np.array([vector], dtype=float), ledger, source=source, accept_central_only=True, shuffler_signing_key=SHUFFLER_KEYS.signing_public,
+        shuffler_key=SHUFFLER_KEYS.hpke_public,
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import cbor2
 import numpy as np
 import pytest
@@ -272,12 +274,37 @@ def test_a_device_can_pin_its_shuffler_and_a_crowd_floor():
     from shuffledp.client.client import UntrustedRound
 
     s = spec(round_id=6)
-    pinned = client(shuffler_signing_key=DEPLOYMENT.shuffler_keys.signing_public, min_batch_floor=1)
+    pinned = client(shuffler_signing_key=DEPLOYMENT.shuffler_keys.signing_public,
+                    shuffler_key=DEPLOYMENT.shuffler_keys.hpke_public, min_batch_floor=1)
     pinned.answer(ANALYZER.sign_spec(s))
-    other = client(shuffler_signing_key=ShufflerKeys.generate().signing_public)
+    impostor = ShufflerKeys.generate()
+    other = client(shuffler_signing_key=impostor.signing_public, shuffler_key=impostor.hpke_public)
     with pytest.raises(UntrustedRound):
         other.answer(ANALYZER.sign_spec(s))
     small = client(min_batch_floor=1000)
     with pytest.raises(UntrustedRound):
         small.answer(ANALYZER.sign_spec(s))  # this spec promises a crowd of 1
     assert other.ledger.spent_epsilon == small.ledger.spent_epsilon == 0.0
+
+
+def test_a_pinned_device_refuses_a_spec_that_swaps_its_shuffler_sealing_key():
+    """A malicious analyzer keeps the pinned shuffler signing key but names its own X25519 key as
+    the shuffler's: a pinned device must not seal its outer layer (credential, nonce, every share)
+    to it. It refuses, and is not charged."""
+    from shuffledp.client.client import UntrustedRound
+
+    analyzer_as_shuffler = ShufflerKeys.generate()
+    s = dataclasses.replace(spec(round_id=7), shuffler_key=analyzer_as_shuffler.hpke_public)
+    assert s.shuffler_signing_key == DEPLOYMENT.shuffler_keys.signing_public
+    pinned = client(shuffler_signing_key=DEPLOYMENT.shuffler_keys.signing_public,
+                    shuffler_key=DEPLOYMENT.shuffler_keys.hpke_public, min_batch_floor=1)
+    with pytest.raises(UntrustedRound):
+        pinned.answer(ANALYZER.sign_spec(s))
+    assert pinned.ledger.spent_epsilon == 0.0 and pinned.sent == {}
+
+
+def test_a_device_pins_both_shuffler_keys_or_neither():
+    with pytest.raises(InvalidParameter):
+        client(shuffler_signing_key=DEPLOYMENT.shuffler_keys.signing_public)
+    with pytest.raises(InvalidParameter):
+        client(shuffler_key=DEPLOYMENT.shuffler_keys.hpke_public)

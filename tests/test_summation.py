@@ -204,7 +204,8 @@ def _spec_for_batch(params, min_batch):
 
 def _central(deployment: Deployment) -> dict:
     """Client options of a device that answers central-only rounds: opt in, and pin the shuffler."""
-    return {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public}
+    return {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public,
+            "shuffler_key": deployment.shuffler_keys.hpke_public}
 
 
 def test_a_device_answers_summation_only_if_it_opted_in_and_pinned_its_shuffler():
@@ -219,7 +220,8 @@ def test_a_device_answers_summation_only_if_it_opted_in_and_pinned_its_shuffler(
         deployment.client(np.array([0.4]), PrivacyLedger(EPS, DELTA), accept_central_only=True)
     other = Deployment()  # a device pinned to another shuffler
     pinned_elsewhere = deployment.client(
-        np.array([0.4]), PrivacyLedger(EPS, DELTA), accept_central_only=True, shuffler_signing_key=other.shuffler_keys.signing_public
+        np.array([0.4]), PrivacyLedger(EPS, DELTA), accept_central_only=True, shuffler_signing_key=other.shuffler_keys.signing_public,
+        shuffler_key=other.shuffler_keys.hpke_public,
     )
     with pytest.raises(UntrustedRound, match="pinned"):
         pinned_elsewhere.answer(signed)

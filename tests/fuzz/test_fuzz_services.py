@@ -150,6 +150,7 @@ def client_reports(spec: RoundSpec, samples, seeds) -> tuple[tuple[bytes, bytes,
             data, ANALYZER.keys.signing_public, PrivacyLedger(1e6, 0.9999),
             credential=ISSUER.issue(seed.to_bytes(16, "big")), clock=lambda: NOW, source=SeededSource(seed),
             accept_central_only=True, shuffler_signing_key=spec.shuffler_signing_key,  # summation rounds too
+            shuffler_key=spec.shuffler_key,
         )
         for envelope in client.answer(signed_spec)[:4]:  # every message of a multi-message round is a report
             admission = opener.open(envelope)
