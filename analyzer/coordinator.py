@@ -18,6 +18,7 @@ described as rounds (``analyzer/protocols.py``) this way.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections import Counter
@@ -31,7 +32,7 @@ from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch, read
 from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
-from shuffledp.protocol.messages import SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, messages_per_user
+from shuffledp.protocol.messages import MAX_BATCH, SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, messages_per_user
 from shuffledp.protocol.onion import decode_verified
 from shuffledp.protocol.report_format import report_format
 
@@ -110,6 +111,23 @@ class _Assembly:
         self.bytes = 0
 
 
+#: The least liveness margin :func:`liveness_margin` gives a round.
+MIN_LIVENESS_MARGIN = 8
+
+
+def liveness_margin(min_batch: int) -> int:
+    """Envelopes a round admits beyond ``min_batch``: ``max(8, ceil(min_batch / 100))``.
+
+    With ``max_batch = min_batch + liveness_margin(min_batch)``, up to that many envelopes that
+    do not open to a valid report (junk from enrolled credentials, which the shuffler cannot
+    tell from reports) neither take an honest client's place (``round-full``) nor fail a round
+    in which ``min_batch`` honest reports arrived before the deadline: the shuffler releases
+    them all at the deadline, and the analyzer drops the junk and still counts ``min_batch``
+    valid reports. The price: such a round is released at its deadline unless
+    ``max_batch`` envelopes arrive first."""
+    return max(MIN_LIVENESS_MARGIN, math.ceil(min_batch / 100))
+
+
 def check_servable(spec: RoundSpec) -> None:
     """Refuse a round whose largest batch could not be encoded as one shuffled-batch message."""
     sealed = report_format(spec.round_id, spec.mechanism).sealed_size
@@ -134,8 +152,16 @@ class Coordinator:
         round_timeout: float = 60.0,
         grace: float = 5.0,
         on_progress: Callable[[int], None] | None = None,
+        batch_margin: int | None = 0,
     ) -> None:
+        if batch_margin is not None and (not isinstance(batch_margin, int) or batch_margin < 0):
+            raise ValueError("batch_margin must be None or a non-negative integer")
         self.channel = channel
+        #: Envelopes a round admits beyond ``min_batch`` when ``run_round`` is given no ``max_batch``:
+        #: an int, or None for :func:`liveness_margin` of the round's ``min_batch``. 0 (the exact
+        #: population: released as soon as ``min_batch`` envelopes arrive) suits only rounds whose
+        #: every credential is held by a party that sends valid reports, as in a simulation.
+        self.batch_margin = batch_margin
         self.analyzer = analyzer
         self.shuffler = shuffler
         self.session_id = session_id if session_id is not None else os.urandom(SESSION_ID_BYTES)
@@ -158,14 +184,20 @@ class Coordinator:
     ) -> RoundRecord:
         """Announce one round; return its batches that open to at least ``min_batch`` valid reports each.
 
-        ``max_batch`` defaults to ``min_batch``: the shuffler forwards as soon as it holds
-        ``min_batch`` reports, so a longer batch is not the shuffler's, and refusing it
-        before opening bounds the work junk on the batch topic can cost. With
+        ``max_batch`` defaults to ``min_batch`` plus the coordinator's ``batch_margin``
+        (:func:`liveness_margin` when it is None), at most ``MAX_BATCH``. With margin 0 the
+        shuffler forwards as soon as it holds ``min_batch`` envelopes, and one junk envelope
+        from an enrolled credential fails the round; with a margin, up to that many junk
+        envelopes cannot (the batch is released at the deadline unless ``max_batch``
+        envelopes arrive first). The analyzer counts only valid reports towards
+        ``min_batch`` either way, and refuses a longer batch before opening it. With
         ``shuffler_instances`` > 1, each instance releases its own batch (or fails); the
         round ends when every instance has been heard from, or at the deadline plus the
         grace period with the batches complete by then.
         """
-        max_batch = min_batch if max_batch is None else max_batch
+        if max_batch is None:
+            margin = liveness_margin(min_batch) if self.batch_margin is None else self.batch_margin
+            max_batch = max(min_batch, min(MAX_BATCH, min_batch + margin))
         spec = RoundSpec(
             session_id=self.session_id,
             round_id=self._next_round,

@@ -63,6 +63,9 @@ log = logging.getLogger("shuffledp.mqtt")
 
 T = TypeVar("T")
 
+#: The last level of every reports topic (``channel.reports_topic``).
+REPORTS_SUFFIX = "/reports"
+
 #: CONNACK codes that mean the broker refused who we are (MQTT 3.1.1: 4 bad
 #: username or password, 5 not authorised; MQTT 5: 0x86, 0x87).
 _REFUSED_IDENTITY = {4, 5, 0x86, 0x87}
@@ -234,6 +237,9 @@ class MqttChannel:
         self.bytes_by_topic: Counter = Counter()
         self.messages_by_topic: Counter = Counter()
         self.dropped_by_topic: Counter = Counter()
+        #: Retained messages on reports topics, dropped unread: reports are never published
+        #: retained, and a retained one would replay to every later subscription.
+        self.dropped_retained: Counter = Counter()
         self.reconnects = 0
         self.republished = 0
         self.last_error: str | None = None
@@ -430,6 +436,12 @@ class MqttChannel:
             topic = message.topic.value
             subs = self._subscribers.get(topic)
             if not subs:
+                return
+            if message.retain and topic.endswith(REPORTS_SUFFIX):
+                # A client account may publish retained on a reports topic (mosquitto 2.0 cannot
+                # forbid it per role); the broker replays such a message to every later
+                # subscriber, so a report that arrives retained is never delivered.
+                self.dropped_retained[topic] += 1
                 return
             payload = message.payload
             data = bytes(payload) if isinstance(payload, (bytes, bytearray)) else b""

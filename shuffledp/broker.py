@@ -439,6 +439,39 @@ def _current_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+#: ``prctl(2)`` option asking Linux to signal a process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def parent_death_signal(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` for :class:`subprocess.Popen` that makes the child receive
+    ``sig`` when the process that started it dies (even by SIGKILL), or ``None``
+    where this is unavailable (not Linux, or no ``prctl`` in the C library).
+
+    libc is resolved here, in the parent, so the child only makes the system call
+    between ``fork`` and ``exec``. If the parent is already gone by then, the child
+    signals itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
 # --------------------------------------------------------------------------- broker
 
 
@@ -455,6 +488,10 @@ class Broker:
 
     Passwords and certificates are made once per instance (on the first start or
     by :meth:`write_files`) and therefore survive restarts.
+
+    With ``die_with_parent=True`` (Linux) mosquitto receives SIGTERM when the thread
+    that started it ends, e.g. when its process is killed with SIGKILL, so a broker
+    never outlives the program that owns it.
     """
 
     def __init__(
@@ -473,6 +510,7 @@ class Broker:
         max_inflight_messages: int = DEFAULT_MAX_INFLIGHT_MESSAGES,
         startup_timeout: float = 10.0,
         mosquitto: str | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self._owns_directory = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="shuffledp-broker-") if directory is None else directory)
@@ -491,6 +529,7 @@ class Broker:
         self.max_inflight_messages = max_inflight_messages
         self.startup_timeout = startup_timeout
         self._mosquitto = mosquitto
+        self.die_with_parent = die_with_parent
         self._process: subprocess.Popen | None = None
         self._tls: TlsFiles | None = None
         self._reaper: weakref.finalize | None = None
@@ -633,7 +672,8 @@ class Broker:
         log = open(self.log_file, "ab")
         try:
             self._process = subprocess.Popen(
-                [binary, "-c", str(self.conf_file)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                [binary, "-c", str(self.conf_file)], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                preexec_fn=parent_death_signal() if self.die_with_parent else None,
             )
         finally:
             log.close()

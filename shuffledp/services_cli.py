@@ -897,11 +897,73 @@ async def _stop(process: asyncio.subprocess.Process, timeout: float = 10.0) -> i
     return process.returncode
 
 
+#: Run by `up` beside its parties when it made a temporary directory: it reads the parties'
+#: pids from a pipe only `up` holds. At EOF without "done" (`up` died, e.g. by SIGKILL) it
+#: sends SIGTERM to the parties still running (on Linux they already got it as their parent
+#: death signal), waits for them to end and removes the directory.
+_UP_REAPER = """
+import os, shutil, signal, sys, time
+base, fd = sys.argv[1], int(sys.argv[2])
+pids, done = [], False
+with os.fdopen(fd, "rb") as pipe:
+    for line in pipe:
+        word = line.strip()
+        if word == b"done":
+            done = True
+        elif word.isdigit():
+            pids.append(int(word))
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+if not done:
+    for pid in pids:
+        if alive(pid):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+    deadline = time.monotonic() + 30.0
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(base, ignore_errors=True)
+"""
+
+
+async def _start_up_reaper(base: Path) -> int:
+    """Start the reaper of a temporary deployment directory; the write end of its pipe."""
+    read_end, write_end = os.pipe()
+    try:
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _UP_REAPER, str(base), str(read_end), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL, pass_fds=(read_end,),
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return write_end
+
+
 async def _up_async(args: argparse.Namespace) -> int:
+    import contextlib
     import shutil
     import tempfile
 
-    from shuffledp.broker import Broker, BrokerError, BrokerUsers
+    from shuffledp.broker import Broker, BrokerError, BrokerUsers, parent_death_signal
     from shuffledp.keys import init_keys
     from shuffledp.population import Population
     from shuffledp.simulation import SimulationConfig
@@ -917,13 +979,28 @@ async def _up_async(args: argparse.Namespace) -> int:
     tau = simulated.radius
     started = time.monotonic()
     temporary = args.dir is None
+    reaper: int | None = None  # pipe to the reaper of the temporary directory
     if temporary:
         base = Path(tempfile.mkdtemp(prefix="shuffledp-up-"))
+        if not args.keep:
+            try:
+                reaper = await _start_up_reaper(base)
+            except BaseException:
+                shutil.rmtree(base, ignore_errors=True)
+                raise
+
+        def watch(pid: int) -> None:
+            if reaper is not None:
+                with contextlib.suppress(OSError):
+                    os.write(reaper, f"{pid}\n".encode())
     else:
         base = Path(args.dir)
         if base.exists() and (not base.is_dir() or any(base.iterdir())):
             raise UsageError(f"--dir: {base} exists and is not an empty directory")
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+        def watch(pid: int) -> None:
+            pass
     broker: Broker | None = None
     processes: dict[str, asyncio.subprocess.Process] = {}
     relays: list[asyncio.Task] = []
@@ -935,11 +1012,15 @@ async def _up_async(args: argparse.Namespace) -> int:
         _say(f"keys: session {public.session_id.hex()}, {args.users} client credentials (keys/, private files 0600)")
         _say(f"data and randomizer draws seeded with --seed {args.seed}, as `shuffledp simulate --seed {args.seed}`"
              if args.seed is not None else "fresh data; every device draws its noise from the OS CSPRNG")
-        broker = Broker(base / "broker", users=BrokerUsers.default())
+        # Started from this (the main) thread: Linux sends the parent death signal when the
+        # thread that forked a child ends, and this one lasts as long as `up`.
+        broker = Broker(base / "broker", users=BrokerUsers.default(), die_with_parent=True)
         try:
-            await asyncio.to_thread(broker.start)
+            broker.start()
         except BrokerError as exc:
             raise UsageError(f"cannot start mosquitto: {exc}") from None
+        assert broker.pid is not None
+        watch(broker.pid)
         _say(f"broker: mosquitto pid {broker.pid} on {broker.host}:{broker.port} (TLS 1.2+, passwords, ACL by role)")
         secrets = base / "secrets"
         secrets.mkdir(mode=0o700)
@@ -970,11 +1051,14 @@ async def _up_async(args: argparse.Namespace) -> int:
         for name, command in commands.items():
             # Each party in its own session: a Ctrl-C at the terminal reaches `up` only, which
             # then stops the parties in order (the analyzer and clients first, the shuffler last).
+            # Should `up` die without stopping them (SIGKILL), Linux sends each SIGTERM.
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=parent_death_signal(),
             )
             processes[name] = process
+            watch(process.pid)
             relays.append(asyncio.create_task(_relay(name, process.stdout)))
             _say(f"{name}: pid {process.pid}")
         remaining = args.timeout - (time.monotonic() - started)
@@ -1017,6 +1101,10 @@ async def _up_async(args: argparse.Namespace) -> int:
         shutil.rmtree(base, ignore_errors=True)
     else:
         _say(f"kept {base} (keys, broker, spool/, shuffler-stats.json, result.json, clients.json)")
+    if reaper is not None:
+        with contextlib.suppress(OSError):
+            os.write(reaper, b"done\n")
+        os.close(reaper)
     return 130 if interrupted else EXIT_OK if ok else EXIT_FAILED
 
 

@@ -33,7 +33,14 @@ topic), the shuffler
 5. marks a round served when the analyzer's signed :class:`BatchAck` arrives, and
    re-publishes unacknowledged batches after a restart and every
    ``republish_interval`` seconds: at least once on the wire, exactly once at the
-   analyzer (which takes one batch id per round).
+   analyzer (which takes one batch id per round). A batch still unacknowledged
+   ``ack_timeout`` seconds after its round's deadline (or after this process released
+   or, after a restart, first re-published it, if later) is given up: the analyzer
+   refused it (e.g. fewer than ``min_batch`` of its reports were valid) or is gone
+   (the analyzer accepts batches only until the deadline plus its grace period, which
+   ``ack_timeout`` must exceed). Its chunks are deleted from
+   the spool, it is never published again, and a signed ``failed`` outcome (reason
+   ``not-acknowledged``) tells its clients.
 
 Bad input never stops the service: admission raises only typed errors, and a
 last-resort guard counts anything else as ``internal-error`` (a bug to fix, never
@@ -109,6 +116,10 @@ REFUSALS_PER_CREDENTIAL = 8
 BURST = 4096
 #: Seconds between attempts to write a round's opening or release the spool could not write.
 STORAGE_RETRY_INTERVAL = 1.0
+#: Seconds a released batch is re-published while unacknowledged before the shuffler gives it up.
+ACK_TIMEOUT = 600.0
+#: The signed ``failed`` outcome's reason for a batch given up unacknowledged.
+NOT_ACKNOWLEDGED = "not-acknowledged"
 
 
 @dataclass
@@ -420,6 +431,7 @@ class Shuffler:
         instance: int = 0,
         workers: int = 1,
         storage_retry_interval: float = STORAGE_RETRY_INTERVAL,
+        ack_timeout: float = ACK_TIMEOUT,
         clock=time.time,
     ) -> None:
         if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -439,6 +451,8 @@ class Shuffler:
         self.spool = spool if spool is not None else SqliteSpool(":memory:")
         self.chunk_size = chunk_size
         self.republish_interval = republish_interval
+        #: Seconds a released batch is re-published unacknowledged before it is given up.
+        self.ack_timeout = ack_timeout
         self.storage_retry_interval = storage_retry_interval
         self.clock = clock
         self.rounds: dict[int, RoundStats] = {}
@@ -452,6 +466,11 @@ class Shuffler:
         self.storage_errors: Counter = Counter()
         #: Acknowledged batches whose acknowledgement the spool could not write yet (retried).
         self._acks_unwritten: set[bytes] = set()
+        #: Batches given up unacknowledged (``ack_timeout``), each with a signed ``failed`` outcome.
+        self.expired: int = 0
+        #: From when (``clock``) each unacknowledged batch's ``ack_timeout`` runs: its round's deadline,
+        #: or when this process released or first re-published it, whichever is later.
+        self._published_at: dict[bytes, float] = {}
         self.started = time.time()
 
     # ------------------------------------------------------------------ serving
@@ -588,6 +607,7 @@ class Shuffler:
         chunks = batch_chunks(spec, self.keys, batch_id, admission.shuffled_payloads(), self.chunk_size)
         # published only once spooled: until then the round stays open in the spool, with its reports
         await self._until_written("release", spec.round_id, self.spool.release, spec.session_id, spec.round_id, batch_id, chunks)
+        self._published_at[batch_id] = max(self.clock(), spec.deadline)
         await self._publish_chunks(spec.session_id, spec.round_id, chunks)
         stats.forwarded = stats.admitted
         stats.chunks = len(chunks)
@@ -629,21 +649,67 @@ class Shuffler:
     async def _publish_outcome(
         self, spec: RoundSpec, outcome: str, reason: str, admitted: int, batch_id: bytes = bytes(BATCH_ID_BYTES)
     ) -> None:
+        await self._publish_round_outcome(spec.session_id, spec.round_id, outcome, reason, admitted, batch_id)
+
+    async def _publish_round_outcome(
+        self, session_id: bytes, round_id: int, outcome: str, reason: str, admitted: int,
+        batch_id: bytes = bytes(BATCH_ID_BYTES),
+    ) -> None:
         message = signed(
             self.keys.signing_private,
-            RoundOutcome(spec.session_id, spec.round_id, outcome, reason, admitted, batch_id, self.instance),
+            RoundOutcome(session_id, round_id, outcome, reason, admitted, batch_id, self.instance),
         )
-        await self.channel.publish(outcome_topic(spec.session_id, spec.round_id, self.instance), codec.encode(message), retain=True)
+        await self.channel.publish(outcome_topic(session_id, round_id, self.instance), codec.encode(message), retain=True)
 
     async def republish_unacknowledged(self) -> int:
-        """Publish again every released batch of this session the analyzer has not acknowledged."""
+        """Publish again every released batch of this session the analyzer has not acknowledged;
+        give up (:meth:`_expire`) those unacknowledged for ``ack_timeout`` seconds."""
         count = 0
+        now = self.clock()
         for stored in self.spool.unacknowledged():
             if stored.session_id == self.session_id and stored.batch_id not in self._acks_unwritten:
+                since = self._published_at.get(stored.batch_id)
+                if since is None:
+                    since = self._published_at[stored.batch_id] = max(now, self._deadline(stored.session_id, stored.round_id))
+                if now - since >= self.ack_timeout:
+                    await self._expire(stored.session_id, stored.round_id, stored.batch_id)
+                    continue
                 await self._publish_chunks(stored.session_id, stored.round_id, stored.chunks)
                 count += 1
         self.republished += count
         return count
+
+    def _deadline(self, session_id: bytes, round_id: int) -> float:
+        """The deadline of a stored round's signed spec (``-inf`` if it cannot be read)."""
+        try:
+            stored = self.spool.round(session_id, round_id)
+            return self.verified_spec(stored.signed_spec).deadline if stored is not None else float("-inf")
+        except ShuffleDPError:
+            return float("-inf")
+
+    async def _expire(self, session_id: bytes, round_id: int, batch_id: bytes) -> None:
+        """Give up a batch the analyzer never acknowledged: sign a ``failed`` outcome for its round,
+        then delete its chunks from the spool (the round is never re-opened) and stop re-publishing it.
+
+        The spool's only deletion of a released batch is its acknowledgement, which also records the
+        round as done; the outcome clients read is the signed ``failed`` one. If the outcome cannot be
+        published or the spool cannot be written, the batch stays and the next pass tries again (a
+        repeated outcome is the same retained message)."""
+        stats = self.rounds.get(round_id) if session_id == self.session_id else None
+        admitted = stats.admitted if stats is not None else 0
+        await self._publish_round_outcome(session_id, round_id, "failed", NOT_ACKNOWLEDGED, admitted, batch_id)
+        try:
+            self.spool.acknowledge(batch_id)
+        except SpoolStorageError as exc:
+            self.storage_errors["expire"] += 1
+            _log.error("shuffler: round %d: unacknowledged batch not deleted from the spool (retried): %s", round_id, exc)
+            return
+        self._published_at.pop(batch_id, None)
+        self.expired += 1
+        if stats is not None:
+            stats.outcome = NOT_ACKNOWLEDGED
+        _log.warning("shuffler: round %d: batch %s not acknowledged %g s after the round's deadline: given up, deleted",
+                     round_id, batch_id.hex(), self.ack_timeout)
 
     async def _republish_periodically(self) -> None:
         while True:
@@ -695,6 +761,7 @@ class Shuffler:
             self.storage_errors["acknowledge"] += 1
             raise
         self._acks_unwritten.discard(batch_id)
+        self._published_at.pop(batch_id, None)
         if served is None:
             return False
         self.acknowledged += 1
@@ -719,6 +786,7 @@ class Shuffler:
             "rejected_acks": dict(self.rejected_acks),
             "acknowledged_batches": self.acknowledged,
             "republished_batches": self.republished,
+            "expired_batches": self.expired,
             "storage_errors": dict(sorted(self.storage_errors.items())),
         }
 

@@ -152,3 +152,20 @@ async def test_a_client_cannot_forge_batches_specs_or_announcements(broker):
         await expect(reports, b"control")
         await asyncio.sleep(QUIET)
         assert (batch.get_nowait_all(), announce.get_nowait_all(), spec.get_nowait_all()) == ([], [], [])
+
+
+async def test_a_retained_report_is_never_delivered_to_a_later_subscription(broker):
+    """mosquitto 2.0 lets a client account publish retained on a reports topic and replays
+    it to every later subscriber; the channel drops a report that arrives retained, counts
+    it, and still delivers the live report published after it (the control message)."""
+    topic = ch.reports_topic(SESSION, 7)
+    async with channels(broker, "client", "shuffler") as (client, shuffler):
+        await client.publish(topic, b"planted, retained", retain=True)
+        await asyncio.sleep(QUIET)  # the broker holds it before anyone subscribes
+        admitted = await shuffler.subscribe(topic)
+        await client.publish(topic, b"a live report")
+        await expect(admitted, b"a live report")
+        await asyncio.sleep(QUIET)
+        assert admitted.get_nowait_all() == []
+        assert shuffler.dropped_retained[topic] == 1
+        await client.publish(topic, b"", retain=True)  # clear the broker's retained copy
