@@ -23,12 +23,20 @@ CLIENT_USERS = ("client", "device-2")
 
 
 def _mosquitto_binary() -> str:
+    """The mosquitto binary, or a failure (a skip with SHUFFLEDP_SKIP_MQTT=1)."""
     try:
         return find_binary("mosquitto")
     except BrokerError as exc:
         if os.environ.get("SHUFFLEDP_SKIP_MQTT") == "1":
             pytest.skip(f"{exc} and SHUFFLEDP_SKIP_MQTT=1")
         pytest.fail(f"{exc}; or set SHUFFLEDP_SKIP_MQTT=1")
+
+
+@pytest.fixture
+def mosquitto() -> str:
+    """The mosquitto binary, for tests that start their own broker (a failure without one,
+    unless SHUFFLEDP_SKIP_MQTT=1)."""
+    return _mosquitto_binary()
 
 
 def _start_broker() -> Broker:

@@ -12,7 +12,6 @@ running is killed when it ends or times out.
 from __future__ import annotations
 
 import fcntl
-import os
 import re
 import socket
 import sys
@@ -22,23 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from shuffledp.broker import Broker, BrokerError, find_binary
+from shuffledp.broker import Broker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from test_docs_run import commands_of, run_doc_command, workdir  # noqa: E402
 
 pytestmark = pytest.mark.mqtt
-
-
-@pytest.fixture
-def mosquitto() -> str:
-    """The mosquitto binary (a failure without one, unless SHUFFLEDP_SKIP_MQTT=1: see conftest.py)."""
-    try:
-        return find_binary("mosquitto")
-    except BrokerError as exc:
-        if os.environ.get("SHUFFLEDP_SKIP_MQTT") == "1":
-            pytest.skip(f"{exc} and SHUFFLEDP_SKIP_MQTT=1")
-        pytest.fail(f"{exc}; or set SHUFFLEDP_SKIP_MQTT=1")
 
 
 def fixed_ports(text: str) -> list[int]:

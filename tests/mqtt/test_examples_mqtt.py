@@ -4,14 +4,12 @@ and the audit of a session (see tests/test_examples.py for the others)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 import pytest
 
-from shuffledp.broker import BrokerError, find_binary
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from test_docs_run import SIZE_CAP, commands_of, run_doc_command, workdir  # noqa: E402
@@ -47,17 +45,6 @@ def check_audit_deployment(out: str, cwd: Path) -> None:
 
 
 CHECKS = {"mqtt_session.py": check_mqtt_session, "audit_deployment.py": check_audit_deployment}
-
-
-@pytest.fixture
-def mosquitto() -> str:
-    """The mosquitto binary (a failure without one, unless SHUFFLEDP_SKIP_MQTT=1: see conftest.py)."""
-    try:
-        return find_binary("mosquitto")
-    except BrokerError as exc:
-        if os.environ.get("SHUFFLEDP_SKIP_MQTT") == "1":
-            pytest.skip(f"{exc} and SHUFFLEDP_SKIP_MQTT=1")
-        pytest.fail(f"{exc}; or set SHUFFLEDP_SKIP_MQTT=1")
 
 
 @pytest.mark.parametrize("command", commands_of("examples-mqtt"), ids=lambda c: example_script(c))
