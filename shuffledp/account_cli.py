@@ -6,6 +6,12 @@ accountant knows (``n/a`` where its theorem does not apply), the exact
 shuffled-randomized-response floor where one exists, and the bound it uses. With
 ``--rounds`` and/or ``--sampling-rate`` it also composes the rounds into a session.
 ``--json`` prints one JSON document; ``--plot FILE.png`` draws epsilon against n.
+
+Every input is answered in bounded time or refused with one line. ``--n`` up to 10^18: above
+10^9 the numerical bounds are evaluated at n' = 10^9 (valid at n: a larger batch is a
+post-processing of a smaller one) and the closed forms at n; the one-dataset lower bound is
+computed up to n = 10^8. ``--epsilon0`` up to 50 (below 1e-6 only the closed forms).
+``--rounds`` up to 10^18 (beyond what a PLD holds, the session is accounted by RDP alone).
 """
 
 from __future__ import annotations
@@ -38,6 +44,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+#: Most points a plot evaluates (one round each).
+MAX_PLOT_POINTS = 200
+
+
+def _plot_points(text: str) -> int:
+    v = _positive_int(text)
+    if v > MAX_PLOT_POINTS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_PLOT_POINTS} points, got {v}")
     return v
 
 
@@ -111,12 +128,14 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plot", metavar="PNG", default=None, help="draw epsilon against n (log x) for all bounds")
     p.add_argument("--plot-n-min", type=_positive_int, default=100, help="smallest n in the plot")
     p.add_argument("--plot-n-max", type=_positive_int, default=10_000_000, help="largest n in the plot")
-    p.add_argument("--plot-points", type=_positive_int, default=13, help="number of n values in the plot")
+    p.add_argument("--plot-points", type=_plot_points, default=13,
+                   help=f"number of n values in the plot (at most {MAX_PLOT_POINTS})")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument(
         "--no-lower-bound", action="store_true",
         help="skip the certified lower bound from one i.i.d. dataset (k-rr, hadamard-response, "
-             "block-hadamard-response, laplace-mean with --grid-levels; a few seconds at n = 1e8)",
+             "block-hadamard-response, laplace-mean with --grid-levels; a few seconds at n = 1e8, "
+             "not computed above)",
     )
     p.set_defaults(func=run)
 
@@ -147,21 +166,38 @@ def _fmt(x: float | None) -> str:
 
 def _dataset_lower_bound(local, n: int, delta: float) -> dict[str, Any] | None:
     """The largest certified lower bound on the round's eps from one i.i.d. dataset of the other users
-    (``accounting.iid_dataset``), or None where none is offered (binary RR has its own)."""
-    from shuffledp.protocol.accounting.iid_dataset import best_lower_epsilon, lower_bound_candidates
+    (``accounting.iid_dataset``), or None where none is offered (binary RR has its own) or computed
+    (``n`` above ``LOWER_BOUND_MAX_N``, ``epsilon0`` below the numerical bounds' range, a view the
+    numerics refuse: the bound is optional)."""
+    from shuffledp.protocol.accounting.iid_dataset import LOWER_BOUND_MAX_N, best_lower_epsilon, lower_bound_candidates
+    from shuffledp.protocol.accounting.shuffle_round import NUMERICAL_MIN_EPSILON0
+    from shuffledp.protocol.errors import InvalidParameter
 
+    if n > LOWER_BOUND_MAX_N or local.epsilon0 < NUMERICAL_MIN_EPSILON0:
+        return None
     views = lower_bound_candidates(local.mechanism, local.epsilon0, k=local.k, num_bins=local.num_bins,
                                    grid_levels=local.grid_levels, num_blocks=local.num_blocks)
     if not views:
         return None
-    eps, name = best_lower_epsilon(views, n, delta, local.epsilon0)
+    try:
+        eps, name = best_lower_epsilon(views, n, delta, local.epsilon0)
+    except InvalidParameter:
+        return None
     return {"epsilon": eps, "dataset": name}
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _report(args) -> dict[str, Any]:
     from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
 
     local = _local(args)
+    acc = None
+    if args.rounds > 1 or args.sampling_rate is not None:  # checked before any round is computed
+        acc = SessionAccountant(reference_delta=args.delta)
+        acc.add_round(local, args.n, sampling_rate=args.sampling_rate, sampling=args.sampling, count=args.rounds)
     rb = shuffled_round(local, args.n, args.delta)
     out: dict[str, Any] = {
         "mechanism": local.mechanism,
@@ -175,17 +211,15 @@ def _report(args) -> dict[str, Any]:
         "dataset_lower_bound": None if args.no_lower_bound else _dataset_lower_bound(local, args.n, args.delta),
         "session": None,
     }
-    if args.rounds > 1 or args.sampling_rate is not None:
-        acc = SessionAccountant(reference_delta=args.delta)
-        acc.add_round(local, args.n, sampling_rate=args.sampling_rate, sampling=args.sampling, count=args.rounds)
+    if acc is not None:
         br = acc.epsilon_breakdown(args.delta)
         out["session"] = {
             "rounds": args.rounds,
             "sampling_rate": args.sampling_rate,
             "sampling": args.sampling if args.sampling_rate is not None else None,
-            "epsilon": min(br.values()),
-            "epsilon_pld": br["pld"],
-            "epsilon_rdp": br["rdp"],
+            "epsilon": _finite_or_none(min(br.values())),
+            "epsilon_pld": _finite_or_none(br["pld"]),  # None: the PLD route is not built or gives no bound
+            "epsilon_rdp": _finite_or_none(br["rdp"]),
             "delta": args.delta,
         }
     return out
@@ -211,9 +245,26 @@ def _print_text(rep: dict[str, Any], out=None) -> None:
     if r["lower_bound"] is not None:
         print(f"  {'exact shuffled binary RR floor':<{width}}  {_fmt(r['lower_bound']):>10}", file=out)
     else:
-        print(f"  {'exact shuffled binary RR floor':<{width}}  {'n/a':>10}  (not a floor for this mechanism)",
-              file=out)
+        from shuffledp.protocol.accounting.shuffle_round import EVALUATION_MAX_N, NUMERICAL_MIN_EPSILON0
+
+        if rep["n"] > EVALUATION_MAX_N:
+            why = f"not computed above n = 10^{len(str(EVALUATION_MAX_N)) - 1}"
+        elif rep["epsilon0"] < NUMERICAL_MIN_EPSILON0:
+            why = f"not computed below eps0 = {NUMERICAL_MIN_EPSILON0:g}"
+        else:
+            why = "not a floor for this mechanism"
+        print(f"  {'exact shuffled binary RR floor':<{width}}  {'n/a':>10}  ({why})", file=out)
+    evaluated = r.get("evaluated_n")
+    if evaluated is not None and evaluated < rep["n"]:
+        print(f"  numerical bounds evaluated at n' = {evaluated} (valid at n = {rep['n']}: a larger batch is a "
+              f"post-processing of a smaller one); closed forms at n", file=out)
     low = rep.get("dataset_lower_bound")
+    from shuffledp.protocol.accounting.iid_dataset import LOWER_BOUND_MAX_N
+
+    if low is None and rep["n"] > LOWER_BOUND_MAX_N and rep["mechanism"] in (
+            "k-rr", "hadamard-response", "block-hadamard-response", "laplace-mean"):
+        print(f"  {'certified lower bound (one dataset)':<{width}}  {'n/a':>10}  "
+              f"(not computed above n = 10^{len(str(LOWER_BOUND_MAX_N)) - 1})", file=out)
     if low is not None and low["epsilon"] > 0:
         print(f"  {'certified lower bound (one dataset)':<{width}}  {_fmt(low['epsilon']):>10}  ({low['dataset']}; "
               f"reported / lower = {r['epsilon'] / low['epsilon']:.4f})", file=out)
@@ -223,8 +274,11 @@ def _print_text(rep: dict[str, Any], out=None) -> None:
         samp = ""
         if s["sampling_rate"] is not None:
             samp = f", {s['sampling']} sampling at rate {s['sampling_rate']:g}"
-        print(f"session of {s['rounds']} round(s){samp}: eps={s['epsilon']:.6g} at delta={s['delta']:g} "
-              f"(PLD {s['epsilon_pld']:.6g}, RDP {s['epsilon_rdp']:.6g})", file=out)
+        pld = "n/a" if s["epsilon_pld"] is None else f"{s['epsilon_pld']:.6g}"
+        rdp = "n/a" if s["epsilon_rdp"] is None else f"{s['epsilon_rdp']:.6g}"
+        eps = "inf" if s["epsilon"] is None else f"{s['epsilon']:.6g}"
+        print(f"session of {s['rounds']} round(s){samp}: eps={eps} at delta={s['delta']:g} "
+              f"(PLD {pld}, RDP {rdp})", file=out)
 
 
 def _plot(args, path: str) -> None:

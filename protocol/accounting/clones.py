@@ -572,5 +572,5 @@ def fmt21_closed_form(epsilon0: float, n: int, delta: float) -> float | None:
     a = 8.0 * math.sqrt(math.exp(epsilon0) * math.log(4.0 / delta) / n)
     c = 8.0 * math.exp(epsilon0) / n
     eps_prime = math.log1p(a + c)
-    coef = (1.0 - math.exp(-epsilon0)) / (1.0 + math.exp(-epsilon0 - eps_prime))
+    coef = -math.expm1(-epsilon0) / (1.0 + math.exp(-epsilon0 - eps_prime))  # 1 - e^-eps0, exact at tiny eps0
     return min(epsilon0, math.log1p(coef * (a + c)))

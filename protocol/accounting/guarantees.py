@@ -73,6 +73,11 @@ MECHANISMS = (
 )
 
 
+#: Largest domain size ``k`` and Hadamard size ``num_bins`` accepted: every integer up to it is
+#: exact in floating point, which the bounds' arithmetic on ``k`` and ``K`` relies on.
+MAX_DOMAIN_SIZE = 2**53
+
+
 class AmplificationNotClaimed(ShuffleDPError, ValueError):
     """The accountant refuses to claim amplification by shuffling for this randomizer.
 
@@ -92,6 +97,16 @@ class AmplificationNotClaimed(ShuffleDPError, ValueError):
     reason = "no-amplification"
 
 
+def _check_epsilon0(eps: object) -> None:
+    """``0 < epsilon0 <= 50`` (:class:`LocalGuarantee`'s range), else :class:`InvalidParameter`."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise InvalidParameter("epsilon0", f"must be a number, got {eps!r}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise InvalidParameter("epsilon0", f"must be finite and > 0, got {eps}")
+    if eps > 50:
+        raise InvalidParameter("epsilon0", f"must be <= 50 (e^eps0 overflows the numerics), got {eps}")
+
+
 @dataclass(frozen=True)
 class LocalGuarantee:
     """What a randomizer declares about one report.
@@ -102,6 +117,11 @@ class LocalGuarantee:
     ignored otherwise. ``grid_levels`` (``laplace-mean`` only) is the report's grid size
     G; given, the round also gets the mechanism-specific privacy-blanket bound
     (:mod:`.blanket`), otherwise only the bounds that use ``epsilon0`` alone.
+
+    Supported ranges (anything else raises :class:`InvalidParameter` here, before any work):
+    ``0 < epsilon0 <= 50``; ``num_bins`` a power of two in ``[2, 2^53]``; ``k`` in
+    ``[2, 2^53]`` (:data:`MAX_DOMAIN_SIZE`: integers that floating-point arithmetic holds
+    exactly); ``grid_levels`` in ``[1, 2^24]``.
     """
 
     mechanism: str
@@ -115,13 +135,7 @@ class LocalGuarantee:
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
             raise InvalidParameter("mechanism", f"must be one of {', '.join(MECHANISMS)}; got {self.mechanism!r}")
-        eps = self.epsilon0
-        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
-            raise InvalidParameter("epsilon0", f"must be a number, got {eps!r}")
-        if not (math.isfinite(eps) and eps > 0):
-            raise InvalidParameter("epsilon0", f"must be finite and > 0, got {eps}")
-        if eps > 50:
-            raise InvalidParameter("epsilon0", f"must be <= 50 (e^eps0 overflows the numerics), got {eps}")
+        _check_epsilon0(self.epsilon0)
         d0 = self.delta0
         if not (isinstance(d0, (int, float, np.floating)) and 0 <= d0 < 1):
             raise InvalidParameter("delta0", f"must be in [0, 1), got {d0!r}")
@@ -132,12 +146,13 @@ class LocalGuarantee:
             raise InvalidParameter("delta0", f"{self.mechanism} is pure eps0-LDP; delta0 must be 0")
         if self.mechanism == "hadamard-response":
             K = self.num_bins
-            if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 2 or (K & (K - 1)) != 0:
-                raise InvalidParameter("num_bins", f"must be a power of two >= 2, got {K!r}")
+            if (isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 2 or (K & (K - 1)) != 0
+                    or K > MAX_DOMAIN_SIZE):
+                raise InvalidParameter("num_bins", f"must be a power of two in [2, 2^53], got {K!r}")
         if self.mechanism in ("k-rr", "block-hadamard-response"):
             k = self.k
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
-                raise InvalidParameter("k", f"must be an integer >= 2, got {k!r}")
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 2 <= k <= MAX_DOMAIN_SIZE:
+                raise InvalidParameter("k", f"must be an integer in [2, 2^53], got {k!r}")
         if self.mechanism == "block-hadamard-response":
             nb = self.num_blocks
             if isinstance(nb, bool) or not isinstance(nb, (int, np.integer)) or not 1 <= nb <= self.k:
@@ -186,7 +201,11 @@ def block_hadamard_response_guarantee(epsilon0: float, k: int, num_blocks: int |
     """
     from shuffledp.protocol.hadamard_response_params import HadamardResponseParams
 
-    params = HadamardResponseParams(k, epsilon0, num_blocks)
+    _check_epsilon0(epsilon0)  # before the client's parameters, whose arithmetic needs the range
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k > MAX_DOMAIN_SIZE:
+        raise InvalidParameter("k", f"must be an integer in [2, 2^53], got {k!r}")
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # tiny eps0: refused just below
+        params = HadamardResponseParams(k, epsilon0, num_blocks)
     return LocalGuarantee("block-hadamard-response", epsilon0, k=params.k, num_blocks=params.blocks)
 
 

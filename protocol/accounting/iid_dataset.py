@@ -272,34 +272,55 @@ def laplace_endpoint_view(epsilon0: float, grid_levels: int, cut: int) -> ThreeC
 def lower_bound_candidates(mechanism: str, epsilon0: float, *, k: int | None = None, num_bins: int | None = None,
                            grid_levels: int | None = None, num_blocks: int | None = None) -> list:
     """The datasets whose exact (post-processed) divergence this module offers as lower bounds
-    (empty where it offers none: binary RR, generic reports, the Laplace report without a grid,
-    block Hadamard response with fewer than three blocks). Each has ``name`` and
+    (empty where it offers none: binary RR, generic reports, the Laplace report without a grid or on
+    more than :data:`LOWER_BOUND_MAX_GRID_LEVELS` levels, block Hadamard response with fewer than
+    three blocks; a view whose parameters do not fit in double precision, at large ``eps0``, is left out). Each has ``name`` and
     ``lower_epsilon(n, delta, epsilon0)``; for the Laplace report the first is the whole report's
     (``iid_lattice``), the three-class views follow."""
+    views = _candidates(mechanism, epsilon0, k=k, num_bins=num_bins, grid_levels=grid_levels, num_blocks=num_blocks)
+    out = []
+    for build in views:
+        try:  # a view whose class probabilities do not fit in double precision (eps0 >= ~37) is not offered
+            out.append(build())
+        except InvalidParameter:
+            continue
+    return out
+
+
+def _candidates(mechanism: str, epsilon0: float, *, k: int | None, num_bins: int | None, grid_levels: int | None,
+                num_blocks: int | None) -> list:
+    """:func:`lower_bound_candidates` as constructors (each may refuse its parameters)."""
     from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau
 
     if mechanism == "k-rr":
-        views = [thinned_rr_view(epsilon0, k_rr_tau(epsilon0, int(k)))]
+        views = [lambda: thinned_rr_view(epsilon0, k_rr_tau(epsilon0, int(k)))]
         if int(k) >= 3:  # a third value exists
-            views.insert(0, k_rr_third_value_view(epsilon0, int(k)))
+            views.insert(0, lambda: k_rr_third_value_view(epsilon0, int(k)))
         return views
     if mechanism == "hadamard-response":
-        views = [thinned_rr_view(epsilon0, 0.5)]
+        views = [lambda: thinned_rr_view(epsilon0, 0.5)]
         if num_bins is not None and num_bins >= 4:
-            views.append(hadamard_third_column_view(epsilon0))
+            views.append(lambda: hadamard_third_column_view(epsilon0))
         return views
     if mechanism == "block-hadamard-response":  # none offered with fewer than three blocks
-        return [block_hadamard_third_block_view(epsilon0, int(num_blocks))] if (num_blocks or 0) >= 3 else []
-    if mechanism == "laplace-mean" and grid_levels is not None:
+        return [lambda: block_hadamard_third_block_view(epsilon0, int(num_blocks))] if (num_blocks or 0) >= 3 else []
+    if mechanism == "laplace-mean" and grid_levels is not None and int(grid_levels) <= LOWER_BOUND_MAX_GRID_LEVELS:
         from shuffledp.protocol.accounting.iid_lattice import LaplaceEndpointLattice
 
         G = int(grid_levels)
         cuts = sorted({int(f * G) for f in LAPLACE_CUT_FRACTIONS if 0 < int(f * G) and 2 * int(f * G) < G})
-        return [LaplaceEndpointLattice(float(epsilon0), G),
-                thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, G)), laplace_middle_view(epsilon0, G),
-                *(laplace_endpoint_view(epsilon0, G, cut) for cut in cuts)]
+        return [lambda: LaplaceEndpointLattice(float(epsilon0), G),
+                lambda: thinned_rr_view(epsilon0, laplace_report_tau(epsilon0, G)),
+                lambda: laplace_middle_view(epsilon0, G),
+                *((lambda cut=cut: laplace_endpoint_view(epsilon0, G, cut)) for cut in cuts)]
     return []  # binary RR has its own all-dataset certificate; generic reports have no dataset here
 
+
+#: Largest batch size :func:`best_lower_epsilon` evaluates (an evaluation grows like ``sqrt(n)``
+#: incomplete-beta pairs: seconds at ``n = 1e8``); above it it refuses (:class:`InvalidParameter`).
+LOWER_BOUND_MAX_N = 10**8
+#: Largest Laplace grid offered a dataset (the whole-report view has one atom per level).
+LOWER_BOUND_MAX_GRID_LEVELS = 2**20
 
 #: Above this batch size :func:`best_lower_epsilon` first ranks the views here (an evaluation at
 #: ``n = 1e8`` costs ~1e5 incomplete-beta pairs; the ranking barely moves with ``n``).
@@ -314,7 +335,11 @@ def best_lower_epsilon(views: list, n: int, delta: float, epsilon0: float) -> tu
     With more than :data:`SCREEN_KEEP` three-class views and ``n > SCREEN_N`` only the best
     :data:`SCREEN_KEEP` of them at ``SCREEN_N`` are evaluated at ``n`` (every value returned is still
     that view's certified lower bound at ``n``; the screening only chooses which to compute). Other
-    views (the whole-report one of ``iid_lattice``) are always evaluated: their rank moves with ``n``."""
+    views (the whole-report one of ``iid_lattice``) are always evaluated: their rank moves with ``n``.
+
+    Refuses ``n`` above :data:`LOWER_BOUND_MAX_N` (:class:`InvalidParameter`) before any work."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= LOWER_BOUND_MAX_N:
+        raise InvalidParameter("n", f"the one-dataset lower bound is computed for n in [1, 10^8], got {n!r}")
     three_class = [v for v in views if isinstance(v, ThreeClassView)]
     if len(three_class) > SCREEN_KEEP and n > SCREEN_N:
         ranked = sorted(three_class, key=lambda v: v.lower_epsilon(SCREEN_N, delta, epsilon0), reverse=True)

@@ -264,10 +264,13 @@ def lattice_lower_epsilon(law: LatticeLaw, n: int, delta: float, epsilon0: float
         return memo[e]
 
     hi = float(epsilon0) if upper is None else min(float(epsilon0), float(upper))
+    if delta_of(0.0) <= delta:  # nothing to certify above 0 (and 0 is always a lower bound)
+        return 0.0
     lo = 0.0
     if upper is not None:
         lo = hi / 2.0
-        while delta_of(lo) <= delta and lo > 1e-6 * hi:
+        smallest = 1e-6 * hi  # of the first bracket: the halving stops there, not at underflow
+        while delta_of(lo) <= delta and lo > smallest:
             hi, lo = lo, lo / 2.0
     lower, _ = search_epsilon(delta_of, delta, lo, hi, rtol=rtol)
     return lower if delta_of(lower) > delta else 0.0

@@ -109,8 +109,13 @@ def _girgis_rdp(e0: float, n: int, orders: tuple) -> np.ndarray:
             terms.append(log_fact[lam] - log_fact[lam - 3::-1][: lam - 2] + g_all[: lam - 2])
         terms.append(np.array([e0 * lam - (n - 1) / (8.0 * math.exp(e0))]))
         t = np.concatenate(terms)
-        m = t.max()
-        out[idx] = (math.log(np.exp(t - m).sum()) + m) / (lam - 1)
+        # log sum exp(t), the largest term apart: at large n the first term (0) dominates and the
+        # others are below double precision relative to it, so ``log(sum)`` would round them away
+        # (the moment to 0: below the true value); ``log1p`` of the rest keeps them.
+        top = int(np.argmax(t))
+        m = float(t[top])
+        rest = float(np.sum(np.exp(np.delete(t, top) - m)))
+        out[idx] = (math.log1p(rest) * (1.0 + 4.0 * 2.0**-52) + m) / (lam - 1)
     return np.minimum(out, pure_dp_rdp(e0, o))
 
 

@@ -39,6 +39,23 @@ in expectation for Poisson sampling):
   ``gamma = k_hi / N``. Outside the window the round is still ``eps0``-DP (RDP side).
 
 Approximate-DP randomizers are refused (:class:`AmplificationNotClaimed`).
+
+Sizes (all answered in bounded time; refusals are :class:`InvalidParameter`, before any work):
+
+* ``n`` in ``[1, 10^18]`` and ``count`` in ``[1, 10^18]``. A round's batch (``n``, or the
+  Poisson window's ``k_lo``) above ``shuffle_round.EVALUATION_MAX_N`` is accounted at that size
+  (a larger batch is a post-processing of a smaller one: ``shuffle_round`` module doc).
+* Any ``sampling_rate`` in ``(0, 1]``. Where the population ``n / rate`` is beyond ``2^53``
+  the batch-size window comes from the Chernoff bounds of a sum of independent Bernoulli
+  variables with mean ``n +- 1`` (valid whatever ``N``) instead of exact binomial tails.
+* The PLD route self-composes a group's ``count`` rounds only where dp-accounting's own
+  truncation bound puts the result under :data:`PLD_MAX_POINTS` points; beyond it (e.g.
+  ``10^9`` rounds) the session is accounted by the RDP route alone:
+  :meth:`SessionAccountant.epsilon_breakdown` reports ``pld = inf``, :meth:`~SessionAccountant.pld`
+  raises :class:`PLDRouteUnavailable` and :meth:`~SessionAccountant.delta` converts the RDP curve.
+* ``epsilon0`` below ``shuffle_round.NUMERICAL_MIN_EPSILON0``: a round's curve is the local one
+  (binary RR's at ``eps0``, which bounds every ``eps0``-LDP randomizer; shuffling is a
+  post-processing) and its RDP Girgis et al.'s.
 """
 
 from __future__ import annotations
@@ -65,7 +82,11 @@ from shuffledp.protocol.accounting.rdp import (
     wor_subsampled_rdp,
 )
 from shuffledp.protocol.accounting.shuffle_round import (
+    EVALUATION_MAX_N,
+    NUMERICAL_MIN_EPSILON0,
     _check_round,
+    clone_pairs_apply,
+    local_delta_curve,
     round_curve_support,
     round_pairs,
     round_reference_epsilon,
@@ -91,6 +112,21 @@ CURVE_POINTS = 80
 #: test ``test_session_epsilon_resolution_covers_round_off`` re-measures it). Two session epsilons
 #: closer than this are the same number.
 SESSION_PLD_RTOL = 1e-6
+#: Largest self-composed PLD (points) the PLD route builds for one group of rounds (an FFT of this
+#: length: about a second); above it the RDP route alone accounts the session (module doc).
+PLD_MAX_POINTS = 1 << 22
+#: Largest ``count`` (rounds in one group) accepted.
+MAX_COUNT = 10**18
+#: Populations ``n / rate`` above this use the Chernoff batch-size window (module doc).
+EXACT_POPULATION_MAX = 2**53
+
+
+class PLDRouteUnavailable(InvalidParameter):
+    """The session's PLD would exceed :data:`PLD_MAX_POINTS` points: only the RDP route accounts it."""
+
+    def __init__(self, count: int, points: int) -> None:
+        super().__init__("count", f"{count} composed rounds need a PLD of about {points} points, more than "
+                                  f"the {PLD_MAX_POINTS} the PLD route builds; the RDP route accounts this session")
 
 
 @dataclass
@@ -120,6 +156,41 @@ def _poisson_window(n: int, rate: float) -> tuple[int, int, int, float]:
         if tail <= POISSON_TAIL or z > 40:
             return N, k_lo, k_hi, tail
         z += 1.0
+
+
+def _log_poisson_chernoff(mu: float, a: float) -> float:
+    """``log`` of the Chernoff bound ``e^-mu (e mu / a)^a`` on ``Pr[S >= a]`` (``a > mu``) or ``Pr[S <= a]``
+    (``a < mu``) for a sum ``S`` of independent Bernoulli variables with mean ``mu`` (any number of them)."""
+    if a <= 0:
+        return -mu
+    return -mu + a + a * math.log(mu / a)
+
+
+def _poisson_batch(n: int, rate: float) -> tuple[int, float, float]:
+    """``(k_lo, gamma, tail)`` of a Poisson-sampled round: the batch window's lower end, the worst
+    inclusion probability ``k_hi / N`` and the batch-size mass outside the window (module doc).
+
+    Populations up to :data:`EXACT_POPULATION_MAX` use :func:`_poisson_window` (binomial tails).
+    Beyond it ``N = round(n / rate)`` is never formed: the mean ``N rate`` is within ``rate / 2`` of
+    ``n``, the Chernoff bounds (decreasing in the mean below it, increasing above) are taken at
+    ``n -+ 1``, and ``gamma = k_hi / N <= k_hi rate / (n - 1/2)``, padded for rounding."""
+    if n / rate <= EXACT_POPULATION_MAX:
+        N, k_lo, k_hi, tail = _poisson_window(n, rate)
+        return k_lo, k_hi / N, tail
+    mu_lo, mu_hi = max(n * (1.0 - 1e-12) - 0.5, 1e-300), n * (1.0 + 1e-12) + 0.5
+    sd = math.sqrt(n + 1.0)
+    z = 8.0
+    while True:
+        k_lo = max(1, int(math.floor(n - z * sd)))
+        k_hi = int(math.ceil(n + z * sd)) + 1
+        low = math.exp(_log_poisson_chernoff(mu_lo, k_lo - 1.0)) if k_lo - 1 < mu_lo else 1.0
+        high = math.exp(_log_poisson_chernoff(mu_hi, k_hi + 1.0)) if k_hi + 1 > mu_hi else 1.0
+        tail = min(1.0, (low + high) * (1.0 + 1e-9))
+        if tail <= POISSON_TAIL or z > 40:
+            break
+        z += 1.0
+    gamma = min(1.0, k_hi * rate / max(n - 0.5, 0.5) * (1.0 + 1e-12))
+    return k_lo, gamma, tail
 
 
 class SessionAccountant:
@@ -167,8 +238,8 @@ class SessionAccountant:
         ``n`` is the (expected) batch size.
         """
         n = _check_round(local, n)
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-            raise InvalidParameter("count", f"must be an integer >= 1, got {count!r}")
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 1 <= count <= MAX_COUNT:
+            raise InvalidParameter("count", f"must be an integer in [1, 10^18], got {count!r}")
         if sampling not in SAMPLING_SCHEMES:
             raise InvalidParameter("sampling", f"must be one of {SAMPLING_SCHEMES}, got {sampling!r}")
         if sampling_rate is not None:
@@ -191,11 +262,11 @@ class SessionAccountant:
     def _inner_n(self, g: RoundGroup) -> tuple[int, float, float]:
         """(reports in the worst batch, worst inclusion probability, extra delta)."""
         if g.sampling_rate is None:
-            return g.n, 1.0, 0.0
+            return min(g.n, EVALUATION_MAX_N), 1.0, 0.0
         if g.sampling == "uniform":
-            return g.n, g.sampling_rate, 0.0
-        N, k_lo, k_hi, tail = _poisson_window(g.n, g.sampling_rate)
-        return k_lo, k_hi / N, tail
+            return min(g.n, EVALUATION_MAX_N), g.sampling_rate, 0.0
+        k_lo, gamma, tail = _poisson_batch(g.n, g.sampling_rate)
+        return min(k_lo, EVALUATION_MAX_N), gamma, tail
 
     def _discretization(self) -> float:
         if self._d is None:
@@ -230,7 +301,8 @@ class SessionAccountant:
             raise InvalidParameter("session", "no rounds added")
 
     def pld(self) -> "PrivacyLossDistribution":
-        """The composed privacy loss distribution of the whole session."""
+        """The composed privacy loss distribution of the whole session (:class:`PLDRouteUnavailable`
+        where a group's would exceed :data:`PLD_MAX_POINTS` points)."""
         self._check_ready()
         total = None
         for g in self._groups:
@@ -243,8 +315,16 @@ class SessionAccountant:
         self._check_ready()
         return self._orders, sum(self._group_rdp(g) for g in self._groups)
 
+    def _pld_epsilon(self, delta: float) -> float:
+        """The PLD route's epsilon, ``inf`` where the route is not built (module doc)."""
+        try:
+            return float(self.pld().get_epsilon_for_delta(delta))
+        except PLDRouteUnavailable:
+            return math.inf
+
     def epsilon_breakdown(self, delta: float) -> dict[str, float]:
-        """Session epsilon by each composition route (both are upper bounds)."""
+        """Session epsilon by each composition route (both are upper bounds; ``pld`` is ``inf`` where
+        the PLD route is not built: module doc)."""
         return cached("session_epsilon", self._question(delta), lambda: self._epsilon_breakdown(float(delta)))
 
     def _question(self, delta: float) -> dict:
@@ -265,7 +345,7 @@ class SessionAccountant:
         }
 
     def _epsilon_breakdown(self, delta: float) -> dict[str, float]:
-        eps_pld = float(self.pld().get_epsilon_for_delta(delta))
+        eps_pld = self._pld_epsilon(delta)
         orders, rdp = self.rdp()
         eps_rdp = rdp_epsilon(orders, rdp, delta)
         return {"pld": eps_pld, "rdp": float(eps_rdp)}
@@ -277,8 +357,8 @@ class SessionAccountant:
         return cached("session_epsilon_best", self._question(delta), lambda: self._best_epsilon(float(delta)))
 
     def _best_epsilon(self, delta: float) -> float:
-        eps_pld = float(self.pld().get_epsilon_for_delta(delta))
-        if self.rdp_floor_epsilon(delta) >= eps_pld * (1.0 + 1e-6):
+        eps_pld = self._pld_epsilon(delta)
+        if math.isfinite(eps_pld) and self.rdp_floor_epsilon(delta) >= eps_pld * (1.0 + 1e-6):
             return eps_pld
         orders, rdp = self.rdp()
         return min(eps_pld, float(rdp_epsilon(orders, rdp, delta)))
@@ -298,6 +378,8 @@ class SessionAccountant:
         total = np.zeros(len(self._orders))
         for g in self._groups:
             n_in, gamma, tail = self._inner_n(g)
+            if not clone_pairs_apply(g.local.epsilon0):
+                return 0.0  # no floor computed there (a trivial lower bound)
             inner = binary_rr_rdp_floor(g.local.epsilon0, n_in, self._orders)
             if gamma < 1.0:
                 inner = subsampled_rdp(inner, self._orders, gamma, tail, g.local.epsilon0)
@@ -305,11 +387,18 @@ class SessionAccountant:
         return float(rdp_epsilon(self._orders, total, delta))
 
     def delta(self, epsilon: float) -> float:
-        """Central delta of the whole session at ``epsilon`` (an upper bound, PLD route)."""
-        if not (isinstance(epsilon, (int, float, np.floating)) and epsilon >= 0):
-            raise InvalidParameter("epsilon", f"must be >= 0, got {epsilon!r}")
+        """Central delta of the whole session at ``epsilon`` (an upper bound, PLD route; the RDP route's
+        conversion where the PLD route is not built)."""
+        if not (isinstance(epsilon, (int, float, np.floating)) and epsilon >= 0 and math.isfinite(epsilon)):
+            raise InvalidParameter("epsilon", f"must be finite and >= 0, got {epsilon!r}")
         self._check_ready()
-        return float(self.pld().get_delta_for_epsilon(float(epsilon)))
+        try:
+            return float(self.pld().get_delta_for_epsilon(float(epsilon)))
+        except PLDRouteUnavailable:
+            from dp_accounting.rdp import rdp_privacy_accountant
+
+            orders, rdp = self.rdp()
+            return float(min(1.0, rdp_privacy_accountant.compute_delta(list(orders), list(rdp), float(epsilon))[0]))
 
     def describe(self) -> list[dict]:
         """One row per added round group, with the single-round bound at ``reference_delta``."""
@@ -341,8 +430,15 @@ class SessionAccountant:
 def _round_curve(local: LocalGuarantee, n_in: int) -> tuple[np.ndarray, np.ndarray]:
     """One round's ``delta(eps)`` points (grid to where the best curve drops below 1e-15, plus the
     point where it is 0), once per process: sessions sharing a round reuse it."""
+    if local.epsilon0 < NUMERICAL_MIN_EPSILON0:  # the local curve: binary RR's at eps0 (module doc)
+        e0 = float(local.epsilon0)
+        grid = np.linspace(0.0, e0, CURVE_POINTS)
+        deltas = local_delta_curve(grid, e0)
+        grid.setflags(write=False)
+        deltas.setflags(write=False)
+        return grid, deltas
     e_top = round_curve_support(local, n_in)
-    e_max = float(max(p.epsilon_max for p in round_pairs(local, n_in).values()))
+    e_max = float(max((p.epsilon_max for p in round_pairs(local, n_in).values()), default=local.epsilon0))
     grid = np.unique(np.concatenate([np.linspace(0.0, e_top, CURVE_POINTS), [e_max]]))
     deltas = round_delta_curve(local, n_in, grid)
     deltas[grid >= e_max] = 0.0
@@ -359,7 +455,32 @@ def _group_pld(local: LocalGuarantee, n_in: int, gamma: float, tail: float, d: f
     grid, deltas = _round_curve(local, n_in)
     eps_p, del_p = subsampled_curve(grid, deltas, gamma, tail)
     pld = _pld_from_curve(eps_p, del_p, d)
-    return pld.self_compose(count) if count > 1 else pld
+    if count == 1:
+        return pld
+    points = _self_compose_points(pld, count)
+    if points > PLD_MAX_POINTS:
+        raise PLDRouteUnavailable(count, points)
+    if count > 64:
+        # dp-accounting composes a sparse pmf one round at a time where that stays small, which a
+        # one-point pmf always does (a round whose losses all round to one grid cell): a loop of
+        # ``count`` compositions. The dense pmf is composed by one FFT power (the same truncation);
+        # from 64 rounds on any pmf of two or more points is composed densely anyway.
+        from dp_accounting.pld import pld_pmf
+        from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+        if not isinstance(pld._pmf_remove, pld_pmf.DensePLDPmf):
+            pld = PrivacyLossDistribution(pld._pmf_remove.to_dense_pmf())
+    return pld.self_compose(count)
+
+
+def _self_compose_points(pld: "PrivacyLossDistribution", count: int) -> int:
+    """Length of ``pld.self_compose(count)``'s pmf, from dp-accounting's own truncation bound (the
+    one ``self_compose`` uses, at its default tail mass), before any of it is computed."""
+    from dp_accounting.pld import common
+
+    probs = pld._pmf_remove.to_dense_pmf()._probs
+    lo, hi = common.compute_self_convolve_bounds(probs, int(count), 1e-15)
+    return int(hi - lo + 1)
 
 
 @functools.lru_cache(maxsize=32)

@@ -13,12 +13,39 @@ where that is certified to 1e-9: :mod:`.rr_any_n`).
 :func:`round_delta_curve` gives the round's ``delta(eps)`` on a grid (pointwise minimum
 of the valid numerical curves), which :mod:`.session` turns into a privacy loss
 distribution for composition.
+
+Supported inputs, each answered in bounded time (checked before any work starts):
+
+* ``1 <= n <=`` :data:`MAX_N` (``10^18``). Above :data:`EVALUATION_MAX_N` (``10^9``, the
+  certified binary-RR bound's own limit and the range the numerical bounds are used over;
+  their incomplete-beta tails were checked up to ``n = 1e8``) every numerical bound is evaluated at
+  ``n' = EVALUATION_MAX_N``: the round's exact ``delta(eps)`` is non-increasing in ``n``
+  for every randomizer (a batch of ``n`` reports is a post-processing of any sub-batch that
+  holds user 1: the other reports are independent of user 1's input and can be added and
+  re-shuffled), so an upper bound at ``n'`` is one at ``n``. The closed forms (FMT21
+  Theorem 3.1 and Girgis et al.'s RDP bound) are evaluated at ``n`` itself and no lower
+  bound is reported (one at ``n'`` is not one at ``n``). :attr:`RoundBound.evaluated_n`
+  says where the numerical bounds were evaluated.
+* ``epsilon0`` below :data:`NUMERICAL_MIN_EPSILON0` (``1e-6``): the numerical bounds are not
+  evaluated (their parameters ``e^eps0 - 1`` lose relative precision as ``1e-16 / eps0``);
+  the round reports the closed forms and ``local`` (``eps0`` itself, valid by
+  post-processing), no lower bound.
+* ``epsilon0`` above :data:`NUMERICAL_MAX_EPSILON0` (``20``): the clone pairs (FMT21's numerical
+  bound, the stronger clone, variation-ratio) are not evaluated. Their parameters hold
+  ``1 - rho = 1/(e^eps0 + 1)`` as ``1 - fl(rho)``, off by up to ``e^eps0 2^-53`` relative (``3e-9``
+  of ``eps0`` at 20; 37.38 came out at ``eps0 = 50``), and with about ``n e^-eps0 <= 2`` clones
+  expected at ``n <= 1e9`` they could not amplify much anyway. The certified binary-RR bound, the
+  blanket bound and the closed forms remain.
+* ``epsilon0 <= 50`` and the sizes :class:`.LocalGuarantee` checks; a Laplace report on more
+  than :data:`BLANKET_MAX_GRID_LEVELS` levels is accounted without its blanket bound (the
+  bounds that use ``eps0`` alone remain).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -63,6 +90,23 @@ from shuffledp.protocol.accounting.rr_any_n import (
 from shuffledp.protocol.accounting.rr_exact import RR_EXACT_MAX_N, rr_exact_delta, rr_lower_epsilon
 from shuffledp.protocol.errors import InvalidParameter
 
+#: Largest batch size accepted (:class:`InvalidParameter` above).
+MAX_N = 10**18
+#: Largest batch size the numerical bounds are evaluated at; above it they are evaluated here and
+#: hold at the larger batch by post-processing (module doc). The certified binary-RR bound's own
+#: limit (``rr_any_n.MAX_N``).
+EVALUATION_MAX_N = 10**9
+#: Below this ``epsilon0`` only the closed-form bounds are evaluated (module doc).
+NUMERICAL_MIN_EPSILON0 = 1e-6
+#: Above this ``epsilon0`` the clone pairs are not evaluated (module doc).
+NUMERICAL_MAX_EPSILON0 = 20.0
+#: Largest Laplace grid whose privacy-blanket law is built (one atom per level; 1-2 s at 2^20).
+BLANKET_MAX_GRID_LEVELS = 2**20
+#: Bounds that depend on ``epsilon0`` alone and hold for binary RR: the exact shuffled binary-RR
+#: floor is a lower bound on each of them for every mechanism, so a value below it is a numerical
+#: failure (seen at eps0 >= 30, where the clone probability e^-eps0 is below double precision).
+EPSILON0_ONLY_BOUNDS = ("strong-clone", "fmt21-numerical", "fmt21-closed", "rdp-girgis")
+
 #: Order in which bounds are listed (and tie-broken).
 BOUND_NAMES = (
     "rr-exact",
@@ -86,6 +130,9 @@ class RoundBound:
     method: str
     candidates: dict[str, float | None]
     lower_bound: float | None
+    #: Batch size the numerical bounds were evaluated at: ``n`` itself, or
+    #: :data:`EVALUATION_MAX_N` for a larger ``n`` (valid there by post-processing; module doc).
+    evaluated_n: int | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -94,14 +141,15 @@ class RoundBound:
             "method": self.method,
             "candidates": dict(self.candidates),
             "lower_bound": self.lower_bound,
+            "evaluated_n": self.evaluated_n,
         }
 
 
 def _check_round(local: LocalGuarantee, n: int) -> int:
     if not isinstance(local, LocalGuarantee):
         raise InvalidParameter("local", f"must be a LocalGuarantee, got {type(local).__name__}")
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise InvalidParameter("n", f"must be an integer >= 1 (reports in the shuffled batch), got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_N:
+        raise InvalidParameter("n", f"must be an integer in [1, 10^18] (reports in the shuffled batch), got {n!r}")
     if not local.pure:
         raise AmplificationNotClaimed(
             f"{local.mechanism} reports are only (eps0={local.epsilon0}, delta0={local.delta0})-LDP; "
@@ -160,11 +208,31 @@ def round_pairs(local: LocalGuarantee, n: int) -> dict[str, ClonePair | WorstOfP
     (``docs/accounting.md``), at a few hundredths of a second instead of up to seconds: the two-
     dimensional variation-ratio pair stays available through :func:`dominating_pairs` as an
     independent cross-check.
+
+    Empty outside ``[NUMERICAL_MIN_EPSILON0, NUMERICAL_MAX_EPSILON0]`` (module doc).
     """
+    if not clone_pairs_apply(local.epsilon0):
+        return {}
     pairs = dominating_pairs(local, n)
     if blanket_laws(local) and local.mechanism != "laplace-mean":
         pairs.pop("variation-ratio", None)
     return pairs
+
+
+def clone_pairs_apply(epsilon0: float) -> bool:
+    """Whether the clone pairs are evaluated at this ``epsilon0`` (module doc)."""
+    return NUMERICAL_MIN_EPSILON0 <= epsilon0 <= NUMERICAL_MAX_EPSILON0
+
+
+def local_delta_curve(eps_grid: np.ndarray, epsilon0: float) -> np.ndarray:
+    """Binary RR's ``delta(eps)`` at ``epsilon0`` for one report, ``(e^eps0 - e^eps)_+ / (e^eps0 + 1)``:
+    an upper bound for every pure ``epsilon0``-LDP randomizer (binary RR dominates them: Kairouz, Oh &
+    Viswanath 2015), hence for the shuffled round (a post-processing of user 1's report); padded by
+    1e-12 relative for rounding."""
+    e = np.maximum(np.asarray(eps_grid, dtype=np.float64), 0.0)
+    out = np.maximum(math.expm1(epsilon0) - np.expm1(e), 0.0) / (math.expm1(epsilon0) + 2.0) * (1.0 + 1e-12)
+    out[e >= epsilon0] = 0.0
+    return np.minimum(out, 1.0)
 
 
 def blanket_laws(local: LocalGuarantee) -> tuple[BlanketLaw, ...]:
@@ -176,6 +244,8 @@ def blanket_laws(local: LocalGuarantee) -> tuple[BlanketLaw, ...]:
     """
     e0 = float(local.epsilon0)
     if local.mechanism == "laplace-mean" and local.grid_levels is not None:
+        if int(local.grid_levels) > BLANKET_MAX_GRID_LEVELS:  # one atom per level: not built (module doc)
+            return ()
         return (laplace_report_law(e0, int(local.grid_levels)),)
     if local.mechanism == "k-rr":
         return (k_rr_law(e0, int(local.k)),)
@@ -243,9 +313,11 @@ def binary_rr_epsilon(delta: float, n: int, epsilon0: float) -> tuple[float, int
 def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     """Central ``(epsilon, delta)`` of one round shuffling ``n`` reports of ``local``.
 
-    Raises :class:`InvalidParameter` on bad input and :class:`AmplificationNotClaimed`
-    for approximate-DP randomizers. Answers are kept in the on-disk cache
-    (:mod:`.cache`: keyed on the parameters and on the accountant's source).
+    Raises :class:`InvalidParameter` on bad input (``n`` outside ``[1, 10^18]``, ``delta``
+    outside ``(0, 1)``) and :class:`AmplificationNotClaimed` for approximate-DP randomizers.
+    Huge ``n`` and tiny ``epsilon0`` are answered with the bounds the module doc lists for
+    them, in bounded time. Answers are kept in the on-disk cache (:mod:`.cache`: keyed on the
+    parameters and on the accountant's code).
     """
     n = _check_round(local, n)
     if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)) or not 0 < delta < 1:
@@ -255,44 +327,109 @@ def shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     return RoundBound(**cached("shuffled_round", question, lambda: _shuffled_round(local, n, delta).as_dict()))
 
 
+def _closed_forms(e0: float, n: int, delta: float) -> dict[str, float | None]:
+    """The closed-form bounds at ``n`` (any size: no evaluation grows with ``n``).
+
+    Girgis et al.'s moments scale like ``eps0^2`` and underflow below ``eps0 ~ 1e-150``; there the
+    bound is only used where ``eps0 / 2 <= delta``, when the round is ``(0, delta)``-DP anyway (one
+    report's total variation is at most ``tanh(eps0/2)``)."""
+    closed = fmt21_closed_form(e0, n, delta)
+    girgis = None
+    if e0 >= 1e-150 or e0 / 2.0 <= delta:
+        girgis = min(e0, rdp_epsilon(EXTENDED_ORDERS, girgis_rdp(e0, n, EXTENDED_ORDERS), delta))
+    return {"fmt21-closed": None if closed is None else min(e0, closed), "rdp-girgis": girgis}
+
+
+def _best(cand: dict[str, float | None], e0: float) -> tuple[float, str]:
+    valid = {k: v for k, v in cand.items() if v is not None and k in BOUND_NAMES}
+    best = min(valid.values())
+    return best, "local" if best >= e0 else next(k for k in BOUND_NAMES if valid.get(k) == best)
+
+
 def _shuffled_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
-    """:func:`shuffled_round` on checked arguments, computed."""
+    """:func:`shuffled_round` on checked arguments, computed (huge ``n`` and tiny ``epsilon0`` as the
+    module doc says)."""
+    e0 = float(local.epsilon0)
+    if e0 < NUMERICAL_MIN_EPSILON0:
+        cand: dict[str, float | None] = {name: None for name in BOUND_NAMES}
+        cand["local"] = e0
+        cand.update(_closed_forms(e0, n, delta))
+        best, method = _best(cand, e0)
+        return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=None, evaluated_n=n)
+    if n > EVALUATION_MAX_N:
+        return _large_round(local, n, delta)
+    if n == EVALUATION_MAX_N:
+        return _evaluated_round_shared(local, n, delta)
+    return _evaluated_round(local, n, delta)
+
+
+def _large_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
+    """A round of ``n > EVALUATION_MAX_N`` reports: the numerical bounds at ``EVALUATION_MAX_N`` (valid at
+    ``n`` by post-processing), the closed forms at ``n``, no lower bound (module doc)."""
+    e0 = float(local.epsilon0)
+    at = _evaluated_round_shared(local, EVALUATION_MAX_N, delta)
+    cand = dict(at.candidates)
+    if cand.get("rr-exact") is not None:  # computed at a smaller n than the round's
+        cand["rr-exact-smaller-n"], cand["rr-exact"] = cand["rr-exact"], None
+    for name, value in _closed_forms(e0, n, delta).items():
+        # a closed form the floor at EVALUATION_MAX_N showed wrong there is not trusted further out
+        if value is not None and f"{name} (dropped: below the exact floor)" not in cand:
+            cand[name] = value if cand[name] is None else min(cand[name], value)
+    best, method = _best(cand, e0)
+    return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=None,
+                      evaluated_n=EVALUATION_MAX_N)
+
+
+@functools.lru_cache(maxsize=8)
+def _evaluated_round_shared(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
+    """:func:`_evaluated_round`, once per process (every huge batch size shares the one at EVALUATION_MAX_N)."""
+    return _evaluated_round(local, n, delta)
+
+
+def _evaluated_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
+    """Every bound evaluated at ``n <= EVALUATION_MAX_N``."""
     e0 = float(local.epsilon0)
     cand: dict[str, float | None] = {name: None for name in BOUND_NAMES}
     cand["local"] = e0
     for name, pair in round_pairs(local, n).items():
         cand[name] = min(e0, pair.epsilon(delta))
-    cand["fmt21-closed"] = fmt21_closed_form(e0, n, delta)
-    cand["rdp-girgis"] = min(e0, rdp_epsilon(EXTENDED_ORDERS, girgis_rdp(e0, n, EXTENDED_ORDERS), delta))
+    cand.update(_closed_forms(e0, n, delta))
     lower: float | None = None
+    # The fixed-pair floor of shuffled binary RR (0-3 ones, both directions): a lower bound on every
+    # bound that uses eps0 alone, for every mechanism (EPSILON0_ONLY_BOUNDS).
+    rr_floor = rr_lower_epsilon(delta, n, e0)
     if local.mechanism == "binary-rr":
         eps_rr, from_n, lower, exact = binary_rr_epsilon(delta, n, e0)
         cand["rr-exact" if from_n == n else "rr-exact-smaller-n"] = eps_rr
         if exact and from_n == n and eps_rr - lower <= 1e-9 * eps_rr:
             lower = eps_rr  # exact to 1e-9: reported as the exact value (as before)
-        else:  # the fixed-pair floor (0-3 ones, both directions) is a lower bound too
-            lower = min(eps_rr, max(lower, rr_lower_epsilon(delta, n, e0)))
+        else:  # the fixed-pair floor is a lower bound too
+            lower = min(eps_rr, max(lower, rr_floor))
     elif rr_floor_applies(local):
-        lower = rr_lower_epsilon(delta, n, e0)
+        lower = rr_floor
     laws = blanket_laws(local)
     if laws:
         cand["blanket"] = min(e0, blanket_round_epsilon(laws, n, delta, e0))
     valid = {k: v for k, v in cand.items() if v is not None}
-    if lower is not None:
-        # A candidate below a proven lower bound is numerically wrong, not an upper bound: it is
-        # dropped (and shown as such in ``candidates``). Seen for FMT21's numerical pair at
-        # eps0 >= 28.5, where the clone probability e^-eps0 is below the evaluation's precision
-        # (28.4998 against an RR floor of 28.49997); ``local`` (eps0) always remains.
-        for name, value in list(valid.items()):
-            if name not in ("local", "blanket") and value < lower * (1 - 1e-6) - 1e-9:
-                del valid[name]
-                cand[name] = None
-                cand[f"{name} (dropped: below the exact floor)"] = value
+    # A candidate below a proven lower bound is numerically wrong, not an upper bound: it is
+    # dropped (and shown as such in ``candidates``). Seen for FMT21's numerical pair at
+    # eps0 >= 28.5, where the clone probability e^-eps0 is below the evaluation's precision
+    # (28.4998 against an RR floor of 28.49997; at eps0 = 50, 37.38 against 50), for every
+    # mechanism: the bounds that use eps0 alone are screened by the RR floor whatever the
+    # mechanism, the others by the round's own lower bound where it has one. ``local`` (eps0)
+    # always remains.
+    for name, value in list(valid.items()):
+        if name in ("local", "blanket"):
+            continue
+        floors = [f for f in (lower, rr_floor if name in EPSILON0_ONLY_BOUNDS else None) if f is not None]
+        if floors and value < max(floors) * (1 - 1e-6) - 1e-9:
+            del valid[name]
+            cand[name] = None
+            cand[f"{name} (dropped: below the exact floor)"] = value
     if laws and local.mechanism == "laplace-mean":
         lower = None  # the RR floor is not a lower bound for this mechanism
-    best = min(valid.values())
-    method = "local" if best >= e0 else next(k for k in BOUND_NAMES if valid.get(k) == best)
-    return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=lower)
+    best, method = _best(cand, e0)
+    return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=lower, evaluated_n=n)
 
 
 def round_delta_curve(local: LocalGuarantee, n: int, eps_grid: np.ndarray, rtol: float = 2e-2) -> np.ndarray:
@@ -314,13 +451,14 @@ def round_delta_curve(local: LocalGuarantee, n: int, eps_grid: np.ndarray, rtol:
     if laws and not pairs and not exact_rr:
         # Independent points, each mostly FFTs and array arithmetic that release the GIL: two threads.
         return np.array(_parallel_map(lambda e: blanket_round_delta(laws, n, float(e)), eps_grid.tolist()))
+    local_curve = local_delta_curve(eps_grid, float(local.epsilon0))
     for i, e in enumerate(eps_grid):
         vals = [p.delta(float(e), rtol=rtol) for p in pairs]
         if exact_rr:
             vals.append(rr_exact_delta(float(e), n, local.epsilon0))
         if laws:
             vals.append(blanket_round_delta(laws, n, float(e)))
-        out[i] = min(vals)
+        out[i] = min(vals) if vals else local_curve[i]  # no pair evaluated (module doc): the local curve
     if local.mechanism == "binary-rr" and not exact_rr:
         out = np.minimum(out, binary_rr_delta_curve(eps_grid, n, float(local.epsilon0)))
     return out
@@ -352,10 +490,13 @@ def round_curve_support(local: LocalGuarantee, n: int, floor_delta: float = 1e-1
 
 def round_reference_epsilon(local: LocalGuarantee, n: int, delta: float) -> float:
     """A quick upper bound on the round's ``eps(delta)`` (best clone pair or blanket, 1e-3 relative):
-    what a session uses to size its privacy-loss grid."""
+    what a session uses to size its privacy-loss grid. ``epsilon0`` itself below
+    :data:`NUMERICAL_MIN_EPSILON0`."""
     n = _check_round(local, n)
+    if local.epsilon0 < NUMERICAL_MIN_EPSILON0:
+        return float(local.epsilon0)
     laws = blanket_laws(local)
     if laws:  # the optimal decomposition: clone pairs are not evaluated (see round_delta_curve)
         return min(blanket_round_epsilon(laws, n, delta, local.epsilon0), local.epsilon0)
-    best = min(p.epsilon(delta, rtol=1e-3) for p in round_pairs(local, n).values())
+    best = min((p.epsilon(delta, rtol=1e-3) for p in round_pairs(local, n).values()), default=local.epsilon0)
     return min(best, local.epsilon0)

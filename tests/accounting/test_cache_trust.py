@@ -1,0 +1,179 @@
+"""Whoever can write the accounting cache cannot choose the epsilon it returns.
+
+Rows are written as an attacker would: straight into the SQLite file. Modes are checked after
+first use, a cache others can write is ignored, and every input of the key (the accountant's
+code, the block Hadamard response parameters, the library versions) moves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from shuffledp.cli import main
+from shuffledp.protocol.accounting import binary_rr_guarantee, shuffled_round
+from shuffledp.protocol.accounting import cache
+from shuffledp.protocol.accounting.shuffle_round import _shuffled_round
+
+
+@pytest.fixture
+def cache_file(tmp_path, monkeypatch):
+    path = tmp_path / "private" / "accounting.sqlite"
+    monkeypatch.setenv(cache.ENV, str(path))
+    return path
+
+
+def counting(answer):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return answer
+
+    return compute, calls
+
+
+def tamper(path: Path, rewrite) -> int:
+    """Rewrite the JSON value of every stored row of every table, as anyone able to write the file could."""
+    changed = 0
+    with sqlite3.connect(path) as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for table in tables:
+            columns = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+            if "value" not in columns:
+                continue
+            for rowid, value in db.execute(f"SELECT rowid, value FROM {table}").fetchall():
+                new = rewrite(json.loads(value))
+                if new is not None:
+                    db.execute(f"UPDATE {table} SET value = ? WHERE rowid = ?", (json.dumps(new), rowid))
+                    changed += 1
+    return changed
+
+
+def forge_round(doc: dict):
+    """A round answer claiming epsilon = 1e-9, exact (the incident: below the certified floor)."""
+    if not (isinstance(doc, dict) and "method" in doc and "candidates" in doc):
+        return None
+    doc = dict(doc, epsilon=1e-9, lower_bound=1e-9, method="rr-exact")
+    doc["candidates"] = dict(doc["candidates"], **{"rr-exact": 1e-9})
+    return doc
+
+
+def test_a_planted_value_is_never_printed(cache_file, capsys):
+    argv = ["account", "-e", "1", "-n", "1000", "--mechanism", "binary-rr", "--json", "--no-lower-bound"]
+    assert main(argv) == 0
+    true = json.loads(capsys.readouterr().out)["round"]
+    assert true["epsilon"] > 0.03
+    assert tamper(cache_file, forge_round) >= 1
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)["round"]
+    assert printed["epsilon"] == true["epsilon"] and printed["method"] == true["method"]
+    assert "failed authentication" in captured.err
+    # and the library call gives the computed value, not the planted one
+    assert shuffled_round(binary_rr_guarantee(1.0), 1000, 1e-6) == _shuffled_round(binary_rr_guarantee(1.0), 1000, 1e-6)
+
+
+def test_a_forged_or_missing_tag_is_refused_and_replaced(cache_file):
+    compute, calls = counting({"epsilon": 0.25})
+    assert cache.cached("k", {"n": 3}, compute) == {"epsilon": 0.25}
+    key = cache.key_of("k", {"n": 3})
+    with sqlite3.connect(cache_file) as db:  # a row the attacker wrote with a tag of their own
+        db.execute(f"UPDATE {cache.TABLE} SET value = ?, tag = ? WHERE key = ?",
+                   (json.dumps({"epsilon": 1e-9}), "00" * 32, key))
+    assert cache.cached("k", {"n": 3}, compute) == {"epsilon": 0.25}
+    assert len(calls) == 2
+    assert cache.cached("k", {"n": 3}, compute) == {"epsilon": 0.25}  # the recomputed row replaced it
+    assert len(calls) == 2
+    # a row under another key, tagged with a key the attacker guessed
+    other = cache.key_of("k", {"n": 4})
+    with sqlite3.connect(cache_file) as db:
+        db.execute(f"INSERT INTO {cache.TABLE} VALUES (?, ?, ?, 0)",
+                   (other, '{"epsilon": 1e-9}', cache.tag_of(b"\0" * 32, other, '{"epsilon": 1e-9}')))
+    assert cache.cached("k", {"n": 4}, compute) == {"epsilon": 0.25}
+    assert len(calls) == 3
+
+
+def test_files_are_private_from_the_start(cache_file):
+    old = os.umask(0)  # whatever the umask, the cache's modes are its own
+    try:
+        compute, _ = counting({"epsilon": 1.0})
+        cache.cached("k", {"n": 1}, compute)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(cache_file.parent).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cache_file).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(cache.key_path(cache_file)).st_mode) == 0o600
+    assert len(cache.key_path(cache_file).read_bytes()) == cache.KEY_BYTES
+    for suffix in cache.SIDECARS:
+        side = cache_file.with_name(cache_file.name + suffix)
+        if side.exists():
+            assert stat.S_IMODE(os.stat(side).st_mode) == 0o600
+
+
+@pytest.mark.parametrize("target", ["directory", "database", "key"])
+def test_a_cache_others_can_write_is_not_used(cache_file, capsys, target):
+    compute, calls = counting({"epsilon": 0.5})
+    cache.cached("k", {"n": 1}, compute)
+    path = cache_file.parent if target == "directory" else cache_file if target == "database" else cache.key_path(cache_file)
+    os.chmod(path, 0o777 if target == "directory" else 0o666)
+    tamper(cache_file, lambda doc: {"epsilon": 1e-9})
+    assert cache.cached("k", {"n": 1}, compute) == {"epsilon": 0.5}
+    assert cache.cached("k", {"n": 1}, compute) == {"epsilon": 0.5}
+    assert len(calls) == 3  # computed afresh each time
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not used" in err[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_cache_owned_by_another_user_is_not_used(cache_file, capsys):
+    compute, calls = counting({"epsilon": 0.5})
+    cache.cached("k", {"n": 1}, compute)
+    os.chown(cache_file, 65534, 65534)
+    cache.cached("k", {"n": 1}, compute)
+    assert len(calls) == 2
+    assert "owned by another user" in capsys.readouterr().err
+
+
+def test_the_key_moves_with_the_libraries_and_the_shared_parameters(cache_file, monkeypatch):
+    import numpy
+
+    compute, calls = counting({"epsilon": 1.0})
+    cache.cached("k", {"n": 10}, compute)
+    cache.cached("k", {"n": 10}, compute)
+    assert len(calls) == 1
+    monkeypatch.setattr(numpy, "__version__", numpy.__version__ + "+other")
+    cache.cached("k", {"n": 10}, compute)
+    assert len(calls) == 2
+    monkeypatch.undo()
+    monkeypatch.setenv(cache.ENV, str(cache_file))
+    import dp_accounting  # noqa: F401  (the version is read from its metadata)
+
+    monkeypatch.setattr(cache, "_dp_accounting_version", lambda: "0.0-other")
+    cache.cached("k", {"n": 10}, compute)
+    assert len(calls) == 3
+
+
+def test_the_source_digest_covers_the_block_hadamard_parameters(monkeypatch):
+    """``protocol/hadamard_response_params.py`` sets the block count and ``t`` the bounds use: a change to it
+    must change the key."""
+    before = cache.source_digest()
+    real = Path.read_bytes
+
+    def edited(self):
+        data = real(self)
+        return data + b"\n# edited\n" if self.name == "hadamard_response_params.py" else data
+
+    cache.source_digest.cache_clear()
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    try:
+        assert cache.source_digest() != before
+    finally:
+        monkeypatch.undo()
+        cache.source_digest.cache_clear()
+    assert cache.source_digest() == before
