@@ -6,7 +6,8 @@
 #   2. deletes and re-creates the environment (.venv-test/, or $SHUFFLEDP_TEST_VENV)
 #      and installs the project with its test extras at the exact versions of
 #      requirements/test.lock (made by scripts/lock.sh);
-#   3. runs pytest on both cores, BLAS pinned to one thread per process.
+#   3. runs pytest with one process per core (pytest-xdist's -n auto, unless -n is
+#      given), BLAS pinned to one thread per process.
 #
 # Options (the rest goes to pytest):
 #   --latest   ignore the lock: the newest versions that pyproject.toml allows
@@ -19,10 +20,12 @@ cd "$(dirname "$0")/.."
 latest=0
 reuse=0
 pytest_args=()
+workers="-n auto"   # one pytest process per core (pytest-xdist), unless -n is given
 for arg in "$@"; do
   case "$arg" in
     --latest) latest=1 ;;
     --reuse) reuse=1 ;;
+    -n|-n*|--numprocesses*) workers=""; pytest_args+=("$arg") ;;
     *) pytest_args+=("$arg") ;;
   esac
 done
@@ -59,5 +62,6 @@ fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PATH="$PWD/$venv/bin:$PATH"
 status=0
-"$venv/bin/python" -m pytest -q -p no:cacheprovider "${pytest_args[@]}" || status=$?
+# shellcheck disable=SC2086  # $workers is two words or none
+"$venv/bin/python" -m pytest -q -p no:cacheprovider $workers "${pytest_args[@]}" || status=$?
 exit "$status"
