@@ -111,6 +111,8 @@ def apply_size_cap(args: Any, prog: str = "shuffledp") -> list[str]:
         changes.append("--quick sizes")
     if changes:
         print(f"{prog}: {ENV}={cap}: {', '.join(changes)}", file=sys.stderr, flush=True)
+        # recorded with the run's parameters (run_info), so a saved result says it was capped
+        args.size_cap = {"cap": cap, "changes": changes}
     return changes
 
 

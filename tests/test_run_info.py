@@ -29,3 +29,12 @@ def test_json_output_carries_version_command_and_parameters(capsys, argv, comman
         for key, value in expected.items():
             assert info["parameters"][key] == value, key
         assert "json" in info["parameters"]  # defaults are named too, not only what was typed
+
+
+def test_a_capped_run_says_so_in_its_json(capsys, monkeypatch):
+    """SHUFFLEDP_SIZE_CAP rewrites sizes in place: the saved parameters must say they were capped."""
+    monkeypatch.setenv("SHUFFLEDP_SIZE_CAP", "2000")
+    assert main(["simulate", "--fast", "-n", "5000", "--json", "--quiet"]) == 0
+    info = json.loads(capsys.readouterr().out)["shuffledp"]
+    assert info["parameters"]["users"] == 2000
+    assert info["parameters"]["size_cap"] == {"cap": 2000, "changes": ["--users 5000 -> 2000"]}

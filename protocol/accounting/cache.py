@@ -134,16 +134,16 @@ def key_path(path: Path) -> Path:
 
 def _check_private(path: Path, st: os.stat_result, secret: bool) -> None:
     """Raise :class:`UntrustedCache` unless ``path`` is ours and not writable by group or others
-    (``secret``: not readable by them either); narrow our own file's looser read bits."""
+    (``secret``: not readable by them either); narrow our own file's looser read bits. A
+    directory's mode is never changed: it may be the user's own (``$HOME``, a project folder)."""
     if st.st_uid != os.geteuid():
         raise UntrustedCache(f"{path} is owned by another user (uid {st.st_uid})")
     if stat.S_IMODE(st.st_mode) & 0o022:
         raise UntrustedCache(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
     if secret and stat.S_IMODE(st.st_mode) & 0o044:
         raise UntrustedCache(f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
-    private = 0o700 if stat.S_ISDIR(st.st_mode) else 0o600
-    if stat.S_IMODE(st.st_mode) & ~private:
-        os.chmod(path, stat.S_IMODE(st.st_mode) & private)
+    if not stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) & ~0o600:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o600)
 
 
 def _private_directory(directory: Path) -> None:
@@ -259,7 +259,8 @@ def cached(kind: str, question: dict[str, Any], compute: Callable[[], dict[str, 
             connection.close()
         if row is not None:
             value, tag = row
-            if isinstance(value, str) and isinstance(tag, str) and hmac.compare_digest(tag, tag_of(secret, key, value)):
+            if (isinstance(value, str) and isinstance(tag, str)
+                    and hmac.compare_digest(tag.encode("utf-8", "surrogatepass"), tag_of(secret, key, value).encode())):
                 return json.loads(value)
             _warn(path, "an entry failed authentication and was not used; computing afresh")
     except UntrustedCache as exc:

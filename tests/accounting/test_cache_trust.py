@@ -177,3 +177,27 @@ def test_the_source_digest_covers_the_block_hadamard_parameters(monkeypatch):
         monkeypatch.undo()
         cache.source_digest.cache_clear()
     assert cache.source_digest() == before
+
+
+def test_a_non_ascii_tag_is_a_failed_authentication_not_a_crash(cache_file):
+    compute, calls = counting({"epsilon": 0.5})
+    question = {"q": "non-ascii tag"}
+    assert cache.cached("test", question, compute) == {"epsilon": 0.5}
+    with sqlite3.connect(cache_file) as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        table = next(t for t in tables if "tag" in [r[1] for r in db.execute(f"PRAGMA table_info({t})")])
+        db.execute(f"UPDATE {table} SET tag = ?", ("é" * 64,))
+    assert cache.cached("test", question, compute) == {"epsilon": 0.5}
+    assert len(calls) == 2  # recomputed, not returned and not raised
+
+
+def test_the_cache_never_changes_the_mode_of_a_directory_it_is_named_in(tmp_path, monkeypatch):
+    """Pointing the cache at a file in an existing directory of the user's (a project folder,
+    $HOME) must not narrow that directory's mode."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    os.chmod(home, 0o755)
+    monkeypatch.setenv(cache.ENV, str(home / "accounting.sqlite"))
+    compute, _ = counting({"epsilon": 0.25})
+    assert cache.cached("test", {"q": "dir mode"}, compute) == {"epsilon": 0.25}
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o755
