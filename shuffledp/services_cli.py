@@ -904,6 +904,7 @@ async def _stop(process: asyncio.subprocess.Process, timeout: float = 10.0) -> i
 _UP_REAPER = """
 import os, shutil, signal, sys, time
 base, fd = sys.argv[1], int(sys.argv[2])
+made = os.lstat(base)  # the directory `up` made: never remove another one found at that path
 pids, done = [], False
 with os.fdopen(fd, "rb") as pipe:
     for line in pipe:
@@ -937,7 +938,12 @@ if not done:
     deadline = time.monotonic() + 30.0
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    shutil.rmtree(base, ignore_errors=True)
+    try:
+        now = os.lstat(base)
+    except OSError:
+        now = None
+    if now is not None and (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino):
+        shutil.rmtree(base, ignore_errors=True)
 """
 
 
@@ -1097,14 +1103,14 @@ async def _up_async(args: argparse.Namespace) -> int:
         f"{'done' if ok else 'interrupted' if interrupted else 'FAILED'} in {time.monotonic() - started:.1f} s: "
         + ", ".join(f"{name} exit {codes.get(name)}" for name in ("analyzer", "clients", "shuffler"))
     )
+    if reaper is not None:  # told first: the reaper never removes a path `up` already removed
+        with contextlib.suppress(OSError):
+            os.write(reaper, b"done\n")
+        os.close(reaper)
     if temporary and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
     else:
         _say(f"kept {base} (keys, broker, spool/, shuffler-stats.json, result.json, clients.json)")
-    if reaper is not None:
-        with contextlib.suppress(OSError):
-            os.write(reaper, b"done\n")
-        os.close(reaper)
     return 130 if interrupted else EXIT_OK if ok else EXIT_FAILED
 
 

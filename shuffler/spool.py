@@ -239,13 +239,14 @@ def _private_directory(directory: Path) -> Path:
     return directory
 
 
-def _private_file(path: Path, *, create: bool) -> None:
-    """Make sure ``path`` (if it exists, or ``create``) is a regular file of this user with mode 0600."""
+def _private_file(path: Path, *, create: bool) -> os.stat_result | None:
+    """Make sure ``path`` (if it exists, or ``create``) is a regular file of this user with mode 0600;
+    its status as checked (through the descriptor), or None if it does not exist."""
     flags = os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
     try:
         fd = os.open(path, flags, 0o600)
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
         if os.path.islink(path):
             raise SpoolAccessError(f"spool file {path} is a symbolic link: name the file itself") from None
@@ -261,6 +262,7 @@ def _private_file(path: Path, *, create: bool) -> None:
             _log.warning("spool file %s had mode %04o: set to 0600", path, stat.S_IMODE(info.st_mode))
     finally:
         os.close(fd)
+    return info
 
 
 class SqliteSpool:
@@ -277,8 +279,9 @@ class SqliteSpool:
         else:
             given = Path(path)
             self.path = str(_private_directory(given.parent) / given.name)
-            for suffix in ("", *SIDE_FILES):
-                _private_file(Path(self.path + suffix), create=suffix == "")
+            checked = _private_file(Path(self.path), create=True)  # SQLite must open this very file
+            for suffix in SIDE_FILES:
+                _private_file(Path(self.path + suffix), create=False)
         #: A checkpoint that could not truncate the write-ahead log yet (retried later).
         self.scrub_pending = False
         self._scrub_tried = 0.0
@@ -294,7 +297,35 @@ class SqliteSpool:
         if not self.in_memory:
             for suffix in SIDE_FILES:
                 _private_file(Path(self.path + suffix), create=False)
+            self._check_opened_file_is_the_checked_one(checked)
             self._drop_leftovers()
+
+    def _check_opened_file_is_the_checked_one(self, checked: os.stat_result) -> None:
+        """:class:`SpoolAccessError` unless SQLite holds open the very file that was checked.
+
+        The checks above go by path, and SQLite opens by path again: a local user who can
+        rename directories above the spool could swap in a directory of their own in
+        between, and the spool would write its client-report links into a file they read.
+        So the connection's open files (``/proc/self/fd``, Linux) must include the checked
+        file's (device, inode); elsewhere the path is re-checked instead."""
+        wanted = (checked.st_dev, checked.st_ino)
+        fd_dir = Path("/proc/self/fd")
+        if fd_dir.is_dir():
+            held = set()
+            for entry in fd_dir.iterdir():
+                try:
+                    info = os.stat(entry)
+                except OSError:
+                    continue
+                held.add((info.st_dev, info.st_ino))
+            ok = wanted in held
+        else:
+            info = os.lstat(self.path)
+            ok = (info.st_dev, info.st_ino) == wanted
+        if not ok:
+            self._db.close()
+            raise SpoolAccessError(f"spool file {self.path} changed while it was opened (a directory above it was "
+                                   "replaced?): refusing to write client-report links into another file")
 
     def _drop_leftovers(self) -> None:
         """Delete what finished rounds left behind, then truncate the log (:meth:`_scrub`)."""

@@ -308,3 +308,35 @@ def test_a_shuffler_killed_before_its_checkpoint_leaves_nothing_once_restarted(t
     files = raw_files(path)
     assert found(files, client_ids) == {n: 0 for n in files}
     spool.close()
+
+
+def test_a_directory_swapped_in_between_the_checks_and_the_open_is_refused(tmp_path, monkeypatch):
+    """A local user who can rename directories above the spool swaps in their own directory
+    (a world-readable spool file in it) after the spool's checks and before SQLite opens the
+    file by path: the spool must refuse, not write client-report links into the attacker's file."""
+    import shuffledp.shuffler.spool as spool_module
+
+    private = tmp_path / "state"
+    attacker = tmp_path / "attacker"
+    attacker.mkdir()
+    os.chmod(attacker, 0o777)
+    planted = attacker / "spool.db"
+    planted.write_bytes(b"")
+    os.chmod(planted, 0o666)
+    real_connect = sqlite3.connect
+
+    class SwappingSqlite:
+        """sqlite3, whose connect is preceded by the attacker's swap."""
+
+        def __getattr__(self, name):
+            return getattr(sqlite3, name)
+
+        @staticmethod
+        def connect(path, *args, **kwargs):
+            os.rename(private, tmp_path / "state.moved")
+            os.rename(attacker, private)
+            return real_connect(path, *args, **kwargs)
+
+    monkeypatch.setattr(spool_module, "sqlite3", SwappingSqlite())
+    with pytest.raises(SpoolAccessError, match="changed while it was opened"):
+        SqliteSpool(private / "spool.db")
