@@ -20,6 +20,8 @@ from shuffledp.protocol.accounting import binary_rr_guarantee, shuffled_round
 from shuffledp.protocol.accounting import cache
 from shuffledp.protocol.accounting.shuffle_round import _shuffled_round
 
+from .test_cache import counting
+
 
 @pytest.fixture
 def cache_file(tmp_path, monkeypatch):
@@ -27,15 +29,6 @@ def cache_file(tmp_path, monkeypatch):
     monkeypatch.setenv(cache.ENV, str(path))
     return path
 
-
-def counting(answer):
-    calls = []
-
-    def compute():
-        calls.append(1)
-        return answer
-
-    return compute, calls
 
 
 def tamper(path: Path, rewrite) -> int:
