@@ -19,11 +19,10 @@ Randomness: round ``r``'s draws for users ``[b B, (b+1) B)`` come from the seed
 ``(seed, 0x5EED, r, b)`` on both engines (:func:`draw_round`), so at any n the two
 engines' rounds are the *same multiset* of reports, and a protocol's result is the
 same up to the permutation (``tests/test_engine.py``). The fast engine's permutation uses
-its own seed; the shuffler's comes from the OS CSPRNG. A decoder's float sums see the
-order in their last bits; decoded in :func:`canonical_order` (:class:`InCanonicalOrder`,
-as ``shuffledp simulate`` and the analyzer service decode the scalar mean) the result is
-the same to the last bit. A seeded fleet of separate processes (``shuffledp up --seed``)
-draws through the same function (:func:`seeded_draw`).
+its own seed; the shuffler's comes from the OS CSPRNG. The scalar mean's decoder sums with
+correct rounding, so its result is the same to the last bit whatever the order. A seeded
+fleet of separate processes (``shuffledp up --seed``) draws through the same function
+(:func:`seeded_draw`).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds, drive
+from shuffledp.analyzer.protocols import Protocol, RoundPlan, drive
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mechanisms import randomize_round
 from shuffledp.protocol.errors import InvalidParameter
@@ -100,64 +99,6 @@ class EngineRun:
     rounds: list[RoundRun]
     engine: str
     transport: str = ""
-
-
-def canonical_order(rows: np.ndarray) -> np.ndarray:
-    """A batch's rows (``(N, width)`` int64) in one fixed order: sorted lexicographically.
-
-    A batch is a multiset; the order the shuffler forwards it in means nothing, but a
-    decoder's float sums (the mean round's average, for one) depend on it in their last
-    bits. Decoded in this order, a protocol's result is a function of the multiset alone.
-    Rows whose columns fit one int64 key together are sorted by that key (one sort of
-    integers); others by ``np.lexsort``."""
-    rows = np.asarray(rows)
-    if rows.ndim != 2 or len(rows) < 2:
-        return rows
-    if rows.shape[1] == 1:
-        return np.sort(rows, axis=0)
-    low = rows.min(axis=0)
-    spans = [int(high) - int(lo) + 1 for lo, high in zip(low, rows.max(axis=0))]
-    if math.prod(spans) > 2**62:
-        return rows[np.lexsort(rows.T[::-1])]
-    key = np.zeros(len(rows), dtype=np.int64)
-    for column, span in enumerate(spans):  # mixed radix, first column most significant
-        key = key * span + (rows[:, column] - low[column])
-    key.sort()
-    out = np.empty_like(rows)
-    for column in reversed(range(len(spans))):
-        key, digit = np.divmod(key, spans[column])
-        out[:, column] = digit + low[column]
-    return out
-
-
-class InCanonicalOrder(Protocol):
-    """``protocol``, decoding every round's batch in :func:`canonical_order`.
-
-    Its result depends only on the multiset of each round's reports, bit for bit, whatever
-    order a shuffler forwarded them in: ``shuffledp simulate`` (either engine) and the
-    analyzer service (``shuffledp analyzer run``, so ``shuffledp up``) both decode the scalar
-    mean this way, so with the same seed they print the same estimate."""
-
-    name = "canonical-order"
-
-    def __init__(self, protocol: Protocol) -> None:
-        self.protocol = protocol
-        self.name = protocol.name
-        self.data_rank = protocol.data_rank
-
-    @property
-    def budget(self) -> tuple[float, float]:
-        return self.protocol.budget
-
-    def rounds(self) -> Rounds:
-        inner = self.protocol.rounds()
-        plan = next(inner)
-        while True:
-            rows = yield plan
-            try:
-                plan = inner.send(canonical_order(rows))
-            except StopIteration as done:
-                return done.value
 
 
 def _check_data(protocol: Protocol, local_data: np.ndarray) -> np.ndarray:

@@ -677,7 +677,6 @@ def format_analyzer_result(result: dict[str, Any]) -> str:
 async def _analyzer_run_async(args: argparse.Namespace) -> int:
     from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol, concentration_radius
     from shuffledp.analyzer.service import Analyzer
-    from shuffledp.engine import InCanonicalOrder
     from shuffledp.keys import load_analyzer
     from shuffledp.simulation import central_guarantee_at
     from shuffledp.protocol.errors import ShuffleDPError
@@ -714,9 +713,9 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
             max_batch=max_batch, shuffler_instances=args.shuffler_instances,
         )
         log.info("session %s: scalar-mean with min_batch %d over %s", side.session_id.hex(), min_batch, channel.address)
-        # Each batch decoded in canonical order: the estimate depends on the reports' multiset only, not on the
-        # shuffler's order, so with the same data and draws it is `shuffledp simulate`'s to the last bit.
-        outcome, records = await coordinator.run_protocol(InCanonicalOrder(ScalarMeanProtocol(config)), min_batch)
+        # The decoder's sums are correctly rounded: the estimate depends on the reports' multiset only, not on
+        # the shuffler's order, so with the same data and draws it is `shuffledp simulate`'s to the last bit.
+        outcome, records = await coordinator.run_protocol(ScalarMeanProtocol(config), min_batch)
     finally:
         analyzer.close()
         try:

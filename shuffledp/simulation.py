@@ -37,7 +37,7 @@ from shuffledp.analyzer.scalar_mean import (
     concentration_radius,
     theorem1_mse_bound,
 )
-from shuffledp.engine import InCanonicalOrder, run_fast, run_messages
+from shuffledp.engine import run_fast, run_messages
 from shuffledp.client.mean_randomizer import noise_variance, rounding_variance
 from shuffledp.client.range_randomizer import bin_index
 from shuffledp.population import Population, local_means
@@ -277,9 +277,7 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
     accountant_imports = _load_accountant_in_background()
     protocol = config.protocol_config()
     means, true_mean = _local_means(config, progress)
-    # Decoded in canonical order, as the analyzer service decodes it: the estimate is a function of the
-    # reports' multiset, so `shuffledp up --seed` (separate processes, the shuffler's own order) prints it too.
-    scalar_mean = InCanonicalOrder(ScalarMeanProtocol(protocol))
+    scalar_mean = ScalarMeanProtocol(protocol)
     if config.path == "fast":
         run = run_fast(scalar_mean, means, config.seed, progress)
         extra = {}

@@ -1,8 +1,8 @@
 """What lets ``shuffledp up --seed`` reproduce ``shuffledp simulate --seed`` (the MQTT run itself:
 ``tests/mqtt/test_up_matches_simulate.py``), and what keeps unseeded devices on the OS CSPRNG.
 
-* ``engine.canonical_order`` sorts a batch's rows; the scalar mean decoded in that order is
-  a function of the multiset of reports, so both engines give the same float, bit for bit.
+* The scalar mean's decoder sums with correct rounding, so its estimate is a function of the
+  multiset of reports: both engines give the same float, bit for bit.
 * A seeded fleet draws exactly the reports of ``engine.draw_round`` (the engines' draws).
 * Without ``--seed``, ``clients run`` and ``up`` seed nothing: every device draws its own
   report from its own source, the OS CSPRNG.
@@ -21,7 +21,8 @@ from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
 from shuffledp.cli import build_parser
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deployment import Deployment
-from shuffledp.engine import InCanonicalOrder, canonical_order, draw_round, seeded_draw
+from shuffledp.analyzer.decoders import mean_from_reports
+from shuffledp.engine import draw_round, seeded_draw
 from shuffledp.fleet import Fleet
 from shuffledp.population import Population, local_means
 from shuffledp.protocol.channel import InProcessChannel
@@ -29,24 +30,22 @@ from shuffledp.protocol.randomness import SeededSource, SystemSource
 from shuffledp.simulation import SimulationConfig, run_simulation
 
 
-@pytest.mark.parametrize("width,low,high", [(1, -50, 90), (2, 0, 64), (3, -(2**40), 2**40), (2, -(2**62), 2**62)])
-def test_canonical_order_sorts_rows_lexicographically_whatever_their_order(width, low, high):
-    rng = np.random.default_rng(width)
-    rows = rng.integers(low, high, size=(500, width), dtype=np.int64)
-    rows[::7] = rows[3]  # repeated rows
-    expected = rows[np.lexsort(rows.T[::-1])]
-    for _ in range(3):
-        out = canonical_order(rng.permutation(rows))
-        assert out.dtype == np.int64
-        np.testing.assert_array_equal(out, expected)
+def test_the_mean_decoder_ignores_the_order_of_its_values():
+    """A plain float average moves in its last bits with the order of its terms; the decoder's
+    correctly rounded sums do not (estimate and standard error alike)."""
+    values = np.random.default_rng(1).normal(1.7, 40.0, 3001)
+    orders = [np.random.default_rng(k).permutation(values) for k in range(60)]
+    assert len({float(np.mean(v)) for v in orders}) > 1  # the order does reach a plain sum's last bits
+    assert len({(e.estimate, e.standard_error) for e in map(mean_from_reports, orders)}) == 1
 
 
-def test_the_scalar_mean_in_canonical_order_ignores_the_batch_order():
-    """Plain decoding sums floats in the shuffler's order (last bits move); in canonical order they do not."""
+def test_the_scalar_mean_ignores_the_batch_order():
+    """Whatever order the shuffler forwards the batch in, the protocol's estimate and standard
+    error are the same floats."""
     config = ScalarMeanConfig(bound=20.0, tau=0.7, epsilon0=1.0)
     means, _ = local_means(Population("gaussian", 1.7, 1.0, 20.0, 50), 300, 3)
 
-    def estimates(protocol_type, orders: int) -> set[float]:
+    def estimates(orders: int) -> set[tuple[float, float]]:
         out = set()
         for order in range(orders):
             rng = np.random.default_rng(order)
@@ -58,11 +57,11 @@ def test_the_scalar_mean_in_canonical_order_ignores_the_batch_order():
                 rows = rows.reshape(-1, rows.shape[-1])
                 return rows[rng.permutation(len(rows))]
 
-            out.add(drive(protocol_type(ScalarMeanProtocol(config)), execute).mean.estimate)
+            mean = drive(ScalarMeanProtocol(config), execute).mean
+            out.add((mean.estimate, mean.standard_error))
         return out
 
-    assert len(estimates(lambda p: p, 60)) > 1  # the order does reach the last bits
-    assert len(estimates(InCanonicalOrder, 60)) == 1
+    assert len(estimates(60)) == 1
 
 
 @pytest.mark.parametrize("seed", [0, 4])

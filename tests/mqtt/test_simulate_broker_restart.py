@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
-from shuffledp.engine import InCanonicalOrder, run_messages
+from shuffledp.engine import run_messages
 
 pytestmark = pytest.mark.mqtt
 
@@ -35,7 +35,7 @@ BOUND_SECONDS = 45.0
 
 
 def test_simulate_over_a_broker_restarted_mid_round_counts_every_report_once(fresh_broker):
-    protocol = InCanonicalOrder(ScalarMeanProtocol(ScalarMeanConfig(bound=10.0, tau=2.0, epsilon0=4.0)))
+    protocol = ScalarMeanProtocol(ScalarMeanConfig(bound=10.0, tau=2.0, epsilon0=4.0))
     means = np.random.default_rng(5).normal(1.0, 0.5, USERS)
     restarters: list[threading.Thread] = []
     restarted: list[float] = [0.0]  # when the broker was last (re)started (long before, for the first)

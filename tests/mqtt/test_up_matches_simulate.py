@@ -4,7 +4,7 @@
 service, client fleet, analyzer service); ``simulate`` runs the same protocol in one
 process. With the same seed and parameters the two share the users' data
 (``population.local_means``), every device's randomizer draws (``engine.seeded_draw``)
-and the analyzer's decoding order (``engine.canonical_order``), so the estimates are
+and a decoder whose sums are correctly rounded (``decoders.mean_from_reports``), so the estimates are
 equal as floats, not merely close. Another seed gives another estimate; a second case
 with a non-default data model, m and budget checks those options reach every party.
 """
