@@ -456,7 +456,10 @@ def test_not_run_command_checks(command):
 
 @pytest.mark.parametrize("command", commands_of("here"), ids=lambda c: c.id)
 def test_command_runs_as_written(command, tmp_path):
-    run_doc_command(command, tmp_path)
+    """Exit status 0, every named output file written, JSON that parses, audits that pass
+    (``check_result``, called by ``run_doc_command``)."""
+    done = run_doc_command(command, tmp_path)
+    assert done.returncode == 0
 
 
 #: What the docs leave to the reader in their python blocks (a device's enrollment and a
