@@ -29,6 +29,15 @@ import numpy as np
 
 from shuffledp.analyzer.protocols import Protocol
 from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch, read_signed_chunk
+from shuffledp.analyzer.session_store import (
+    COMPLETED,
+    FAILED,
+    SessionMismatch,
+    SessionStore,
+    StoredAnalyzerRound,
+    StoredRoundResult,
+    failed_round,
+)
 from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
@@ -128,6 +137,21 @@ def liveness_margin(min_batch: int) -> int:
     return max(MIN_LIVENESS_MARGIN, math.ceil(min_batch / 100))
 
 
+def service_batch_bounds(users: int) -> tuple[int, int]:
+    """``(min_batch, max_batch)`` of a deployed round when the operator sets neither.
+
+    ``max_batch = users``: each enrolled credential may send one envelope, so the round is
+    released the moment every user has answered. ``min_batch = users - margin`` with
+    ``margin = min(liveness_margin(users), (users - 1) // 2)``: up to ``margin`` enrolled
+    clients may send junk (or stay silent) and the round still completes with the valid
+    reports of the others, while more than half of the users must always answer validly.
+    The central guarantee is accounted at the valid reports the batch really holds."""
+    if not isinstance(users, int) or users < 2:
+        raise ValueError("users must be an integer >= 2")
+    margin = min(liveness_margin(users), (users - 1) // 2)
+    return users - margin, users
+
+
 def check_servable(spec: RoundSpec) -> None:
     """Refuse a round whose largest batch could not be encoded as one shuffled-batch message."""
     sealed = report_format(spec.round_id, spec.mechanism).sealed_size
@@ -153,6 +177,7 @@ class Coordinator:
         grace: float = 5.0,
         on_progress: Callable[[int], None] | None = None,
         batch_margin: int | None = 0,
+        store: SessionStore | None = None,
     ) -> None:
         if batch_margin is not None and (not isinstance(batch_margin, int) or batch_margin < 0):
             raise ValueError("batch_margin must be None or a non-negative integer")
@@ -168,6 +193,10 @@ class Coordinator:
         self.round_timeout = round_timeout
         self.grace = grace
         self._next_round = 0
+        #: The durable record of the rounds this session announced (``analyzer/session_store.py``):
+        #: with one, a round is written before it is announced, and a restarted coordinator
+        #: resumes the session from it instead of announcing a round id twice.
+        self.store = store
         self.on_progress = on_progress
         #: Bytes on a batch topic that were not a batch of the round, by reason.
         self.rejected_batches: Counter = Counter()
@@ -198,9 +227,15 @@ class Coordinator:
         if max_batch is None:
             margin = liveness_margin(min_batch) if self.batch_margin is None else self.batch_margin
             max_batch = max(min_batch, min(MAX_BATCH, min_batch + margin))
+        round_id = self._next_round
+        self._next_round += 1
+        stored = self.store.round(self.session_id, round_id) if self.store is not None else None
+        if stored is not None:
+            asked = (params, epsilon0, delta0, min_batch, max_batch, shuffler_instances)
+            return await self._resume_round(stored, asked)
         spec = RoundSpec(
             session_id=self.session_id,
-            round_id=self._next_round,
+            round_id=round_id,
             params=params,
             epsilon0=epsilon0,
             delta0=delta0,
@@ -213,9 +248,42 @@ class Coordinator:
             deadline=time.time() + self.round_timeout,
             shuffler_instances=shuffler_instances,
         )
-        self._next_round += 1
         check_servable(spec)
-        return await self.receive_round(spec, announce=True)
+        if self.store is not None:
+            self.store.announce(self.session_id, round_id, self.analyzer.sign_spec(spec))  # before anyone sees it
+        return await self._serve_recorded(spec)
+
+    async def _serve_recorded(self, spec: RoundSpec) -> RoundRecord:
+        """Announce and serve a round, and record how it ended in the session store (if any)."""
+        try:
+            record = await self.receive_round(spec, announce=True)
+        except BatchTooSmall:
+            if self.store is not None:
+                self.store.fail(spec.session_id, spec.round_id)
+            raise
+        if self.store is not None:
+            self.store.complete(spec.session_id, spec.round_id, StoredRoundResult(
+                record.opened.values, record.opened.rejected, record.batch_bytes, record.batch_ids, record.batch_sizes,
+                record.chunks, record.failed_instances))
+        return record
+
+    async def _resume_round(self, stored: StoredAnalyzerRound, asked: tuple) -> RoundRecord:
+        """A round the session store holds from before a restart: its recorded result, or (announced,
+        not completed) the same signed spec served again; never a new spec for its round id."""
+        spec = stored.spec
+        if (spec.params, spec.epsilon0, spec.delta0, spec.min_batch, spec.max_batch, spec.shuffler_instances) != asked:
+            raise SessionMismatch(
+                f"round {spec.round_id} of session {spec.session_id.hex()} was announced with other parameters "
+                "before the restart; a session resumes only with the protocol and data it started with")
+        if stored.state == FAILED:
+            raise failed_round(stored)
+        if stored.state == COMPLETED:
+            r = stored.result
+            return RoundRecord(spec, OpenedBatch(r.values, r.rejected), r.batch_bytes, r.batch_ids[0], r.chunks,
+                               r.batch_ids, r.batch_sizes, r.failed_instances, stored.signed_spec)
+        if self.analyzer.sign_spec(spec) != stored.signed_spec:
+            raise SessionMismatch(f"round {spec.round_id} was signed with another analyzer key before the restart")
+        return await self._serve_recorded(spec)
 
     async def receive_round(self, spec: RoundSpec, *, announce: bool = False) -> RoundRecord:
         """Subscribe to a round's batch and outcome topics, (optionally) announce it, and
@@ -295,6 +363,9 @@ class Coordinator:
             self.rejected_batches[f"outcome-{exc.reason}"] += 1
             return None
         if (outcome.session_id, outcome.round_id) != (spec.session_id, spec.round_id) or outcome.outcome != "failed":
+            return None
+        if outcome.spec_digest != spec.digest:  # the shuffler's word on another spec of this round
+            self.rejected_batches["outcome-other-spec"] += 1
             return None
         if outcome.instance >= spec.shuffler_instances:
             self.rejected_batches["outcome-unknown-instance"] += 1

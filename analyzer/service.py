@@ -43,7 +43,7 @@ from shuffledp.protocol.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
-from shuffledp.protocol.onion import signed, verify_encoded, verify_signed
+from shuffledp.protocol.onion import sign_spec_bytes, signed, verify_encoded, verify_signed
 from shuffledp.protocol.report_format import (
     BatchChunk,
     WrongSize,
@@ -54,7 +54,6 @@ from shuffledp.protocol.sealing import (
     ENCAPSULATED_KEY_BYTES,
     AnalyzerKeys,
     ReportOpener,
-    sign,
 )
 
 _log = logging.getLogger(__name__)
@@ -82,12 +81,12 @@ CROSS_BATCH_DUPLICATE = "duplicate-across-batches"
 
 
 def _open_rows(
-    private: X25519PrivateKey, session_id: bytes, round_id: int, mechanism: str, payloads: Sequence[bytes]
+    private: X25519PrivateKey, session_id: bytes, round_id: int, spec_digest: bytes, mechanism: str, payloads: Sequence[bytes]
 ) -> tuple[list[tuple[bytes, tuple[int, ...]]], Counter]:
     """Open sealed payloads of one round (sizes already checked): ``(encapsulated key, values)`` of
     each that opened, in order, and the refusals by reason."""
     read_values = report_format(round_id, mechanism).values
-    open_one = ReportOpener(private, session_id, round_id).open
+    open_one = ReportOpener(private, session_id, round_id, spec_digest).open
     rows: list[tuple[bytes, tuple[int, ...]]] = []
     rejected: Counter = Counter()
     for sealed in payloads:
@@ -101,8 +100,8 @@ def _open_rows(
     return rows, rejected
 
 
-def _worker_open(session_id: bytes, round_id: int, mechanism: str, payloads: list[bytes]):
-    return _open_rows(worker_key(), session_id, round_id, mechanism, payloads)
+def _worker_open(session_id: bytes, round_id: int, spec_digest: bytes, mechanism: str, payloads: list[bytes]):
+    return _open_rows(worker_key(), session_id, round_id, spec_digest, mechanism, payloads)
 
 
 class BatchOpening:
@@ -216,20 +215,20 @@ class Analyzer:
     def sign_spec(self, spec: RoundSpec) -> bytes:
         """The encoded :class:`SignedRoundSpec` for ``spec``."""
         spec_bytes = codec.encode(spec)
-        return codec.encode(SignedRoundSpec(spec_bytes, sign(self.keys.signing_private, spec_bytes)))
+        return codec.encode(SignedRoundSpec(spec_bytes, sign_spec_bytes(self.keys.signing_private, spec_bytes)))
 
     def acknowledge(self, spec: RoundSpec, batch_id: bytes) -> bytes:
         """The encoded, signed :class:`BatchAck` of a batch this analyzer has opened."""
-        return codec.encode(signed(self.keys.signing_private, BatchAck(spec.session_id, spec.round_id, batch_id, bytes(64))))
+        return codec.encode(signed(self.keys.signing_private, BatchAck(spec.session_id, spec.round_id, spec.digest, batch_id, bytes(64))))
 
     def open_rows(self, spec: RoundSpec, payloads: list[bytes]):
         """Open de-duplicated, right-sized payloads; yields ``(rows, rejected)`` per slice (in parallel if large)."""
         if self.workers == 1 or len(payloads) < PARALLEL_THRESHOLD:
-            yield _open_rows(self.keys.hpke_private, spec.session_id, spec.round_id, spec.mechanism, payloads)
+            yield _open_rows(self.keys.hpke_private, spec.session_id, spec.round_id, spec.digest, spec.mechanism, payloads)
             return
         if self._pool is None:
             self._pool = KeyWorkers(self.keys.hpke_private, self.workers)
-        yield from self._pool.map_slices(_worker_open, payloads, spec.session_id, spec.round_id, spec.mechanism)
+        yield from self._pool.map_slices(_worker_open, payloads, spec.session_id, spec.round_id, spec.digest, spec.mechanism)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -276,7 +275,7 @@ def read_signed_chunk(data: bytes, spec: RoundSpec) -> BatchChunk:
     if the shuffler the spec names signed it; :class:`MalformedMessage` or :class:`BadSignature`
     otherwise, at the cost of one hash before anything is opened."""
     layout = report_format(spec.round_id, spec.mechanism)
-    chunk = read_batch_chunk(data, spec.session_id, spec.round_id, layout.sealed_size, spec.max_batch)
+    chunk = read_batch_chunk(data, spec.session_id, spec.round_id, spec.digest, layout.sealed_size, spec.max_batch)
     verify_encoded(spec.shuffler_signing_key, ShuffledBatch, chunk.digest, chunk.signature)
     return chunk
 

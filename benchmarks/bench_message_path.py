@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return admission
 
     outers = [codec.decode(e, Envelope).outer for e in envelopes]
-    outer_info = envelope_info(session, 0)
+    outer_info = envelope_info(session, 0, spec.digest)
     shuffler_private = deployment.shuffler_keys.hpke_private
 
     def raw_outer_open():
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     payloads = admit_all().shuffled_payloads()
     batch_bytes = batch_chunks(spec, deployment.shuffler_keys, os.urandom(16), payloads, n)[0]
     private = analyzer.keys.hpke_private
-    info = report_info(session, 0)
+    info = report_info(session, 0, spec.digest)
 
     def raw_open():
         for p in payloads:

@@ -30,6 +30,7 @@ sets the number of publishing processes (default 4). Needs a mosquitto binary.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -42,7 +43,7 @@ import numpy as np
 from _common import arguments, parse, write_result
 
 from shuffledp.analyzer.coordinator import RoundRecord
-from shuffledp.broker import Broker
+from shuffledp.broker import Broker, default_role_limits
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deployment import Deployment
 from shuffledp.progress import progress_bar, pyplot, save_figure
@@ -85,7 +86,7 @@ def _raw_seal_open(args) -> float:
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
     key = X25519PrivateKey.generate()
-    public, info, payload = key.public_key(), report_info(bytes(16), 0), bytes(size)
+    public, info, payload = key.public_key(), report_info(bytes(16), 0, bytes(32)), bytes(size)
     start = time.perf_counter()
     for _ in range(count):
         for _layer in range(2):
@@ -218,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         t_raw = raw_both_cores(n, 80)
         step("over MQTT", 1)
         with tempfile.TemporaryDirectory() as work:
-            with Broker(Path(work) / "broker") as broker:
+            limits = default_role_limits()  # every publishing process is one connection of the client account
+            limits["client"] = dataclasses.replace(limits["client"], max_connections=publishers)
+            with Broker(Path(work) / "broker", role_limits=limits) as broker:
                 mqtt_record, t_mqtt, mqtt_admitted = asyncio.run(
                     over_mqtt(broker, deployment, spec, envelopes, Path(work) / "mqtt.db", publishers)
                 )

@@ -175,11 +175,12 @@ class Client:
             raise InvalidParameter("values", f"the round takes {expected} message(s) per user, got {len(messages)}")
         ranges = report_ranges(spec)
         layout = report_format(spec.round_id, spec.mechanism)
+        digest = spec.digest
         envelopes, nonces = [], []
         for message in messages:
             check_report_values(message, ranges)  # never send what an honest randomizer cannot
             payload = layout.pad(codec.encode(Report(spec.round_id, spec.mechanism, message)))
-            sealed = sealer.seal(payload, spec.session_id, spec.round_id)
+            sealed = sealer.seal(payload, spec.session_id, spec.round_id, digest)
             envelope, nonce = wrap(spec, self.credential, sealed)
             envelopes.append(envelope)
             nonces.append(nonce)
@@ -189,12 +190,12 @@ class Client:
 
     def instance_for(self, spec: RoundSpec) -> int:
         """The shuffler instance of the round this client's envelopes go to (its reports topic)."""
-        return assigned_instance(self.credential[:CLIENT_ID_BYTES], spec.shuffler_instances)
+        return assigned_instance(self.credential[:CLIENT_ID_BYTES], spec.shuffler_instances, spec.digest)
 
     def settle_receipts(self, data: bytes) -> SentRound:
         """Record the shuffler's signed receipts for one of this client's rounds; typed error if not genuine."""
         receipts = codec.decode(data, AdmissionReceipts)
-        sent = self._sent(receipts.session_id, receipts.round_id)
+        sent = self._sent(receipts.session_id, receipts.round_id, receipts.spec_digest)
         decode_verified(data, AdmissionReceipts, sent.spec.shuffler_signing_key)
         mine = set(sent.nonces)
         for nonce in receipts.admitted:
@@ -212,7 +213,7 @@ class Client:
         lost (``PrivacyLedger.outcomes``): the client is told, and stays charged.
         """
         outcome = codec.decode(data, RoundOutcome)
-        sent = self._sent(outcome.session_id, outcome.round_id)
+        sent = self._sent(outcome.session_id, outcome.round_id, outcome.spec_digest)
         decode_verified(data, RoundOutcome, sent.spec.shuffler_signing_key)
         if outcome.instance != self.instance_for(sent.spec):
             return sent  # another instance's batch: says nothing of this client's report
@@ -220,8 +221,10 @@ class Client:
         self.ledger.record_outcome(outcome.session_id, outcome.round_id, sent.outcome)
         return sent
 
-    def _sent(self, session_id: bytes, round_id: int) -> SentRound:
+    def _sent(self, session_id: bytes, round_id: int, spec_digest: bytes) -> SentRound:
         sent = self.sent.get((session_id, round_id))
         if sent is None:
             raise UnknownRound(f"this client sent nothing in round {round_id} of session {session_id.hex()}")
+        if spec_digest != sent.spec.digest:
+            raise UnknownRound(f"round {round_id}: the shuffler's word is about another spec than the one this client answered")
         return sent

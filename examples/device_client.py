@@ -11,7 +11,16 @@ total, across rounds). Its loop, in :func:`device`:
 3. ``Client.answer(spec)``: verify the signature, check the budget, randomize the local
    mean (OS CSPRNG), pad and seal the report to the analyzer (HPKE), wrap it for the
    shuffler, charge the ledger; publish the envelope(s) to the round's reports topic;
-4. read the shuffler's signed outcome of the round (``Client.settle_outcome``).
+4. read the shuffler's signed outcome of the round (``Client.settle_outcome``): anything on
+   the outcome topic that is not the pinned shuffler's word on this round and spec is
+   ignored, and a device that hears nothing by the round's deadline (plus a grace period)
+   records the round as ``no-outcome`` and goes on.
+
+A device also refuses rounds of another session (a broker can replay any signed spec it
+has seen) and rounds whose batch promises fewer users than its floor (``min_batch_floor``:
+the crowd the amplification relies on). It sends each envelope once; over a lossy broker,
+keep envelopes until the shuffler's signed receipt names them, as ``shuffledp/fleet.py``
+does.
 
 The device code imports only ``shuffledp.client`` and the channel. To run on its own,
 this script also starts an analyzer (coordinator) and a shuffler in the same event loop,
@@ -42,13 +51,18 @@ def thermometer(device_id: int, m: int) -> np.ndarray:
     return 21.0 + rng.normal(0.0, 1.5) + rng.normal(0.0, 0.3, size=m)
 
 
+#: Seconds a device waits for a round's outcome after the round's deadline.
+OUTCOME_GRACE = 30.0
+
+
 async def device(channel, session_id: bytes, credential: bytes, analyzer_key: bytes, shuffler_signing_key: bytes,
-                 shuffler_key: bytes, readings: np.ndarray, rounds: int, budget: float) -> list[str]:
+                 shuffler_key: bytes, readings: np.ndarray, rounds: int, budget: float, min_batch_floor: int) -> list[str]:
     """One device's loop: answer ``rounds`` rounds with its readings; return each round's outcome."""
     ledger = PrivacyLedger(budget)
-    # pins both of its shuffler's keys: a spec naming another signing or sealing key is refused
+    # pins both of its shuffler's keys (a spec naming another signing or sealing key is refused),
+    # and refuses rounds whose batch holds fewer than min_batch_floor users
     client = Client(readings, analyzer_key, ledger, credential=credential,
-                    shuffler_signing_key=shuffler_signing_key, shuffler_key=shuffler_key)
+                    shuffler_signing_key=shuffler_signing_key, shuffler_key=shuffler_key, min_batch_floor=min_batch_floor)
     specs = await channel.subscribe(spec_topic(session_id))
     outcomes: list[str] = []
     try:
@@ -56,6 +70,8 @@ async def device(channel, session_id: bytes, credential: bytes, analyzer_key: by
             signed_spec = await specs.get()
             try:
                 spec = verified_spec(signed_spec, analyzer_key)  # anything not signed by the analyzer is dropped
+                if spec.session_id != session_id:
+                    continue  # a genuine spec of another session, replayed here: not this device's round
                 if (session_id, spec.round_id) in client.sent:
                     continue  # a re-delivered (retained) spec
                 envelopes = client.answer(signed_spec)  # budget check, randomize, seal, wrap, charge the ledger
@@ -65,11 +81,25 @@ async def device(channel, session_id: bytes, credential: bytes, analyzer_key: by
             outcome = await channel.subscribe(outcome_topic(session_id, spec.round_id, client.instance_for(spec)))
             for envelope in envelopes:
                 await channel.publish(reports_topic(session_id, spec.round_id, client.instance_for(spec)), envelope)
-            outcomes.append(client.settle_outcome(await outcome.get()).outcome)  # signed by the pinned shuffler
+            outcomes.append(await _settled_outcome(client, outcome, spec.deadline))
             await outcome.close()
     finally:
         await specs.close()
     return outcomes
+
+
+async def _settled_outcome(client: Client, outcome, deadline: float) -> str:
+    """The round's outcome, from the first message on its topic that the pinned shuffler signed
+    about this round and spec; ``no-outcome`` if none arrives by the deadline plus a grace period."""
+    try:
+        async with asyncio.timeout(max(0.0, deadline - time.time()) + OUTCOME_GRACE):
+            while True:
+                try:
+                    return client.settle_outcome(await outcome.get()).outcome
+                except ShuffleDPError:
+                    continue  # forged, another round or spec, junk: not the shuffler's word
+    except TimeoutError:
+        return "no-outcome"
 
 
 async def run(devices: int, m: int, epsilon: float) -> None:
@@ -87,7 +117,7 @@ async def run(devices: int, m: int, epsilon: float) -> None:
     fleet = [
         asyncio.create_task(device(channel, deployment.session_id, deployment.enroll(), deployment.analyzer_signing_key,
                                    deployment.shuffler_keys.signing_public, deployment.shuffler_keys.hpke_public, r,
-                                   rounds=2, budget=epsilon))
+                                   rounds=2, budget=epsilon, min_batch_floor=devices // 2))
         for r in readings
     ]
     started = time.perf_counter()

@@ -75,14 +75,20 @@ class CredentialIssuer:
         return client_id
 
 
-def assigned_instance(client_id: bytes, instances: int) -> int:
-    """The shuffler instance (0 .. instances - 1) that admits ``client_id``'s envelopes.
+def assigned_instance(client_id: bytes, instances: int, spec_digest: bytes) -> int:
+    """The shuffler instance (0 .. instances - 1) that admits ``client_id``'s envelopes in the
+    round whose spec has ``spec_digest``.
 
-    A fixed function of the client id (SHA-256, first 8 bytes, modulo the count), so
-    a client always goes to the same instance of a round and each instance enforces
-    the per-credential quota alone: the quota holds for the round as a whole without
-    the instances sharing any state. Spread is uniform up to 2**-64.
+    A fixed function of the client id within a round (SHA-256 of a label, the spec digest
+    and the client id; first 8 bytes, modulo the count), so a client always goes to the
+    same instance of a round and each instance enforces the per-credential quota alone:
+    the quota holds for the round as a whole without the instances sharing any state.
+    Spread is uniform up to 2**-64. The spec digest makes the assignment fresh in every
+    round: the instance index is visible on the wire (the reports topic), and an index
+    fixed per client would be a pseudonym the broker could link across rounds and
+    sessions (with several instance counts, by the Chinese remainder theorem).
     """
     if not isinstance(instances, int) or instances < 1:
         raise InvalidParameter("instances", f"must be a positive integer, got {instances!r}")
-    return int.from_bytes(hashlib.sha256(b"shuffledp/v2/instance" + client_id).digest()[:8], "big") % instances
+    digest = hashlib.sha256(b"shuffledp/v3/instance" + spec_digest + client_id).digest()
+    return int.from_bytes(digest[:8], "big") % instances

@@ -23,11 +23,22 @@ One round flows as::
   shuffler's signature, whether their envelopes were admitted and what became of
   the round.
 
+**Binding to the spec.** Every message of a round after the spec names the exact
+signed spec it belongs to: :attr:`RoundSpec.digest` (SHA-256 over a label and the
+spec's canonical encoding, the bytes the analyzer signed) is part of both HPKE
+``info`` strings (so a report or envelope sealed under one spec opens under no other,
+even one with the same session and round ids) and a field of every shuffled-batch
+chunk, acknowledgement, receipts message and outcome, which the receiver compares
+with the spec it holds. A batch randomized at one ε0 therefore cannot be recorded
+under a spec that says another.
+
 The wire encoding of all of these lives in :mod:`shuffledp.protocol.codec`.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import sys
 from dataclasses import dataclass, field
@@ -37,7 +48,10 @@ from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.hadamard import next_power_of_two
 from shuffledp.protocol.randomness import MAX_NOISE_SCALE
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
+#: The SHA-256 digest that binds a round's sealed reports and signed messages to its exact spec.
+SPEC_DIGEST_BYTES = 32
+SPEC_DIGEST_LABEL = b"shuffledp/v3/spec"
 SESSION_ID_BYTES = 16
 NONCE_BYTES = 16
 X25519_KEY_BYTES = 32
@@ -787,6 +801,23 @@ class RoundSpec:
     def mechanism(self) -> str:
         return self.params.MECHANISM
 
+    @functools.cached_property
+    def digest(self) -> bytes:
+        """The round's binding to this exact spec: :func:`spec_digest_of` its canonical encoding.
+
+        The strict decoder admits only the canonical encoding, so a spec decoded from
+        the analyzer's signed bytes has the digest of exactly those bytes. Computed once
+        per spec object (``dataclasses.replace`` builds a new one)."""
+        from shuffledp.protocol import codec  # codec imports this module
+
+        return spec_digest_of(codec.encode(self))
+
+
+def spec_digest_of(spec_bytes: bytes) -> bytes:
+    """``SHA-256("shuffledp/v3/spec" || spec_bytes)``: the digest of an encoded RoundSpec (the
+    ``spec_bytes`` of a :class:`SignedRoundSpec`), as an auditor computes it from stored bytes."""
+    return hashlib.sha256(SPEC_DIGEST_LABEL + spec_bytes).digest()
+
 
 @dataclass(frozen=True)
 class SignedRoundSpec:
@@ -878,6 +909,7 @@ class ShuffledBatch:
 
     session_id: bytes
     round_id: int
+    spec_digest: bytes
     batch_id: bytes
     chunk: int
     chunks: int
@@ -888,6 +920,7 @@ class ShuffledBatch:
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _round(self.round_id)
+        _bytes_of(self.spec_digest, SPEC_DIGEST_BYTES, "spec_digest")
         _bytes_of(self.batch_id, BATCH_ID_BYTES, "batch_id")
         _count(self.total, "total", 1, MAX_BATCH)
         _count(self.chunks, "chunks", 1, self.total)
@@ -910,12 +943,14 @@ class BatchAck:
 
     session_id: bytes
     round_id: int
+    spec_digest: bytes
     batch_id: bytes
     signature: bytes
 
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _round(self.round_id)
+        _bytes_of(self.spec_digest, SPEC_DIGEST_BYTES, "spec_digest")
         _bytes_of(self.batch_id, BATCH_ID_BYTES, "batch_id")
         _bytes_of(self.signature, SIGNATURE_BYTES, "signature")
 
@@ -935,6 +970,7 @@ class AdmissionReceipts:
 
     session_id: bytes
     round_id: int
+    spec_digest: bytes
     admitted: tuple[bytes, ...]
     refused: tuple[bytes, ...]
     reasons: tuple[str, ...]
@@ -943,6 +979,7 @@ class AdmissionReceipts:
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _round(self.round_id)
+        _bytes_of(self.spec_digest, SPEC_DIGEST_BYTES, "spec_digest")
         _byte_strings(self.admitted, "admitted", NONCE_BYTES, NONCE_BYTES)
         _byte_strings(self.refused, "refused", NONCE_BYTES, NONCE_BYTES)
         _require(len(self.admitted) + len(self.refused) <= MAX_RECEIPTS, "admitted", f"at most {MAX_RECEIPTS} receipts")
@@ -968,6 +1005,7 @@ class RoundOutcome:
 
     session_id: bytes
     round_id: int
+    spec_digest: bytes
     outcome: str
     reason: str
     admitted: int
@@ -978,6 +1016,7 @@ class RoundOutcome:
     def __post_init__(self) -> None:
         _bytes_of(self.session_id, SESSION_ID_BYTES, "session_id")
         _round(self.round_id)
+        _bytes_of(self.spec_digest, SPEC_DIGEST_BYTES, "spec_digest")
         _count(self.instance, "instance", 0, MAX_SHUFFLER_INSTANCES - 1)
         _require(self.outcome in ROUND_OUTCOMES, "outcome", f"must be one of {ROUND_OUTCOMES}")
         _require(isinstance(self.reason, str) and len(self.reason) <= 32, "reason", "at most 32 characters")

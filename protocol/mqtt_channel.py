@@ -215,7 +215,7 @@ class MqttChannel:
             raise ValueError(f"max_inflight_publishes must be in [1, 60000], got {max_inflight_publishes}")
         self.hostname = hostname
         self.port = port
-        self.identifier = identifier or f"shuffledp-{os.urandom(6).hex()}"
+        self.identifier = identifier or f"shuffledp-{os.urandom(16).hex()}"
         self.username = username
         self._password = password
         self.tls_ca_file = os.fspath(tls_ca_file) if tls_ca_file is not None else None

@@ -6,7 +6,7 @@ An envelope has two layers:
   (:mod:`shuffledp.protocol.sealing`); the shuffler cannot open it;
 * the **outer** layer seals an :class:`~shuffledp.protocol.messages.Admission` (the
   client's credential, a fresh nonce and the inner sealed report) to the shuffler,
-  with HPKE in the same suite, ``info = "shuffledp/v2/envelope" || session || round``.
+  with HPKE in the same suite, ``info = "shuffledp/v3/envelope" || session || round || spec digest``.
 
 So the broker, the network and other clients see only the session, the round and a
 ciphertext whose length is fixed for the round (:class:`EnvelopeFormat`); the
@@ -17,13 +17,15 @@ sees the inner ciphertext only, never a credential, an arrival time or an order.
 by the shuffler's Ed25519 key, batch acknowledgements by the analyzer's. A message's
 signature field is 64 bytes; the signature covers
 
-    "shuffledp/v2/signed/" || type tag || SHA-256(encoding with the signature field zeroed)
+    "shuffledp/v3/signed/" || type tag || SHA-256(encoding with the signature field zeroed)
 
 The field has a fixed size, so "the encoding with the signature zeroed" is the same
 bytes whether one re-encodes the message or zeroes the field in place: the analyzer
 checks a large batch chunk by hashing it once where it lies
 (:func:`verify_encoded`). The type tag in the signed string keeps a signature on one
-message type from being replayed as another.
+message type from being replayed as another. Every signed message of a round carries
+the round's spec digest (:attr:`RoundSpec.digest`) as a field, so the signature also
+covers which exact spec it speaks of; receivers compare it with the spec they hold.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from shuffledp.protocol import codec
 from shuffledp.protocol.cbor_strict import as_bytes, byte_length
-from shuffledp.protocol.errors import InvalidParameter, MessageTooLarge, SealingError, UnknownRound
+from shuffledp.protocol.errors import MessageTooLarge, SealingError, UnknownRound
 from shuffledp.protocol.messages import (
     CREDENTIAL_BYTES,
     NONCE_BYTES,
@@ -52,18 +54,17 @@ from shuffledp.protocol.messages import (
     SignedRoundSpec,
 )
 from shuffledp.protocol.report_format import HPKE_OVERHEAD, WrongSize, encoded_digest, report_format
-from shuffledp.protocol.sealing import SUITE, PartyKeys, verify
+from shuffledp.protocol.sealing import SUITE, PartyKeys, round_binding, verify
 
-ENVELOPE_INFO_LABEL = b"shuffledp/v2/envelope"
-SIGNED_LABEL = b"shuffledp/v2/signed/"
+ENVELOPE_INFO_LABEL = b"shuffledp/v3/envelope"
+SIGNED_LABEL = b"shuffledp/v3/signed/"
 M = TypeVar("M")
 
 
-def envelope_info(session_id: bytes, round_id: int) -> bytes:
-    """HPKE ``info`` of the outer layer: label || session id (16 bytes) || round id (8 bytes, big-endian)."""
-    if len(session_id) != SESSION_ID_BYTES:
-        raise InvalidParameter("session_id", f"must be {SESSION_ID_BYTES} bytes")
-    return ENVELOPE_INFO_LABEL + session_id + round_id.to_bytes(8, "big")
+def envelope_info(session_id: bytes, round_id: int, spec_digest: bytes) -> bytes:
+    """HPKE ``info`` of the outer layer: label || session id (16 bytes) || round id (8 bytes,
+    big-endian) || the spec's digest (32 bytes)."""
+    return ENVELOPE_INFO_LABEL + round_binding(session_id, round_id, spec_digest)
 
 
 class ShufflerKeys(PartyKeys):
@@ -98,7 +99,7 @@ def wrap(spec: RoundSpec, credential: bytes, sealed: bytes, nonce: bytes | None 
     admission = codec.encode(Admission(spec.round_id, credential, nonce, sealed))
     try:
         key = X25519PublicKey.from_public_bytes(spec.shuffler_key)
-        outer = SUITE.encrypt(admission, key, info=envelope_info(spec.session_id, spec.round_id))
+        outer = SUITE.encrypt(admission, key, info=envelope_info(spec.session_id, spec.round_id, spec.digest))
     except ValueError as exc:
         raise SealingError(f"cannot seal to the round's shuffler key ({exc})") from None
     return codec.encode(Envelope(spec.session_id, spec.round_id, outer)), nonce
@@ -153,7 +154,7 @@ class EnvelopeOpener:
     def __init__(self, private: X25519PrivateKey, spec: RoundSpec) -> None:
         self._private = private
         self._spec = spec
-        self._info = envelope_info(spec.session_id, spec.round_id)
+        self._info = envelope_info(spec.session_id, spec.round_id, spec.digest)
         self.format = envelope_format(spec.round_id, spec.mechanism)
         f = self.format
         self._envelope_layout = FixedLayout(Envelope(spec.session_id, spec.round_id, bytes(f.outer_size)), ("outer",))
@@ -161,6 +162,11 @@ class EnvelopeOpener:
             Admission(spec.round_id, bytes(CREDENTIAL_BYTES), bytes(NONCE_BYTES), bytes(f.sealed_size)),
             ("credential", "nonce", "sealed"),
         )
+
+    @property
+    def spec(self) -> RoundSpec:
+        """The round spec this opener admits envelopes of."""
+        return self._spec
 
     def open(self, data: bytes) -> Admission:
         if not isinstance(data, bytes):
@@ -172,7 +178,7 @@ class EnvelopeOpener:
         try:
             plaintext = SUITE.decrypt(outer, self._private, info=self._info)
         except (InvalidTag, ValueError) as exc:
-            raise SealingError(f"envelope does not open for this session and round ({type(exc).__name__})") from None
+            raise SealingError(f"envelope does not open for this session, round and spec ({type(exc).__name__})") from None
         fields = self._admission_layout.fields(plaintext)
         if fields is not None:  # the one valid encoding: the constructor's checks all hold
             return Admission(self._spec.round_id, fields["credential"], fields["nonce"], fields["sealed"])
@@ -226,12 +232,24 @@ def _verify(public: bytes, data: bytes, signature: bytes, message_type: type) ->
     verify(public, data, signature, what=codec.message_tag(message_type))
 
 
+def spec_signing_string(spec_bytes: bytes) -> bytes:
+    """What the analyzer's signature on a round spec covers: ``"shuffledp/v3/signed/round-spec" ||
+    SHA-256(spec bytes)``, the rule of every other signed message. The label keeps a signature
+    the analyzer made on anything else (an acknowledgement, say) from verifying as a spec."""
+    return _label(RoundSpec) + hashlib.sha256(spec_bytes).digest()
+
+
+def sign_spec_bytes(private: Ed25519PrivateKey, spec_bytes: bytes) -> bytes:
+    """The analyzer's signature on an encoded RoundSpec (see :func:`spec_signing_string`)."""
+    return private.sign(spec_signing_string(spec_bytes))
+
+
 def verified_spec(signed: SignedRoundSpec | bytes, analyzer_signing_key: bytes) -> RoundSpec:
     """The RoundSpec inside a signed spec (encoded or decoded), if the analyzer's signature over
     its canonical bytes verifies; a typed error otherwise. Clients and shufflers both use it."""
     if not isinstance(signed, SignedRoundSpec):
         signed = codec.decode(signed, SignedRoundSpec)  # bytes-like, or a typed MalformedMessage
-    verify(analyzer_signing_key, signed.spec_bytes, signed.signature)
+    verify(analyzer_signing_key, spec_signing_string(signed.spec_bytes), signed.signature)
     return codec.decode(signed.spec_bytes, RoundSpec)
 
 
@@ -250,7 +268,9 @@ __all__ = [
     "encoded_digest",
     "envelope_format",
     "envelope_info",
+    "sign_spec_bytes",
     "signed",
+    "spec_signing_string",
     "verified_spec",
     "verify_encoded",
     "verify_signed",

@@ -177,14 +177,17 @@ def _expect(data: bytes, pos: int, literal: bytes, what: str) -> int:
     return pos + len(literal)
 
 
-def read_batch_chunk(data: bytes, session_id: bytes, round_id: int, sealed_size: int, max_batch: int) -> BatchChunk:
+def read_batch_chunk(
+    data: bytes, session_id: bytes, round_id: int, spec_digest: bytes, sealed_size: int, max_batch: int
+) -> BatchChunk:
     """One encoded ``shuffled-batch`` chunk of a round, read by its fixed layout.
 
     In the deterministic encoding a chunk of the round whose payloads are all
     ``sealed_size`` bytes has exactly one shape: the map header and ``t``/``v``, three
     shortest-form integers (``chunk``, ``total``, ``chunks``), the 16-byte batch id,
     the array header, ``n`` equal-length byte strings, the round id, the 64-byte
-    signature and the session id. The reader checks the total length against ``n``
+    signature, the session id and the spec digest (a chunk of another spec of the
+    round is refused here, before its signature is checked). The reader checks the total length against ``n``
     first (O(1)), then every fixed byte and every payload header, and slices: memory
     is the payloads themselves, whatever the bytes claim; ``total > max_batch`` is
     refused before anything is allocated. It also hashes the chunk once, with its
@@ -198,7 +201,7 @@ def read_batch_chunk(data: bytes, session_id: bytes, round_id: int, sealed_size:
     if len(data) > limit:
         raise MessageTooLarge(f"batch chunk of {len(data)} bytes, over the limit of {limit}")
     reader = StrictReader(data)
-    pos = _expect(data, 0, b"\xaa\x61t\x6eshuffled-batch\x61v" + _uint_header(0, WIRE_VERSION) + b"\x65chunk", "header")
+    pos = _expect(data, 0, b"\xab\x61t\x6eshuffled-batch\x61v" + _uint_header(0, WIRE_VERSION) + b"\x65chunk", "header")
     numbers = []
     for key in (b"\x65total", b"\x66chunks", None):
         if pos >= len(data) or data[pos] >> 5 != 0:
@@ -225,11 +228,12 @@ def read_batch_chunk(data: bytes, session_id: bytes, round_id: int, sealed_size:
     start = reader.pos
     end = start + count * stride
     suffix_head = b"\x68round_id" + _uint_header(0, round_id) + b"\x69signature\x58\x40"
-    suffix_tail = b"\x6asession_id" + _uint_header(2, len(session_id)) + session_id
+    suffix_tail = (b"\x6asession_id" + _uint_header(2, len(session_id)) + session_id
+                   + b"\x6bspec_digest" + _uint_header(2, len(spec_digest)) + spec_digest)
     if len(data) != end + len(suffix_head) + SIGNATURE_BYTES + len(suffix_tail):
         raise MalformedMessage(f"batch chunk of {len(data)} bytes does not hold {count} payloads of {sealed_size} bytes")
     signature_at = _expect(data, end, suffix_head, "another round")
-    _expect(data, signature_at + SIGNATURE_BYTES, suffix_tail, "another session")
+    _expect(data, signature_at + SIGNATURE_BYTES, suffix_tail, "another session or spec")
     for offset, expected in enumerate(header):
         if data[start + offset : end : stride].count(expected) != count:
             raise MalformedMessage(f"every payload of this round must be {sealed_size} bytes")

@@ -30,12 +30,13 @@ for arg in "$@"; do
   esac
 done
 
-if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
-  echo "installing mosquitto (Debian package) ..." >&2
+if { ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; } || [ ! -f /usr/include/mosquitto_plugin.h ] \
+   || [ ! -f /usr/include/mosquitto.h ] || ! command -v gcc >/dev/null 2>&1; then
+  echo "installing mosquitto and what its per-role limits plugin builds with (Debian packages) ..." >&2
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mosquitto >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mosquitto mosquitto-dev libmosquitto-dev gcc libc6-dev >/dev/null
 fi
 
 venv="${SHUFFLEDP_TEST_VENV:-.venv-test}"

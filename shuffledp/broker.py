@@ -15,7 +15,18 @@ broker for shuffledp needs into one directory and can run it:
   (``localhost`` and ``127.0.0.1`` always, more on request); private keys are 0600;
 * a ``mosquitto.conf`` that refuses anonymous clients, enforces the ACL, speaks TLS
   1.2 or later on its main listener (a plaintext listener is added on loopback only
-  when asked), and sizes packets and queues for batch chunks and load tests.
+  when asked), and sizes packets and queues for batch chunks and load tests;
+* **per-role limits** (:class:`RoleLimits`): a small mosquitto plugin
+  (``broker_plugin/shuffledp_roles.c``, built here with the system C compiler and
+  loaded by the config's ``plugin`` line) refuses, per role, payloads larger than the
+  role's largest legitimate message, retained publishes on topics where the
+  protocol does not retain (clients: none), and more simultaneous connections per
+  username than the role needs (clients: one). It also refuses a CONNECT whose MQTT
+  client id a live connection of *another* username holds, so a client account
+  cannot knock a service off by taking over its session (mosquitto itself closes
+  whichever connection held the id); the same username may still take over its own
+  client id. It can only refuse more than the password file and the ACL; without a
+  compiler or the ``mosquitto-dev`` headers the broker runs without it and says so.
 
 :class:`Broker` runs mosquitto as a subprocess on a free loopback port (sync and
 async context manager), waits until it accepts connections, and can be stopped and
@@ -42,7 +53,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import datetime as _dt
+import hashlib
 import ipaddress
 import json
 import os
@@ -60,7 +73,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -343,6 +356,169 @@ def generate_tls(
     return files
 
 
+# --------------------------------------------------------------------------- per-role limits
+
+#: The C source of the per-role limits plugin (package data).
+ROLE_PLUGIN_SOURCE = Path(__file__).resolve().parent / "broker_plugin" / "shuffledp_roles.c"
+#: How to get what building the plugin needs (printed when it cannot be built).
+ROLE_PLUGIN_PACKAGES = "apt-get install mosquitto-dev libmosquitto-dev gcc"
+
+#: The wire messages (codec tags) each role publishes: its payload limit is the largest
+#: of their codec limits, so the broker never carries a message of a role that every
+#: receiver's decoder would refuse unread (``codec.decode`` checks the limit first).
+ROLE_MESSAGES: dict[str, tuple[str, ...]] = {
+    "analyzer": ("signed-round-spec", "batch-ack"),
+    "shuffler": ("signed-round-spec", "shuffled-batch", "admission-receipts", "round-outcome"),
+    "client": ("envelope",),
+}
+#: Topics (suffixes of the role's write filters in TOPIC_ACCESS) the protocol publishes
+#: with retain=True: the analyzer's announcement (``analyzer/coordinator.py``) and the
+#: shuffler's relayed spec and round outcome (``shuffler/service.py``). Nothing else is
+#: ever retained; in particular no client message is.
+ROLE_RETAINED_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "analyzer": ("/announce",),
+    "shuffler": ("/spec", "/outcome"),
+    "client": (),
+}
+#: Simultaneous connections per username. A device needs one: ``MqttChannel`` reconnects
+#: with the same MQTT client id, a takeover the plugin does not count twice. The second
+#: is for a device *process* that restarts (new client id) while the broker still holds
+#: its dead connection, which it notices only after 1.5 keepalives (90 s by default),
+#: and for a subscriber beside a publisher. Service accounts get a few: several shuffler
+#: instances, or an audit beside a service, share an account, never hundreds. A fleet
+#: that shares one client username needs its size here (``--client-connections``).
+ROLE_CONNECTIONS: dict[str, int] = {"analyzer": 8, "shuffler": 8, "client": 2}
+
+
+@dataclass(frozen=True)
+class RoleLimits:
+    """What the broker lets one role do beyond its ACL (0 means no limit).
+
+    * ``max_payload``: largest PUBLISH payload, bytes. A larger publish is dropped
+      (QoS 1 still gets its PUBACK, as for an ACL refusal), so a client account cannot
+      park megabytes in the broker's memory or queues.
+    * ``max_connections``: simultaneous connections per username of the role; a
+      further CONNECT with another client id is refused (not authorised). It bounds
+      the sessions, and so the queued messages, one stolen password can hold open.
+    * ``retain``: topic filters on which the role may publish retained messages; a
+      retained publish elsewhere is dropped. Retained messages live in the broker's
+      memory until replaced and replay to every later subscription.
+
+    Whatever the limits, the plugin refuses (not authorised) a CONNECT whose client id
+    is held by a live connection of another username: mosquitto would otherwise close
+    that connection (session takeover), letting any account knock any other off. A
+    reconnect with the same client id and the same username still replaces the old
+    connection, and counts as one connection.
+    """
+
+    max_payload: int
+    max_connections: int
+    retain: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_payload < 0 or self.max_connections < 0:
+            raise ValueError("max_payload and max_connections must be >= 0 (0 = no limit)")
+        for topic_filter in self.retain:
+            if not topic_filter or "," in topic_filter or any(c.isspace() for c in topic_filter):
+                raise ValueError(f"retain: bad topic filter {topic_filter!r}")
+
+
+def default_role_limits(max_packet_size: int = DEFAULT_MAX_PACKET_SIZE) -> dict[str, RoleLimits]:
+    """The limits of each role of :data:`TOPIC_ACCESS`, derived from the protocol.
+
+    * payload: the largest codec limit (``codec.MESSAGE_TYPES``) of the messages the role
+      publishes (:data:`ROLE_MESSAGES`), capped at ``max_packet_size``. For a client that
+      is the envelope limit, 4096 bytes: the largest envelope any mechanism produces
+      today is under 400 bytes (``onion.EnvelopeFormat(round_id, mechanism).size``) and a
+      report at its own codec limit (256 bytes) would make one of about 520, so 4096
+      leaves headroom for new mechanisms while refusing anything the shuffler's
+      decoder would refuse. The analyzer's is the signed spec's (25 KiB); the
+      shuffler's is a batch chunk's, so the broker-wide ``max_packet_size`` binds;
+    * retain: only on the topics the protocol retains (:data:`ROLE_RETAINED_SUFFIXES`);
+    * connections per username: :data:`ROLE_CONNECTIONS`.
+    """
+    from shuffledp.protocol import codec  # not at import time: keep the operator tool light
+
+    limits = {}
+    for role, access in TOPIC_ACCESS.items():
+        payload = max(codec.MESSAGE_TYPES[tag][1] for tag in ROLE_MESSAGES[role])
+        retain = tuple(f for f in access.get("write", ()) if f.endswith(ROLE_RETAINED_SUFFIXES[role]))
+        limits[role] = RoleLimits(min(payload, max_packet_size), ROLE_CONNECTIONS[role], retain)
+    return limits
+
+
+def role_plugin_options(limits: Mapping[str, RoleLimits], roles_file: Path) -> list[str]:
+    """The ``plugin_opt_*`` lines that hand ``limits`` and the users' roles to the plugin."""
+    lines = [f"plugin_opt_roles_file {roles_file}"]
+    for role, limit in limits.items():
+        lines += [
+            f"plugin_opt_{role}_max_payload {limit.max_payload}",
+            f"plugin_opt_{role}_max_connections {limit.max_connections}",
+            f"plugin_opt_{role}_retain {','.join(limit.retain) or '-'}",
+        ]
+    return lines
+
+
+def find_compiler() -> str | None:
+    """The system C compiler: ``$CC`` if set, else ``cc`` or ``gcc`` on ``PATH``; None if none."""
+    for candidate in (os.environ.get("CC"), "cc", "gcc"):
+        if candidate:
+            path = shutil.which(candidate)
+            if path:
+                return path
+    return None
+
+
+#: Plugins built by this process, by source hash (copied instead of compiled again).
+_built_plugins: dict[str, Path] = {}
+
+
+def build_role_plugin(directory: Path | str, *, source: Path = ROLE_PLUGIN_SOURCE) -> tuple[Path | None, str]:
+    """Compile the per-role limits plugin into ``directory``: ``(path, "")`` or ``(None, why not)``.
+
+    The file is ``shuffledp_roles-<sha256 of the source>.so`` (mode 0600), reused when it
+    already exists. It needs a C compiler (:func:`find_compiler`) and the mosquitto
+    plugin headers (Debian ``mosquitto-dev``); the broker binary provides the symbols
+    the plugin calls when it loads it.
+    """
+    directory = Path(directory)
+    try:
+        code = source.read_bytes()
+    except OSError as exc:
+        return None, f"cannot read the plugin source {source} ({exc.strerror})"
+    digest = hashlib.sha256(code).hexdigest()[:16]
+    target = directory / f"shuffledp_roles-{digest}.so"
+    if target.is_file():
+        return target, ""
+    built = _built_plugins.get(digest)
+    partial = directory / f".{target.name}.{os.getpid()}.tmp"
+    if built is not None and built.is_file():
+        shutil.copyfile(built, partial)
+    else:
+        compiler = find_compiler()
+        if compiler is None:
+            return None, "no C compiler (cc or gcc) found"
+        try:
+            done = subprocess.run(
+                [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(partial), str(source)],
+                capture_output=True, text=True, timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"running {compiler} failed ({exc})"
+        if done.returncode != 0:
+            partial.unlink(missing_ok=True)
+            output = (done.stderr or done.stdout).strip()
+            if "mosquitto_broker.h" in output or "mosquitto_plugin.h" in output or "mosquitto.h" in output:
+                return None, "the mosquitto plugin headers are missing (Debian packages mosquitto-dev, libmosquitto-dev)"
+            detail = output.splitlines()[-1] if output else f"exit status {done.returncode}"
+            return None, f"compiling {source.name} with {compiler} failed: {detail}"
+    os.chmod(partial, _OWNER_ONLY)
+    os.replace(partial, target)
+    _built_plugins[digest] = target
+    return target, ""
+
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -359,6 +535,9 @@ def mosquitto_conf(
     max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
     max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
     max_inflight_messages: int = DEFAULT_MAX_INFLIGHT_MESSAGES,
+    role_plugin: Path | None = None,
+    role_limits: Mapping[str, RoleLimits] | None = None,
+    roles_file: Path | None = None,
 ) -> str:
     """The text of a mosquitto 2.x configuration for shuffledp.
 
@@ -367,6 +546,10 @@ def mosquitto_conf(
     or later with the given server certificate (clients are not asked for one); a
     plaintext listener exists only if ``plaintext_port`` is given, and then binds
     127.0.0.1 only. Messages live in memory only unless ``persistence_dir`` is set.
+    With ``role_plugin`` (from :func:`build_role_plugin`) the broker loads it with
+    ``role_limits`` and the ``roles_file`` (``username role`` lines): each role's
+    payload, retain and connection limits (:class:`RoleLimits`) apply on top of the
+    password file and the ACL.
     """
     lines = [
         "# Generated by shuffledp.broker; regenerate rather than edit.",
@@ -375,6 +558,14 @@ def mosquitto_conf(
         f"password_file {password_file}",
         f"acl_file {acl_file}",
     ]
+    if role_plugin is not None:
+        if role_limits is None or roles_file is None:
+            raise ValueError("role_plugin needs role_limits and roles_file")
+        # mosquitto 2.0 asks this plugin first; it only ever refuses (or defers to the
+        # password file and the ACL file), so it narrows what they allow.
+        lines += ["", "# Per-role limits (shuffledp.broker.RoleLimits).", f"plugin {role_plugin}"]
+        lines += role_plugin_options(role_limits, roles_file)
+        lines.append("")
     if run_as:
         # Only used when started as root: mosquitto would otherwise switch to the
         # 'mosquitto' user, which cannot read the 0600 files written here.
@@ -492,6 +683,12 @@ class Broker:
     With ``die_with_parent=True`` (Linux) mosquitto receives SIGTERM when the thread
     that started it ends, e.g. when its process is killed with SIGKILL, so a broker
     never outlives the program that owns it.
+
+    ``role_limits``: True (default) enforces :func:`default_role_limits` through the
+    plugin, a mapping enforces those limits, False runs without the plugin. If the
+    plugin cannot be built (no C compiler or no ``mosquitto-dev`` headers) the broker
+    runs without it and prints one line saying so; :attr:`role_limits_on` tells
+    which, and ``credentials.json`` records it (``role_limits``).
     """
 
     def __init__(
@@ -511,6 +708,7 @@ class Broker:
         startup_timeout: float = 10.0,
         mosquitto: str | None = None,
         die_with_parent: bool = False,
+        role_limits: Mapping[str, RoleLimits] | bool = True,
     ) -> None:
         self._owns_directory = directory is None
         self.directory = Path(tempfile.mkdtemp(prefix="shuffledp-broker-") if directory is None else directory)
@@ -534,6 +732,20 @@ class Broker:
         self._tls: TlsFiles | None = None
         self._reaper: weakref.finalize | None = None
         self.starts = 0
+        #: The limits asked for (None: no plugin asked for).
+        self.role_limits: dict[str, RoleLimits] | None
+        if role_limits is True:
+            self.role_limits = default_role_limits(max_packet_size)
+        elif role_limits is False:
+            self.role_limits = None
+        else:
+            self.role_limits = dict(role_limits)
+            unknown = set(self.role_limits) - set(TOPIC_ACCESS)
+            if unknown:
+                raise ValueError(f"role_limits: unknown roles {sorted(unknown)}")
+        self._role_plugin: Path | None = None
+        #: Why the per-role limits are off ('' when they are on).
+        self.role_limits_off_reason = "" if self.role_limits is not None else "turned off (role_limits=False)"
 
     # -- files
 
@@ -564,6 +776,36 @@ class Broker:
         """The CA certificate clients verify the broker against (``tls_ca_file``)."""
         return self.directory / "ca.crt"
 
+    @property
+    def roles_file(self) -> Path:
+        """``username role`` lines, for the per-role limits plugin."""
+        return self.directory / "roles"
+
+    @property
+    def role_limits_on(self) -> bool:
+        """Whether the written config loads the per-role limits plugin."""
+        return self._role_plugin is not None
+
+    def role_limits_status(self) -> dict[str, object]:
+        """``{"on": bool, "reason": why off, "limits": {role: {...}}}`` (what ``credentials.json`` records)."""
+        limits = {
+            role: {"max_payload": limit.max_payload, "max_connections": limit.max_connections, "retain": list(limit.retain)}
+            for role, limit in (self.role_limits or {}).items()
+        }
+        return {"on": self.role_limits_on, "reason": self.role_limits_off_reason, "limits": limits if self.role_limits_on else {}}
+
+    def _prepare_role_plugin(self) -> None:
+        """Build the plugin once (if asked for); say so once if it cannot be built."""
+        if self.role_limits is None or self._role_plugin is not None or self.role_limits_off_reason:
+            return
+        plugin, reason = build_role_plugin(self.directory)
+        if plugin is None:
+            self.role_limits_off_reason = reason
+            print(f"shuffledp.broker: per-role broker limits are OFF ({reason}); "
+                  f"to turn them on: {ROLE_PLUGIN_PACKAGES}", file=sys.stderr)
+            return
+        self._role_plugin = plugin
+
     def write_files(self) -> None:
         """Write the files mosquitto needs into :attr:`directory`.
 
@@ -576,11 +818,14 @@ class Broker:
             tls = generate_tls(self.directory, server_names=self.server_names)
             self.users.write_acl_file(self.acl_file)
             self.users.write_password_file(self.password_file)
+            _write_private(self.roles_file, "".join(f"{u.username} {u.role}\n" for u in self.users))
             self._tls = tls
+        self._prepare_role_plugin()
         if self.persistence_dir is not None:
             self.persistence_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.users.write_credentials(
-            self.credentials_file, host=self._connect_host(), port=self.port, ca_file=str(self._tls.ca_file)
+            self.credentials_file, host=self._connect_host(), port=self.port, ca_file=str(self._tls.ca_file),
+            role_limits=self.role_limits_status(),
         )
         _write_private(
             self.conf_file,
@@ -596,6 +841,9 @@ class Broker:
                 max_packet_size=self.max_packet_size,
                 max_queued_messages=self.max_queued_messages,
                 max_inflight_messages=self.max_inflight_messages,
+                role_plugin=self._role_plugin,
+                role_limits=self.role_limits,
+                roles_file=self.roles_file,
             ),
         )
 
@@ -775,6 +1023,15 @@ class Broker:
 # --------------------------------------------------------------------------- CLI
 
 
+def _with_client_connections(count: int) -> dict[str, RoleLimits]:
+    """The default role limits with ``count`` connections per client username."""
+    if count < 1:
+        raise SystemExit("python -m shuffledp.broker: --client-connections must be >= 1")
+    limits = default_role_limits()
+    limits["client"] = dataclasses.replace(limits["client"], max_connections=count)
+    return limits
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Write a broker deployment directory (and optionally run mosquitto in the foreground)."""
     parser = argparse.ArgumentParser(
@@ -789,6 +1046,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--client", action="append", default=[], help="a client username (repeat; default: one shared 'client')")
     parser.add_argument("--plaintext", action="store_true", help="also listen in plaintext on a loopback port")
     parser.add_argument("--persistence-dir", type=Path, default=None, help="persist retained messages and sessions there")
+    parser.add_argument("--client-connections", type=int, default=ROLE_CONNECTIONS["client"], metavar="N",
+                        help="simultaneous connections per client username (default %(default)s; "
+                        "a fleet sharing one username needs its size)")
+    parser.add_argument("--no-role-limits", action="store_true",
+                        help="do not build and load the per-role limits plugin (retain, payload size, connections per user)")
     parser.add_argument("--run", action="store_true", help="run the broker until interrupted")
     parser.add_argument("--background", action="store_true",
                         help="start the broker and return once it accepts TLS connections, leaving it running "
@@ -804,6 +1066,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plaintext=args.plaintext,
         server_names=args.name,
         persistence_dir=args.persistence_dir,
+        role_limits=False if args.no_role_limits else _with_client_connections(args.client_connections),
     )
     broker.write_files()
     # One password file per account (0600), for the services' --password-file.
@@ -811,6 +1074,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write_private(broker.directory / f"{user.username}.pw", f"{user.password}\n")
     names = ", ".join(f"{u.username}.pw" for u in broker.users)
     print(f"wrote {broker.directory}: mosquitto.conf, acl, passwd, ca.crt, server.crt/key, credentials.json, {names}")
+    if broker.role_limits_on:
+        summary = "; ".join(
+            f"{role}: payload <= {limit.max_payload} B, {limit.max_connections or 'any'} connection(s) per user, "
+            f"retain {'on ' + ', '.join(limit.retain) if limit.retain else 'never'}"
+            for role, limit in (broker.role_limits or {}).items()
+        )
+        print(f"per-role limits ON ({summary})")
+    else:
+        print(f"per-role limits OFF: {broker.role_limits_off_reason}")
     if not (args.run or args.background):
         print(f"run: mosquitto -c {broker.conf_file}")
         return 0

@@ -366,6 +366,9 @@ class Fleet:
         if (receipts.session_id, receipts.round_id) != (spec.session_id, spec.round_id):
             self.bad_messages["receipts-other-round"] += 1
             return False
+        if receipts.spec_digest != spec.digest:
+            self.bad_messages["receipts-other-spec"] += 1
+            return False
         for nonce in receipts.admitted:
             p = pending.pop(nonce, None)
             if p is not None:
@@ -386,6 +389,9 @@ class Fleet:
             return
         if (outcome.session_id, outcome.round_id, outcome.instance) != (spec.session_id, spec.round_id, instance):
             self.bad_messages["outcome-other-round"] += 1
+            return
+        if outcome.spec_digest != spec.digest:
+            self.bad_messages["outcome-other-spec"] += 1
             return
         if instance in state.outcomes:
             return  # the retained outcome again

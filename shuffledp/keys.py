@@ -52,18 +52,27 @@ Guarantees:
   ``credentials.json`` unless ``force=True`` (which replaces them all: credentials
   issued under the old issuer key would be refused anyway);
 * ``public.json`` is written last, so a directory with ``public.json`` is complete;
-* loaders refuse (:class:`KeyFileError`, one line naming the file) a missing file,
-  a file of the wrong length, a private key file group- or world-accessible (like
-  ssh), private keys whose public halves disagree with ``public.json`` (e.g.
-  ``analyzer.key`` and ``shuffler.key`` swapped, or files from two deployments),
-  and a ``credentials.json`` of another session.
+* loaders refuse (:class:`KeyFileError`, one line naming the file and the fix) a
+  missing file, a file of the wrong length, a private key file group- or
+  world-accessible (like ssh), private keys whose public halves disagree with
+  ``public.json`` (e.g. ``analyzer.key`` and ``shuffler.key`` swapped, or files from
+  two deployments), and a ``credentials.json`` of another session;
+* ``public.json`` is the trust anchor (whoever writes it chooses the analyzer key the
+  shuffler and devices accept), so loaders open the key directory with
+  ``O_DIRECTORY | O_NOFOLLOW`` and every file relative to it with ``O_NOFOLLOW``, and
+  refuse a directory or file that is a symbolic link, owned by another user than the
+  effective one (root aside), or writable by group or others (``public.json`` may be
+  world-readable; the private files must not be accessible to anyone else at all).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -273,22 +282,86 @@ def enroll(directory: Path | str, count: int) -> int:
 MAX_CREDENTIALS_BYTES = 16 << 20
 
 
-def _read(path: Path, size: int | None, *, private: bool) -> bytes:
-    """The ``size`` bytes of ``path`` (any size up to 16 MiB if None); refuses a missing,
-    wrong-sized or (if ``private``) group- or world-accessible file."""
+def _trusted_owner(uid: int) -> bool:
+    """Whether a key directory or file owned by ``uid`` can be trusted: ours, or root's (who can do anything anyway)."""
+    return uid in (os.geteuid(), 0)
+
+
+def _owner_error(path: Path, uid: int, fix: str) -> KeyFileError:
+    return KeyFileError(f"{path}: owned by uid {uid}, not by this user (uid {os.geteuid()}) or root; {fix}")
+
+
+def _open_directory(directory: Path) -> int:
+    """An fd of the key directory (``O_DIRECTORY | O_NOFOLLOW``); refuses a symbolic link, a
+    directory owned by another user, or one that group or others can write (they could swap
+    ``public.json``, the trust anchor, for their own)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise KeyFileError(
+            f"{directory / PUBLIC_JSON}: missing (no directory {directory}: create it with `shuffledp keys init {directory}`)"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(directory)):
+            raise KeyFileError(f"{directory}: key directory is a symbolic link; give the real directory") from None
+        if exc.errno == errno.ENOTDIR:
+            raise KeyFileError(f"{directory}: not a directory") from None
+        raise KeyFileError(f"{directory}: cannot open the key directory ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not _trusted_owner(info.st_uid):
+            raise _owner_error(directory, info.st_uid, f"only its owner may hold keys there (chown to this user, then chmod 700 {directory})")
+        if info.st_mode & 0o022:
+            raise KeyFileError(
+                f"{directory}: key directory writable by group or others (mode {stat.S_IMODE(info.st_mode):04o}), "
+                f"who could replace {PUBLIC_JSON}; run chmod 700 {directory}"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def _key_directory(directory: Path) -> Iterator[int]:
+    """The checked directory fd of :func:`_open_directory`, closed on exit: every file of one load is opened
+    relative to it, so all come from the same directory even if its path is changed meanwhile."""
+    fd = _open_directory(directory)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read(dir_fd: int, path: Path, size: int | None, *, private: bool) -> bytes:
+    """The ``size`` bytes (any size up to 16 MiB if None) of the file ``path.name`` of the key directory ``dir_fd``
+    (from :func:`_key_directory`; ``path`` names it in messages), opened without following a symbolic link.
+
+    Refuses a missing, wrong-sized or non-regular file, one owned by another user (root aside), and one
+    group or others can access if ``private`` (a key or the credentials) or write if not (``public.json``:
+    anyone may read it, but whoever can write it chooses the keys every party trusts).
+    """
+    try:
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except FileNotFoundError:
         raise KeyFileError(f"{path}: missing (create the directory with `shuffledp keys init`)") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise KeyFileError(f"{path}: is a symbolic link; key files must be regular files in the key directory") from None
         raise KeyFileError(f"{path}: cannot open ({exc.strerror})") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise KeyFileError(f"{path}: not a regular file")
-        if private and info.st_mode & 0o077:
+        mode = stat.S_IMODE(info.st_mode)
+        if not _trusted_owner(info.st_uid):
+            raise _owner_error(path, info.st_uid, f"recreate it as this user (chown it, then chmod {600 if private else 644} {path})")
+        if private and mode & 0o077:
+            exposure = "readable by others" if mode & 0o044 else "accessible by others"
+            raise KeyFileError(f"{path}: private key {exposure} (mode {mode:04o}); run chmod 600 {path}")
+        if not private and mode & 0o022:
             raise KeyFileError(
-                f"{path}: private key readable by others (mode {stat.S_IMODE(info.st_mode):04o}); run chmod 600 {path}"
+                f"{path}: writable by group or others (mode {mode:04o}), who could swap in their own keys; run chmod 644 {path}"
             )
         limit = (size if size is not None else MAX_CREDENTIALS_BYTES) + 1
         chunks = []
@@ -325,13 +398,22 @@ def _hex_field(doc: dict, path: Path, *keys: str, size: int) -> bytes:
 
 
 def load_public(directory: Path | str) -> PublicInfo:
-    """Read and check ``public.json`` (format, session id and the four public keys)."""
-    path = Path(directory) / PUBLIC_JSON
+    """Read and check ``public.json`` (format, session id and the four public keys).
+
+    Refuses (:class:`KeyFileError`) a key directory or ``public.json`` that is a symbolic
+    link, owned by another user (root aside) or writable by group or others.
+    """
+    directory = Path(directory)
+    with _key_directory(directory) as dir_fd:
+        return _load_public(dir_fd, directory)
+
+
+def _load_public(dir_fd: int, directory: Path) -> PublicInfo:
+    path = directory / PUBLIC_JSON
+    raw = _read(dir_fd, path, None, private=False)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise KeyFileError(f"{path}: missing (create the directory with `shuffledp keys init`)") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise KeyFileError(f"{path}: cannot read ({exc})") from None
     try:
         doc = json.loads(text)
@@ -350,8 +432,8 @@ def load_public(directory: Path | str) -> PublicInfo:
     )
 
 
-def _party_keys(path: Path) -> tuple[X25519PrivateKey, Ed25519PrivateKey]:
-    raw = _read(path, PARTY_KEY_BYTES, private=True)
+def _party_keys(dir_fd: int, path: Path) -> tuple[X25519PrivateKey, Ed25519PrivateKey]:
+    raw = _read(dir_fd, path, PARTY_KEY_BYTES, private=True)
     try:
         return X25519PrivateKey.from_private_bytes(raw[:32]), Ed25519PrivateKey.from_private_bytes(raw[32:])
     except ValueError as exc:
@@ -361,8 +443,9 @@ def _party_keys(path: Path) -> tuple[X25519PrivateKey, Ed25519PrivateKey]:
 def load_analyzer(directory: Path | str) -> AnalyzerSide:
     """The analyzer's keys and the public information; reads ``analyzer.key`` and ``public.json`` only."""
     directory = Path(directory)
-    public = load_public(directory)
-    keys = AnalyzerKeys(*_party_keys(directory / ANALYZER_KEY))
+    with _key_directory(directory) as dir_fd:
+        public = _load_public(dir_fd, directory)
+        keys = AnalyzerKeys(*_party_keys(dir_fd, directory / ANALYZER_KEY))
     if (keys.hpke_public, keys.signing_public) != (public.analyzer_hpke_public, public.analyzer_signing_public):
         raise KeyFileError(f"{directory / ANALYZER_KEY}: does not match the analyzer keys in {PUBLIC_JSON}")
     return AnalyzerSide(public, keys)
@@ -371,17 +454,23 @@ def load_analyzer(directory: Path | str) -> AnalyzerSide:
 def load_shuffler(directory: Path | str) -> ShufflerSide:
     """The shuffler's keys, the issuer and the public information; reads ``shuffler.key``, ``issuer.key``, ``public.json``."""
     directory = Path(directory)
-    public = load_public(directory)
-    keys = ShufflerKeys(*_party_keys(directory / SHUFFLER_KEY))
-    if (keys.hpke_public, keys.signing_public) != (public.shuffler.hpke_public, public.shuffler.signing_public):
-        raise KeyFileError(f"{directory / SHUFFLER_KEY}: does not match the shuffler keys in {PUBLIC_JSON}")
-    issuer = CredentialIssuer(_read(directory / ISSUER_KEY, ISSUER_KEY_BYTES, private=True))
+    with _key_directory(directory) as dir_fd:
+        public = _load_public(dir_fd, directory)
+        keys = ShufflerKeys(*_party_keys(dir_fd, directory / SHUFFLER_KEY))
+        if (keys.hpke_public, keys.signing_public) != (public.shuffler.hpke_public, public.shuffler.signing_public):
+            raise KeyFileError(f"{directory / SHUFFLER_KEY}: does not match the shuffler keys in {PUBLIC_JSON}")
+        issuer = CredentialIssuer(_read(dir_fd, directory / ISSUER_KEY, ISSUER_KEY_BYTES, private=True))
     return ShufflerSide(public, keys, issuer)
 
 
-def _read_credentials(directory: Path, public: PublicInfo) -> tuple[bytes, ...]:
+def _read_credentials(directory: Path, public: PublicInfo, dir_fd: int | None = None) -> tuple[bytes, ...]:
+    """The credentials of ``credentials.json`` (checked against ``public``'s session), read relative to
+    ``dir_fd`` (a :func:`_key_directory` fd of ``directory``; opened and checked here if None)."""
+    if dir_fd is None:
+        with _key_directory(directory) as own_fd:
+            return _read_credentials(directory, public, own_fd)
     path = directory / CREDENTIALS_JSON
-    raw = _read(path, None, private=True)
+    raw = _read(dir_fd, path, None, private=True)
     try:
         doc = json.loads(raw)
     except ValueError as exc:
@@ -408,8 +497,9 @@ def load_clients(directory: Path | str, count: int | None = None) -> ClientSide:
     Raises :class:`KeyFileError` if fewer than ``count`` credentials are enrolled.
     """
     directory = Path(directory)
-    public = load_public(directory)
-    credentials = _read_credentials(directory, public)
+    with _key_directory(directory) as dir_fd:
+        public = _load_public(dir_fd, directory)
+        credentials = _read_credentials(directory, public, dir_fd)
     if count is not None:
         if count > len(credentials):
             raise KeyFileError(
@@ -423,8 +513,10 @@ def load_clients(directory: Path | str, count: int | None = None) -> ClientSide:
 def load_enrollment(directory: Path | str) -> EnrollmentSide:
     """The issuer key and the public information; reads ``issuer.key`` and ``public.json`` only."""
     directory = Path(directory)
-    public = load_public(directory)
-    return EnrollmentSide(public, CredentialIssuer(_read(directory / ISSUER_KEY, ISSUER_KEY_BYTES, private=True)))
+    with _key_directory(directory) as dir_fd:
+        public = _load_public(dir_fd, directory)
+        issuer = CredentialIssuer(_read(dir_fd, directory / ISSUER_KEY, ISSUER_KEY_BYTES, private=True))
+    return EnrollmentSide(public, issuer)
 
 
 def load_deployment(directory: Path | str, role: str, *, clients: int | None = None) -> RoleKeys:

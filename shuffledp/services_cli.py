@@ -82,13 +82,33 @@ def parse_address(address: str, default_port: int) -> tuple[str, int]:
 
 
 def read_password(path: Path | None) -> str | None:
-    """The password in ``path`` (its first line, without the line ending), or None without a file."""
+    """The password in ``path`` (its first line, without the line ending), or None without a file.
+
+    Refuses (:class:`UsageError`, one line) a file another user owns (root aside) or that
+    group or others can access (mode & 0o077): the password is a secret like a private key.
+    """
+    import stat
+
     if path is None:
         return None
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--password-file: cannot read {path} ({exc})") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"--password-file: cannot read {path} ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        mode = stat.S_IMODE(info.st_mode)
+        if not stat.S_ISREG(info.st_mode):
+            raise UsageError(f"--password-file: {path} is not a regular file")
+        if info.st_uid not in (os.geteuid(), 0):
+            raise UsageError(f"--password-file: {path} is owned by uid {info.st_uid}, not by this user "
+                             f"(uid {os.geteuid()}); use a file of your own, chmod 600")
+        if mode & 0o077:
+            raise UsageError(f"--password-file: {path} is accessible by others (mode {mode:04o}); run chmod 600 {path}")
+        try:
+            text = handle.read(1 << 16).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--password-file: cannot read {path} ({exc})") from None
     password = text.splitlines()[0] if text else ""
     if not password:
         raise UsageError(f"--password-file: {path} is empty")
@@ -105,6 +125,22 @@ def _add_broker_options(p: argparse.ArgumentParser, role: str) -> None:
     group.add_argument("--ca-file", type=Path, default=None, metavar="PEM",
                        help="CA certificate to verify the broker's TLS certificate and name against (TLS 1.2+); "
                        "without it the connection is plaintext")
+    group.add_argument("--insecure-plaintext", action="store_true",
+                       help="allow --password-file without --ca-file to a broker that is not on this host (loopback): "
+                       "the password, and every message (specs, reports, batches, acks), then cross the network "
+                       "unencrypted, and the broker is not authenticated")
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback: ``localhost``, 127.0.0.0/8 or ::1."""
+    import ipaddress
+
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _channel(args: argparse.Namespace, role: str):
@@ -114,10 +150,15 @@ def _channel(args: argparse.Namespace, role: str):
     host, port = parse_address(args.broker, 8883 if args.ca_file else 1883)
     if args.ca_file is not None and not Path(args.ca_file).is_file():
         raise UsageError(f"--ca-file: {args.ca_file} is not a file")
+    if (args.password_file is not None and args.ca_file is None and not getattr(args, "insecure_plaintext", False)
+            and not _is_loopback(host)):
+        raise UsageError(f"--password-file without --ca-file would send the password in clear to {host}; "
+                         f"add --ca-file PEM (TLS), or --insecure-plaintext to accept that")
     return MqttChannel(
         host,
         port,
-        identifier=f"shuffledp-{role}-{os.getpid()}-{os.urandom(3).hex()}",
+        # Unguessable (128 random bits, no pid): mosquitto hands a session to whoever connects with its client id.
+        identifier=f"shuffledp-{role}-{os.urandom(16).hex()}",
         username=args.username,
         password=read_password(args.password_file),
         tls_ca_file=args.ca_file,
@@ -198,15 +239,31 @@ def _run(command: str, coroutine_factory: Callable[[], Any]) -> int:
 
 
 def _write_json_atomic(path: Path, document: dict[str, Any]) -> None:
-    """Write ``document`` to ``path`` so a reader sees the old or the new file, never a partial one."""
+    """Write ``document`` to ``path`` so a reader sees the old or the new file, never a partial one.
+
+    The temporary file is made by :func:`tempfile.mkstemp` in ``path``'s directory (an
+    unpredictable name, ``O_EXCL | O_NOFOLLOW``, mode 0600), so a symbolic link planted
+    there cannot redirect the write; it is fsynced, then renamed over ``path``. The file
+    written is therefore mode 0600 (``--stats-file`` and ``--output`` are for the
+    operator: read them as the service's user).
+    """
+    import tempfile
+
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(document, out, indent=2, sort_keys=True, default=float)
-        out.write("\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(document, out, indent=2, sort_keys=True, default=float)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _on_signals(callback: Callable[[], None]) -> None:
@@ -322,14 +379,19 @@ def add_parser(subparsers) -> None:
     run.add_argument("--protocol", choices=("scalar-mean",), default="scalar-mean",
                      help="the protocol: scalar range -> mean (Girgis et al. 2022, Algorithm 1)")
     _scalar_mean_options(run, analyzer=True)
-    run.add_argument("--min-batch", type=int, default=None, help="smallest batch a round accepts (default: --users)")
+    run.add_argument("--min-batch", type=int, default=None,
+                     help="smallest batch of valid reports a round accepts (default: --users less a liveness margin of "
+                          "max(8, users/100), at most half of them: so many junk or silent clients cannot fail a round)")
     run.add_argument("--max-batch", type=int, default=None,
-                     help="largest batch (default: min_batch, so the shuffler releases as soon as it holds it)")
+                     help="largest batch (default: --users, so the shuffler releases as soon as every user has answered)")
     run.add_argument("--shuffler-instances", type=int, default=1,
                      help="shuffler instances per round (each must reach min_batch on its own)")
     run.add_argument("--round-timeout", type=float, default=60.0, metavar="S", help="each round's deadline, from its announcement")
     run.add_argument("--grace", type=float, default=5.0, metavar="S", help="extra wait for the batch after the deadline")
     run.add_argument("--workers", type=int, default=1, help="processes opening large batches")
+    run.add_argument("--state", type=Path, default=None, metavar="FILE",
+                     help="the session's durable state (SQLite, 0600; default KEYS/analyzer-state.db): a restarted "
+                          "analyzer resumes its session from it and never announces a round twice")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--output", type=Path, default=None, metavar="FILE", help="also write the JSON result here")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -615,6 +677,33 @@ def _coordinator_class():
     return RoundStatsCoordinator
 
 
+def _open_session_store(args: argparse.Namespace, session_id: bytes, config: dict[str, Any]):
+    """The analyzer's session file (``--state``, default ``KEYS/analyzer-state.db``) and whether this
+    session is being resumed; a clear refusal if its parameters changed or a round of it failed."""
+    import sqlite3
+
+    from shuffledp.analyzer.session_store import FAILED, SessionMismatch, SessionStore
+    from shuffledp.protocol.errors import InvalidParameter
+
+    path = args.state if args.state is not None else Path(args.keys) / "analyzer-state.db"
+    try:
+        store = SessionStore(path)
+    except (InvalidParameter, OSError, sqlite3.Error) as exc:
+        raise UsageError(f"--state: cannot use {path}: {exc}") from None
+    try:
+        resumed = store.check_config(session_id, config)
+        failed = [r.round_id for r in store.rounds(session_id) if r.state == FAILED]
+    except SessionMismatch as exc:
+        store.close()
+        raise UsageError(str(exc)) from None
+    if failed:
+        store.close()
+        raise UsageError(
+            f"session {session_id.hex()} already ran (its round {failed[0]} failed); a session runs once: create a "
+            f"new one with `shuffledp keys init {args.keys} --force` and restart the shuffler and clients")
+    return store, resumed
+
+
 async def _session_round_seen(channel, session_id: bytes, analyzer_signing_key: bytes) -> int | None:
     """The round id of a spec of this session the broker still retains (signed by us), if any."""
     from shuffledp.client.client import verified_spec
@@ -675,6 +764,7 @@ def format_analyzer_result(result: dict[str, Any]) -> str:
 
 
 async def _analyzer_run_async(args: argparse.Namespace) -> int:
+    from shuffledp.analyzer.coordinator import service_batch_bounds
     from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol, concentration_radius
     from shuffledp.analyzer.service import Analyzer
     from shuffledp.keys import load_analyzer
@@ -688,35 +778,46 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
         raise UsageError("--shuffler-instances: must be >= 1")
     if args.shuffler_instances > 1 and args.min_batch is None:
         raise UsageError("--min-batch is required with several shuffler instances (each batch must reach it)")
-    min_batch = args.min_batch if args.min_batch is not None else args.users
-    max_batch = args.max_batch
-    if max_batch is None and args.shuffler_instances > 1:
-        max_batch = args.users  # no instance can know its share: each releases at the deadline
+    # Every enrolled credential may answer (and the round is released when all have); a margin of them
+    # may send junk or nothing without failing the round (analyzer/coordinator.py::service_batch_bounds).
+    default_min, default_max = service_batch_bounds(args.users)
+    min_batch = args.min_batch if args.min_batch is not None else default_min
+    max_batch = args.max_batch if args.max_batch is not None else max(default_max, min_batch)
     tau = args.tau if args.tau is not None else min(args.bound, concentration_radius(args.sigma, args.users, args.samples, args.gamma))
     config = ScalarMeanConfig(bound=args.bound, tau=tau, epsilon0=args.epsilon, delta0=args.delta0,
                               noise=args.noise, grid_levels=args.grid_levels)
     side = load_analyzer(args.keys)
+    store, resumed = _open_session_store(args, side.session_id, {
+        "protocol": args.protocol, "users": args.users, "min_batch": min_batch, "max_batch": max_batch,
+        "shuffler_instances": args.shuffler_instances, "bound": config.bound, "tau": config.tau,
+        "epsilon0": config.epsilon0, "delta0": config.delta0, "noise": config.noise, "grid_levels": config.grid_levels,
+    })
     channel = _channel(args, "analyzer")
     started = time.time()
-    await channel.connect()
     analyzer = Analyzer(side.analyzer_keys, workers=args.workers)
     try:
-        seen = await _session_round_seen(channel, side.session_id, side.analyzer_keys.signing_public)
-        if seen is not None:
-            raise UsageError(
-                f"session {side.session_id.hex()} already ran (the broker holds its round {seen}); a session runs "
-                f"once: create a new one with `shuffledp keys init {args.keys} --force` and restart the shuffler and clients"
-            )
+        await channel.connect()
+        if resumed:
+            log.info("session %s: resuming from %s (%s)", side.session_id.hex(), store.path,
+                     ", ".join(f"round {r.round_id} {r.state}" for r in store.rounds(side.session_id)) or "no round yet")
+        else:
+            seen = await _session_round_seen(channel, side.session_id, side.analyzer_keys.signing_public)
+            if seen is not None:  # run before, without this state file: it cannot be resumed
+                raise UsageError(
+                    f"session {side.session_id.hex()} already ran (the broker holds its round {seen}); a session runs "
+                    f"once: create a new one with `shuffledp keys init {args.keys} --force` and restart the shuffler and clients"
+                )
         coordinator = _coordinator_class()(
             channel, analyzer, side.shuffler_identity, session_id=side.session_id,
             round_timeout=args.round_timeout, grace=args.grace,
-            max_batch=max_batch, shuffler_instances=args.shuffler_instances,
+            max_batch=max_batch, shuffler_instances=args.shuffler_instances, store=store,
         )
         log.info("session %s: scalar-mean with min_batch %d over %s", side.session_id.hex(), min_batch, channel.address)
         # The decoder's sums are correctly rounded: the estimate depends on the reports' multiset only, not on
         # the shuffler's order, so with the same data and draws it is `shuffledp simulate`'s to the last bit.
         outcome, records = await coordinator.run_protocol(ScalarMeanProtocol(config), min_batch)
     finally:
+        store.close()
         analyzer.close()
         try:
             await channel.close()
@@ -897,45 +998,50 @@ async def _stop(process: asyncio.subprocess.Process, timeout: float = 10.0) -> i
 
 
 #: Run by `up` beside its parties when it made a temporary directory: it reads the parties'
-#: pids from a pipe only `up` holds. At EOF without "done" (`up` died, e.g. by SIGKILL) it
-#: sends SIGTERM to the parties still running (on Linux they already got it as their parent
+#: "pid start-time" lines from a pipe only `up` holds and, for each, opens a pidfd at once and
+#: keeps it only if the process behind it still has that start time (field 22 of
+#: /proc/PID/stat): the pidfd then names that process for good, so a pid the kernel reuses later
+#: is never signalled. At EOF without "done" (`up` died, e.g. by SIGKILL) it sends SIGTERM
+#: through the pidfds to the parties still running (on Linux they already got it as their parent
 #: death signal), waits for them to end and removes the directory.
 _UP_REAPER = """
-import os, shutil, signal, sys, time
+import os, select, shutil, signal, sys, time
 base, fd = sys.argv[1], int(sys.argv[2])
 made = os.lstat(base)  # the directory `up` made: never remove another one found at that path
-pids, done = [], False
-with os.fdopen(fd, "rb") as pipe:
-    for line in pipe:
-        word = line.strip()
-        if word == b"done":
-            done = True
-        elif word.isdigit():
-            pids.append(int(word))
-def alive(pid):
+def start_time(pid):
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-if not done:
-    for pid in pids:
-        if alive(pid):
+            return stat.read().rsplit(b")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+parties, done = [], False
+with os.fdopen(fd, "rb") as pipe:
+    for line in pipe:
+        words = line.split()
+        if words == [b"done"]:
+            done = True
+        elif len(words) == 2 and words[0].isdigit():
             try:
-                os.kill(pid, signal.SIGTERM)
+                pidfd = os.pidfd_open(int(words[0]))
+            except OSError:
+                continue  # already gone
+            if start_time(int(words[0])) == words[1]:
+                parties.append(pidfd)
+            else:
+                os.close(pidfd)  # the pid names another process now
+def alive(pidfd):
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return not poller.poll(0)  # a pidfd turns readable when its process ends
+if not done:
+    for pidfd in parties:
+        if alive(pidfd):
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
             except OSError:
                 pass
     deadline = time.monotonic() + 30.0
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(alive(pidfd) for pidfd in parties) and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
         now = os.lstat(base)
@@ -944,6 +1050,16 @@ if not done:
     if now is not None and (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino):
         shutil.rmtree(base, ignore_errors=True)
 """
+
+
+def process_start_time(pid: int) -> bytes | None:
+    """A process's start time in clock ticks since boot (field 22 of /proc/PID/stat), as the bytes
+    written there: with the pid, it names one process even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 async def _start_up_reaper(base: Path) -> int:
@@ -995,9 +1111,10 @@ async def _up_async(args: argparse.Namespace) -> int:
                 raise
 
         def watch(pid: int) -> None:
-            if reaper is not None:
+            started_at = process_start_time(pid)  # read while `up` still holds the child: its pid is not reused yet
+            if reaper is not None and started_at is not None:
                 with contextlib.suppress(OSError):
-                    os.write(reaper, f"{pid}\n".encode())
+                    os.write(reaper, f"{pid} ".encode() + started_at + b"\n")
     else:
         base = Path(args.dir)
         if base.exists() and (not base.is_dir() or any(base.iterdir())):

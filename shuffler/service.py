@@ -98,9 +98,12 @@ from shuffledp.protocol.messages import (
     MAX_RECEIPTS,
     AdmissionReceipts,
     BatchAck,
+    SPEC_DIGEST_BYTES,
     RoundOutcome,
     RoundSpec,
     ShuffledBatch,
+    SignedRoundSpec,
+    spec_digest_of,
 )
 from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
 from shuffledp.shuffler.parallel_open import OuterLayerPool
@@ -228,7 +231,7 @@ class RoundAdmission:
         client_id = None
         try:
             client_id = self.issuer.verify(admission.credential, self.revoked)
-            if self.spec.shuffler_instances > 1 and assigned_instance(client_id, self.spec.shuffler_instances) != self.instance:
+            if self.spec.shuffler_instances > 1 and assigned_instance(client_id, self.spec.shuffler_instances, self.spec.digest) != self.instance:
                 raise WrongInstance(f"this credential is assigned to another of the round's {self.spec.shuffler_instances} instances")
             if self.refusals[client_id] >= REFUSALS_PER_CREDENTIAL:
                 raise RateLimited(f"credential refused {REFUSALS_PER_CREDENTIAL} times this round")
@@ -392,7 +395,8 @@ def batch_chunks(
         codec.encode(
             signed(
                 keys.signing_private,
-                ShuffledBatch(spec.session_id, spec.round_id, batch_id, index, chunks, total, tuple(payloads[s : s + chunk_size])),
+                ShuffledBatch(spec.session_id, spec.round_id, spec.digest, batch_id, index, chunks, total,
+                              tuple(payloads[s : s + chunk_size])),
             )
         )
         for index, s in enumerate(starts)
@@ -471,6 +475,8 @@ class Shuffler:
         #: From when (``clock``) each unacknowledged batch's ``ack_timeout`` runs: its round's deadline,
         #: or when this process released or first re-published it, whichever is later.
         self._published_at: dict[bytes, float] = {}
+        #: Signed ``failed`` outcomes of given-up batches that the broker has not taken yet, by batch id.
+        self._expiries_unannounced: dict[bytes, tuple] = {}
         self.started = time.time()
 
     # ------------------------------------------------------------------ serving
@@ -504,9 +510,15 @@ class Shuffler:
                     self.rejected_announcements[INTERNAL_ERROR] += 1
                     _log.exception("shuffler announcement: untyped exception")
                     continue
+                stored = self.spool.round(spec.session_id, spec.round_id)
+                if stored is not None and self._stored_spec_digest(spec.session_id, spec.round_id) != spec.digest:
+                    # The analyzer signed two specs for one round (e.g. it restarted and lost its
+                    # round counter): the round keeps the spec its admitted envelopes were sealed under.
+                    self.rejected_announcements["round-respecified"] += 1
+                    _log.warning("shuffler: round %d announced again under another spec: ignored", spec.round_id)
+                    continue
                 if spec.round_id in self.rounds:
                     continue  # a re-delivered (retained) announcement of a round served by this process
-                stored = self.spool.round(spec.session_id, spec.round_id)
                 if stored is not None and stored.state != "open":
                     continue  # served (or failed) before a restart: never re-opened
                 await self._run_guarded(spec, data)
@@ -635,6 +647,7 @@ class Shuffler:
                 message = AdmissionReceipts(
                     spec.session_id,
                     spec.round_id,
+                    spec.digest,
                     tuple(receipts.admitted[start : start + half]),
                     tuple(receipts.refused[start : start + half]),
                     tuple(receipts.reasons[start : start + half]),
@@ -649,15 +662,15 @@ class Shuffler:
     async def _publish_outcome(
         self, spec: RoundSpec, outcome: str, reason: str, admitted: int, batch_id: bytes = bytes(BATCH_ID_BYTES)
     ) -> None:
-        await self._publish_round_outcome(spec.session_id, spec.round_id, outcome, reason, admitted, batch_id)
+        await self._publish_round_outcome(spec.session_id, spec.round_id, spec.digest, outcome, reason, admitted, batch_id)
 
     async def _publish_round_outcome(
-        self, session_id: bytes, round_id: int, outcome: str, reason: str, admitted: int,
+        self, session_id: bytes, round_id: int, spec_digest: bytes, outcome: str, reason: str, admitted: int,
         batch_id: bytes = bytes(BATCH_ID_BYTES),
     ) -> None:
         message = signed(
             self.keys.signing_private,
-            RoundOutcome(session_id, round_id, outcome, reason, admitted, batch_id, self.instance),
+            RoundOutcome(session_id, round_id, spec_digest, outcome, reason, admitted, batch_id, self.instance),
         )
         await self.channel.publish(outcome_topic(session_id, round_id, self.instance), codec.encode(message), retain=True)
 
@@ -666,6 +679,7 @@ class Shuffler:
         give up (:meth:`_expire`) those unacknowledged for ``ack_timeout`` seconds."""
         count = 0
         now = self.clock()
+        await self._announce_expiries()
         for stored in self.spool.unacknowledged():
             if stored.session_id == self.session_id and stored.batch_id not in self._acks_unwritten:
                 since = self._published_at.get(stored.batch_id)
@@ -679,6 +693,14 @@ class Shuffler:
         self.republished += count
         return count
 
+    def _stored_spec_digest(self, session_id: bytes, round_id: int) -> bytes:
+        """The digest of a stored round's signed spec (the bytes this shuffler verified and
+        spooled; all zeros if the round is not in the spool)."""
+        stored = self.spool.round(session_id, round_id)
+        if stored is None:
+            return bytes(SPEC_DIGEST_BYTES)
+        return spec_digest_of(codec.decode(stored.signed_spec, SignedRoundSpec).spec_bytes)
+
     def _deadline(self, session_id: bytes, round_id: int) -> float:
         """The deadline of a stored round's signed spec (``-inf`` if it cannot be read)."""
         try:
@@ -688,28 +710,54 @@ class Shuffler:
             return float("-inf")
 
     async def _expire(self, session_id: bytes, round_id: int, batch_id: bytes) -> None:
-        """Give up a batch the analyzer never acknowledged: sign a ``failed`` outcome for its round,
-        then delete its chunks from the spool (the round is never re-opened) and stop re-publishing it.
+        """Give up a batch the analyzer never acknowledged: first record its round ``failed`` (reason
+        ``not-acknowledged``, never ``served``) in the spool and delete its chunks there
+        (:meth:`~shuffledp.shuffler.spool.SqliteSpool.expire`: the round is never re-opened, it is never
+        re-published, and a late acknowledgement does not make it served), then sign and publish (retained)
+        the round's ``failed`` outcome.
 
-        The spool's only deletion of a released batch is its acknowledgement, which also records the
-        round as done; the outcome clients read is the signed ``failed`` one. If the outcome cannot be
-        published or the spool cannot be written, the batch stays and the next pass tries again (a
-        repeated outcome is the same retained message)."""
+        The spool decides, the outcome follows: an acknowledgement that lands while the outcome is being
+        published finds the round already ``failed`` (and is refused as a late one), so what clients read
+        is what the spool holds; one that landed before the expiry wins (``expire`` returns None), and then
+        nothing is published or counted: the round was served. If the spool cannot be written, nothing
+        changes and the next pass tries again. If the outcome cannot be published (the broker is away),
+        the round stays ``failed`` in the spool and the outcome is published again at every re-publishing
+        pass (every ``republish_interval`` seconds) until it is out (a repeated outcome is the same
+        retained message). Across a restart that announcement is lost: the spool records the round
+        ``failed`` but not whether its outcome went out, and the broker keeps the round's retained
+        ``released`` outcome (the analyzer, which never acknowledged it, has given it up too)."""
         stats = self.rounds.get(round_id) if session_id == self.session_id else None
         admitted = stats.admitted if stats is not None else 0
-        await self._publish_round_outcome(session_id, round_id, "failed", NOT_ACKNOWLEDGED, admitted, batch_id)
+        digest = self._stored_spec_digest(session_id, round_id)
         try:
-            self.spool.acknowledge(batch_id)
+            expired = self.spool.expire(batch_id, NOT_ACKNOWLEDGED)
         except SpoolStorageError as exc:
             self.storage_errors["expire"] += 1
             _log.error("shuffler: round %d: unacknowledged batch not deleted from the spool (retried): %s", round_id, exc)
             return
         self._published_at.pop(batch_id, None)
+        if expired is None:  # acknowledged (or given up) first: served stays served, and nothing says otherwise
+            _log.info("shuffler: round %d: batch %s was acknowledged before it was given up", round_id, batch_id.hex())
+            return
         self.expired += 1
         if stats is not None:
             stats.outcome = NOT_ACKNOWLEDGED
         _log.warning("shuffler: round %d: batch %s not acknowledged %g s after the round's deadline: given up, deleted",
                      round_id, batch_id.hex(), self.ack_timeout)
+        self._expiries_unannounced[batch_id] = (session_id, round_id, digest, "failed", NOT_ACKNOWLEDGED, admitted, batch_id)
+        await self._announce_expiries()
+
+    async def _announce_expiries(self) -> None:
+        """Publish the signed ``failed`` outcome of every given-up batch not announced yet; one the
+        broker does not take stays pending for the next pass (``republish_unacknowledged``)."""
+        for batch_id, outcome in list(self._expiries_unannounced.items()):
+            try:
+                await self._publish_round_outcome(*outcome)
+            except Exception as exc:  # noqa: BLE001 - the round is failed for good: its outcome must still go out
+                _log.error("shuffler: round %d: the given-up batch's failed outcome not published (retried every %g s): %s",
+                           outcome[1], self.republish_interval, exc, exc_info=not isinstance(exc, ShuffleDPError))
+                return
+            del self._expiries_unannounced[batch_id]
 
     async def _republish_periodically(self) -> None:
         while True:
@@ -735,6 +783,9 @@ class Shuffler:
             ack = decode_verified(data, BatchAck, self.analyzer_signing_key)
             if ack.session_id != self.session_id:
                 raise UnknownRound("acknowledgement for another session")
+            if self.spool.round(ack.session_id, ack.round_id) is not None and (
+                    ack.spec_digest != self._stored_spec_digest(ack.session_id, ack.round_id)):
+                raise UnknownRound("acknowledgement under another spec of the round")
         except ShuffleDPError as exc:
             self.rejected_acks[exc.reason] += 1
             return False

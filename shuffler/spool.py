@@ -5,11 +5,15 @@ counts it as admitted, so a shuffler killed with ``kill -9`` and restarted on th
 same spool resumes every open round with its admission state: the nonces and
 sealed payloads already seen (so nothing is admitted twice), each client's quota,
 and the payloads themselves. A round's state only moves forward
-(``open -> released -> served``, or ``open -> failed``), so a released or served
-round is never re-opened, whatever announcements are replayed to the shuffler.
+(``open -> released -> served``, ``open -> failed``, or ``released -> failed`` when
+its batch is given up unacknowledged, :meth:`SqliteSpool.expire`), and ``served`` and
+``failed`` are final, so a released, served or failed round is never re-opened,
+whatever announcements are replayed to the shuffler.
 
 A released batch (its signed chunks) stays in the spool, under its batch id, until
-the analyzer acknowledges it; a restarted shuffler publishes unacknowledged batches
+the analyzer acknowledges it or the shuffler gives it up (:meth:`SqliteSpool.expire`:
+the round is recorded ``failed`` with its reason, never ``served``, and the batch is
+never published again); a restarted shuffler publishes unacknowledged batches
 again, and the analyzer takes one batch id per round and ignores chunks it already
 holds: delivery is at least once on the wire and exactly once at the analyzer.
 
@@ -17,13 +21,24 @@ Data at rest. The spool's files never link a client to a report for longer than
 the shuffler needs the link, and only its own user can read them:
 
 * **Modes.** The database and its ``-wal`` and ``-shm`` files are mode 0600 from
-  the moment they exist (the database file is created by :func:`os.open` with mode
-  0600 before SQLite opens it, SQLite creates its files under a 0077 umask and gives
-  the ``-wal`` and ``-shm`` files the database's mode), in a directory of mode 0700
-  owned by the shuffler's user (created so if it is missing). A directory other users can read, search or write, or that belongs
-  to another user, a spool file that is a symbolic link, not a regular file or
-  another user's, is refused with :class:`SpoolAccessError`; spool files left with
-  a looser mode (e.g. by an earlier version) are set to 0600.
+  the moment they exist (the spool creates all three with :func:`os.open`, mode 0600,
+  never through a symbolic link, before SQLite opens them; whatever SQLite creates
+  itself it creates under a 0077 umask with the database's mode), in a directory of
+  mode 0700 owned by the shuffler's user (created so if it is missing). A directory
+  other users can read, search or write, or that belongs to another user, a spool
+  file that is a symbolic link, not a regular file or another user's, is refused
+  with :class:`SpoolAccessError`; spool files left with a looser mode (e.g. by an
+  earlier version) are set to 0600.
+* **The files checked are the files written.** The directory is opened once and
+  every check goes through its descriptor, but SQLite opens by path (the database at
+  the connect, the ``-wal`` file when WAL mode is switched on or at a new file's first
+  write, the ``-shm`` file at the first read). So before anything of a client is
+  written, the descriptors that appeared in the process during the connect
+  (``/proc/self/fd``) must be the checked database and the ``-wal`` and ``-shm``
+  files in the checked directory (by device and inode), else :class:`SpoolAccessError`:
+  a directory above the spool renamed or swapped at one of those moments never gets
+  the log of client-report links. Without ``/proc/self/fd`` (not Linux) the paths are
+  checked again instead, which misses a swap undone before that check.
 * **While a round is open** the spool holds, per admitted envelope, the client id
   (the credential's id, for the per-client quota), the nonce, the sealed report and
   the order of arrival: exactly what resuming the round needs.
@@ -31,9 +46,9 @@ the shuffler needs the link, and only its own user can read them:
   deleted in the transaction that stores the permuted batch: from then on the spool
   holds the round's sealed reports only in the permuted, signed chunks, with no
   client id, no nonce and no arrival order.
-* **At the acknowledgement** (or when a round fails) the chunks (or the admitted
-  rows) are deleted too; only the round's state, its signed spec and its batch id
-  remain.
+* **At the acknowledgement** (or when a round fails, or its batch is given up) the
+  chunks (or the admitted rows) are deleted too; only the round's state (and a failed
+  round's reason), its signed spec and its batch id remain.
 * **No copies.** Every connection runs with ``PRAGMA secure_delete=ON`` (deleted
   rows and freed pages are overwritten with zeros) and ``temp_store=MEMORY`` (no
   temporary files), and every release, acknowledgement and failed round ends with
@@ -68,6 +83,7 @@ itself, so even two shuffler processes on one spool cannot admit a copy twice.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sqlite3
@@ -78,12 +94,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
+from shuffledp.protocol.held_files import FD_DIR, held_files
 from shuffledp.protocol.errors import DuplicateReport, ReplayedReport, ShuffleDPError
 
 _log = logging.getLogger(__name__)
 
-#: Round states; each may only move to a later one.
+#: Round states; each may only move to a later one (``served`` and ``failed`` are final, and a
+#: round fails only from ``open``, or from ``released`` when its batch is given up).
 ROUND_STATES = ("open", "released", "served", "failed")
+#: ``batches.acknowledged``: still to be delivered, acknowledged by the analyzer, given up unacknowledged.
+BATCH_PENDING, BATCH_ACKNOWLEDGED, BATCH_EXPIRED = 0, 1, 2
+#: The reason :meth:`SqliteSpool.expire` records for a round whose batch was given up.
+NOT_ACKNOWLEDGED = "not-acknowledged"
 #: Files SQLite keeps next to the database (WAL mode uses the first two; the last only while switching modes).
 SIDE_FILES = ("-wal", "-shm", "-journal")
 #: How long a checkpoint waits for another connection's reader before it is left for later.
@@ -159,6 +181,8 @@ class Spool(Protocol):
 
     def acknowledge(self, batch_id: bytes) -> tuple[bytes, int] | None: ...
 
+    def expire(self, batch_id: bytes, reason: str = NOT_ACKNOWLEDGED) -> tuple[bytes, int] | None: ...
+
     def unacknowledged(self) -> list[StoredBatch]: ...
 
     def close(self) -> None: ...
@@ -181,11 +205,11 @@ CREATE TABLE IF NOT EXISTS chunks (
 
 #: What a finished round may have left behind (a process killed before its checkpoint, or an
 #: earlier version of the spool): admitted rows of rounds that are no longer open, chunks of
-#: acknowledged batches.
+#: acknowledged or given-up batches.
 _LEFTOVERS = (
     "DELETE FROM admitted WHERE EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = admitted.session_id "
     "AND r.round_id = admitted.round_id AND r.state != 'open')",
-    "DELETE FROM chunks WHERE batch_id IN (SELECT batch_id FROM batches WHERE acknowledged = 1)",
+    f"DELETE FROM chunks WHERE batch_id IN (SELECT batch_id FROM batches WHERE acknowledged != {BATCH_PENDING})",
 )
 
 
@@ -215,9 +239,17 @@ def _umask(mask: int) -> Iterator[None]:
         os.umask(old)
 
 
-def _private_directory(directory: Path) -> Path:
-    """``directory`` resolved, created 0700 if missing; :class:`SpoolAccessError` unless it is
-    a directory of this user that no other user can read, search or write."""
+#: Flags of every check-then-use open: no symbolic link as the last component, not inherited by
+#: child processes, no blocking on a FIFO planted under a spool file's name.
+_OPEN_FLAGS = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _private_directory(directory: Path) -> tuple[Path, int]:
+    """``directory`` resolved, created 0700 if missing, and opened (not through a symbolic link):
+    :class:`SpoolAccessError` unless what was opened is a directory of this user that no other
+    user can read, search or write (checked through the descriptor). The path and the descriptor
+    (every spool file is opened and checked relative to it, so a directory swapped in after the
+    check is never the one checked)."""
     directory = Path(os.path.realpath(directory))
     try:
         os.mkdir(directory, 0o700)
@@ -225,30 +257,41 @@ def _private_directory(directory: Path) -> Path:
         pass
     except OSError as exc:
         raise SpoolAccessError(f"cannot create the spool directory {directory}: {exc.strerror}") from None
-    info = os.stat(directory)
-    if not stat.S_ISDIR(info.st_mode):
-        raise SpoolAccessError(f"{directory} is not a directory")
-    if info.st_uid != os.geteuid():
-        raise SpoolAccessError(f"spool directory {directory} belongs to uid {info.st_uid}, not to this user ({os.geteuid()})")
-    if info.st_mode & 0o077:
-        raise SpoolAccessError(
-            f"spool directory {directory} is open to other users (mode {stat.S_IMODE(info.st_mode):04o}); "
-            f"the spool links clients to their reports: make it private (chmod 700 {directory}) "
-            "or name a spool file in a private or new directory (created with mode 0700)"
-        )
-    return directory
-
-
-def _private_file(path: Path, *, create: bool) -> os.stat_result | None:
-    """Make sure ``path`` (if it exists, or ``create``) is a regular file of this user with mode 0600;
-    its status as checked (through the descriptor), or None if it does not exist."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise SpoolAccessError(f"{directory} is not a directory (or is a symbolic link)") from None
+        raise SpoolAccessError(f"cannot open the spool directory {directory}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISDIR(info.st_mode):
+            raise SpoolAccessError(f"{directory} is not a directory")
+        if info.st_uid != os.geteuid():
+            raise SpoolAccessError(f"spool directory {directory} belongs to uid {info.st_uid}, not to this user ({os.geteuid()})")
+        if info.st_mode & 0o077:
+            raise SpoolAccessError(
+                f"spool directory {directory} is open to other users (mode {stat.S_IMODE(info.st_mode):04o}); "
+                f"the spool links clients to their reports: make it private (chmod 700 {directory}) "
+                "or name a spool file in a private or new directory (created with mode 0700)"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return directory, fd
+
+
+def _private_file(directory_fd: int, path: Path, *, create: bool) -> os.stat_result | None:
+    """Make sure ``path``'s name in the checked directory (if it exists, or ``create``: created 0600)
+    is a regular file of this user with mode 0600; its status as checked (through the descriptor),
+    or None if it does not exist."""
+    flags = os.O_RDWR | _OPEN_FLAGS | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path.name, flags, 0o600, dir_fd=directory_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if os.path.islink(path):
+        if exc.errno == errno.ELOOP or os.path.islink(path):
             raise SpoolAccessError(f"spool file {path} is a symbolic link: name the file itself") from None
         raise SpoolAccessError(f"cannot open spool file {path}: {exc.strerror}") from None
     try:
@@ -265,6 +308,29 @@ def _private_file(path: Path, *, create: bool) -> os.stat_result | None:
     return info
 
 
+def _held_name(fd: int) -> str:
+    """The base name of the file descriptor ``fd`` was opened on (``/proc/self/fd``), or ""."""
+    try:
+        return os.path.basename(os.readlink(f"{FD_DIR}/{fd}").removesuffix(" (deleted)"))
+    except OSError:
+        return ""
+
+
+def _new_files(before: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+    """The descriptors of this process that appeared (or now hold another file) since ``before``."""
+    after = held_files() or {}
+    return {fd: identity for fd, identity in after.items() if before.get(fd) != identity}
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of ``path`` itself (not following a link), or None if it is missing."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
 class SqliteSpool:
     """:class:`Spool` on one SQLite file (or ``":memory:"`` for tests that need no restart).
 
@@ -274,58 +340,116 @@ class SqliteSpool:
 
     def __init__(self, path: str | Path, *, durable_against_power_loss: bool = False) -> None:
         self.in_memory = str(path) == ":memory:"
-        if self.in_memory:
-            self.path = ":memory:"
-        else:
-            given = Path(path)
-            self.path = str(_private_directory(given.parent) / given.name)
-            checked = _private_file(Path(self.path), create=True)  # SQLite must open this very file
-            for suffix in SIDE_FILES:
-                _private_file(Path(self.path + suffix), create=False)
         #: A checkpoint that could not truncate the write-ahead log yet (retried later).
         self.scrub_pending = False
         self._scrub_tried = 0.0
         self._closed = False
-        with _umask(0o077):  # whatever SQLite creates is private to this user
+        if self.in_memory:
+            self.path = ":memory:"
             self._db = sqlite3.connect(self.path, isolation_level=None)
-            self._db.execute("PRAGMA secure_delete=ON")
-            self._db.execute("PRAGMA temp_store=MEMORY")
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if durable_against_power_loss else 'NORMAL'}")
-            self._db.executescript(_SCHEMA)
-            self._db.execute("SELECT COUNT(*) FROM rounds").fetchone()  # reads: SQLite creates the -shm file now
-        if not self.in_memory:
-            for suffix in SIDE_FILES:
-                _private_file(Path(self.path + suffix), create=False)
-            self._check_opened_file_is_the_checked_one(checked)
-            self._drop_leftovers()
+            self._configure(durable_against_power_loss)
+            return
+        given = Path(path)
+        directory, directory_fd = _private_directory(given.parent)
+        self.path = str(directory / given.name)
+        try:
+            self._open_checked(directory_fd, durable_against_power_loss)
+        finally:
+            os.close(directory_fd)
+        self._drop_leftovers()
 
-    def _check_opened_file_is_the_checked_one(self, checked: os.stat_result) -> None:
-        """:class:`SpoolAccessError` unless SQLite holds open the very file that was checked.
+    def _configure(self, durable_against_power_loss: bool) -> None:
+        self._db.execute("PRAGMA secure_delete=ON")
+        self._db.execute("PRAGMA temp_store=MEMORY")
+        self._db.execute("PRAGMA journal_mode=WAL")  # SQLite opens (or creates) the -wal file by path now
+        self._db.execute(f"PRAGMA synchronous={'FULL' if durable_against_power_loss else 'NORMAL'}")
+        self._db.executescript(_SCHEMA)
+        self._db.execute("SELECT COUNT(*) FROM rounds").fetchone()  # a read: the -shm file is open from here
 
-        The checks above go by path, and SQLite opens by path again: a local user who can
-        rename directories above the spool could swap in a directory of their own in
-        between, and the spool would write its client-report links into a file they read.
-        So the connection's open files (``/proc/self/fd``, Linux) must include the checked
-        file's (device, inode); elsewhere the path is re-checked instead."""
+    def _open_checked(self, directory_fd: int, durable_against_power_loss: bool) -> None:
+        """Connect to the spool file in the checked directory, and make sure SQLite holds the very
+        files that were checked, or :class:`SpoolAccessError` (the connection closed, nothing of a
+        client written).
+
+        Every check goes through the directory's descriptor; SQLite opens by path: the database at
+        the connect, the ``-wal`` file when WAL mode is switched on (a new file's: at its first write,
+        the empty tables), the ``-shm`` file at the first read. A local user who can rename directories above the spool could swap in a directory of
+        their own at either moment, and the spool would write its client-report links (the log
+        holds every admitted row until a checkpoint) into a file they chose. So the ``-wal`` and
+        ``-shm`` files are created (0600, never through a link) in the checked directory before
+        SQLite opens them, and the descriptors SQLite opened during this connect must be those
+        files: :meth:`_check_opened_file_is_the_checked_one`, :meth:`_check_side_files`."""
+        checked = _private_file(directory_fd, Path(self.path), create=True)  # SQLite must open this very file
+        assert checked is not None
+        for suffix in SIDE_FILES:  # the log and its index exist, private, before SQLite opens them by path
+            _private_file(directory_fd, Path(self.path + suffix), create=suffix != "-journal")
+        with _umask(0o077):  # whatever SQLite creates is private to this user
+            before = held_files()
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            try:
+                self._check_opened_file_is_the_checked_one(checked, before)
+                self._configure(durable_against_power_loss)
+                self._check_side_files(directory_fd, checked, before)
+            except BaseException:
+                self._db.close()
+                raise
+
+    def _refuse(self, what: str) -> SpoolAccessError:
+        return SpoolAccessError(f"spool file {what} changed while it was opened (a directory above it was "
+                                "replaced?): refusing to write client-report links into another file")
+
+    def _check_opened_file_is_the_checked_one(self, checked: os.stat_result,
+                                              before: dict[int, tuple[int, int]] | None) -> None:
+        """:class:`SpoolAccessError` unless SQLite opened, in this connect, the very database file
+        that was checked.
+
+        With ``/proc/self/fd`` (Linux), a descriptor that appeared during the connect (``before``
+        is the process's descriptors just before it) must hold the checked file's (device, inode):
+        another connection of this process to the same file, or any descriptor opened earlier,
+        proves nothing about what this connect opened. Elsewhere (no ``/proc``) the path is
+        re-checked instead, which is weaker: a directory swapped in for the connect and swapped
+        back before this check is not seen."""
         wanted = (checked.st_dev, checked.st_ino)
-        fd_dir = Path("/proc/self/fd")
-        if fd_dir.is_dir():
-            held = set()
-            for entry in fd_dir.iterdir():
-                try:
-                    info = os.stat(entry)
-                except OSError:
-                    continue
-                held.add((info.st_dev, info.st_ino))
-            ok = wanted in held
+        if before is not None:
+            ok = wanted in _new_files(before).values()
         else:
-            info = os.lstat(self.path)
-            ok = (info.st_dev, info.st_ino) == wanted
+            ok = _identity(self.path) == wanted
         if not ok:
-            self._db.close()
-            raise SpoolAccessError(f"spool file {self.path} changed while it was opened (a directory above it was "
-                                   "replaced?): refusing to write client-report links into another file")
+            raise self._refuse(self.path)
+
+    def _check_side_files(self, directory_fd: int, checked: os.stat_result,
+                          before: dict[int, tuple[int, int]] | None) -> None:
+        """:class:`SpoolAccessError` unless the ``-wal`` and ``-shm`` files SQLite opened (by path, after
+        the connect) are the ones in the checked directory (their (device, inode) through its descriptor).
+
+        With ``/proc/self/fd``: the ``-wal`` file must be held by a descriptor that appeared during the
+        connect; the ``-shm`` file too, or by one held before it (SQLite shares one ``-shm`` descriptor
+        among a process's connections to a database, so a second connection opens none); and no
+        descriptor that appeared names a file of the spool's (by its base name) that is not the
+        checked one. Elsewhere the paths are re-checked (weaker, as for the database file)."""
+        expected = {"": (checked.st_dev, checked.st_ino)}
+        for suffix in SIDE_FILES:
+            info = _private_file(directory_fd, Path(self.path + suffix), create=False)
+            if info is not None:
+                expected[suffix] = (info.st_dev, info.st_ino)
+        if "-wal" not in expected or "-shm" not in expected:  # SQLite made them elsewhere (and ours were deleted)
+            raise self._refuse(self.path + ("-wal" if "-wal" not in expected else "-shm"))
+        if before is None:
+            for suffix in ("-wal", "-shm"):
+                if _identity(self.path + suffix) != expected[suffix]:
+                    raise self._refuse(self.path + suffix)
+            return
+        new = _new_files(before)
+        if expected["-wal"] not in new.values():
+            raise self._refuse(self.path + "-wal")
+        if expected["-shm"] not in new.values() and expected["-shm"] not in before.values():
+            raise self._refuse(self.path + "-shm")
+        name = Path(self.path).name
+        ours = set(expected.values())
+        for fd, identity in new.items():
+            held = _held_name(fd)
+            if identity not in ours and held in {name + suffix for suffix in ("", *SIDE_FILES)}:
+                raise self._refuse(self.path + held[len(name):])
 
     def _drop_leftovers(self) -> None:
         """Delete what finished rounds left behind, then truncate the log (:meth:`_scrub`)."""
@@ -463,10 +587,30 @@ class SqliteSpool:
             row = self._db.execute(
                 "SELECT session_id, round_id, acknowledged FROM batches WHERE batch_id = ?", (batch_id,)
             ).fetchone()
-            if row is None or row[2]:
+            if row is None or row[2] != BATCH_PENDING:
                 return None
-            self._db.execute("UPDATE batches SET acknowledged = 1 WHERE batch_id = ?", (batch_id,))
+            self._db.execute("UPDATE batches SET acknowledged = ? WHERE batch_id = ?", (BATCH_ACKNOWLEDGED, batch_id))
             self._advance(row[0], row[1], "served")
+            self._db.execute("DELETE FROM chunks WHERE batch_id = ?", (batch_id,))
+            self._db.execute("DELETE FROM admitted WHERE session_id = ? AND round_id = ?", (row[0], row[1]))
+        self._scrub()
+        return row[0], row[1]
+
+    def expire(self, batch_id: bytes, reason: str = NOT_ACKNOWLEDGED) -> tuple[bytes, int] | None:
+        """Give up a released batch the analyzer never acknowledged: mark the batch given up and its
+        round ``failed`` (``released -> failed``, ``reason`` recorded; never ``served``), delete its
+        chunks and any admitted rows of the round, and truncate the log, as :meth:`acknowledge` does.
+        The batch's ``(session, round)``, or None for an unknown, acknowledged or already given-up
+        batch (nothing changes: ``served`` and ``failed`` are final)."""
+        self._before_write()
+        with _stored("expiry"), self._transaction():
+            row = self._db.execute(
+                "SELECT session_id, round_id, acknowledged FROM batches WHERE batch_id = ?", (batch_id,)
+            ).fetchone()
+            if row is None or row[2] != BATCH_PENDING:
+                return None
+            self._db.execute("UPDATE batches SET acknowledged = ? WHERE batch_id = ?", (BATCH_EXPIRED, batch_id))
+            self._advance(row[0], row[1], "failed", reason, after=("released",))
             self._db.execute("DELETE FROM chunks WHERE batch_id = ?", (batch_id,))
             self._db.execute("DELETE FROM admitted WHERE session_id = ? AND round_id = ?", (row[0], row[1]))
         self._scrub()
@@ -476,7 +620,8 @@ class SqliteSpool:
         """Released batches the analyzer has not acknowledged, with their encoded chunks in order."""
         with _stored("read"):
             rows = self._db.execute(
-                "SELECT batch_id, session_id, round_id FROM batches WHERE acknowledged = 0 ORDER BY round_id"
+                "SELECT batch_id, session_id, round_id FROM batches WHERE acknowledged = ? ORDER BY round_id",
+                (BATCH_PENDING,),
             ).fetchall()
             return [
                 StoredBatch(
@@ -500,11 +645,14 @@ class SqliteSpool:
                 _log.warning("spool %s: closed with its write-ahead log not truncated: %s", self.path, exc)
         self._db.close()
 
-    def _advance(self, session_id: bytes, round_id: int, state: str, reason: str | None = None) -> None:
-        """Move a round to ``state`` if that is later than its current state (never backwards)."""
+    def _advance(self, session_id: bytes, round_id: int, state: str, reason: str | None = None,
+                 after: tuple[str, ...] | None = None) -> None:
+        """Move a round to ``state`` if that is later than its current state (never backwards, never out of
+        ``served`` or ``failed``); ``failed`` only from ``open``, unless ``after`` names the states it may follow."""
         earlier = ROUND_STATES[: ROUND_STATES.index(state)]
         if state == "failed":
-            earlier = ("open",)
+            earlier = after if after is not None else ("open",)
+        assert set(earlier) <= {"open", "released"}, earlier
         marks = ",".join("?" * len(earlier))
         self._db.execute(
             f"UPDATE rounds SET state = ?, reason = ? WHERE session_id = ? AND round_id = ? AND state IN ({marks})",

@@ -53,6 +53,7 @@ round_ids = st.integers(0, 2**63 - 1)
 session_ids = st.binary(min_size=16, max_size=16)
 keys32 = st.binary(min_size=32, max_size=32)
 batch_ids = st.binary(min_size=16, max_size=16)
+spec_digests = st.binary(min_size=32, max_size=32)
 nonces = st.binary(min_size=16, max_size=16)
 signatures = st.binary(min_size=64, max_size=64)
 #: Reasons and other short texts: 1..32 characters of any Unicode (a reason may be 128 bytes of UTF-8).
@@ -156,20 +157,22 @@ def batches(draw):
     total = draw(st.one_of(st.just(len(payloads)), st.integers(len(payloads), m.MAX_BATCH)))
     chunks = draw(st.integers(1, total))
     return m.ShuffledBatch(
-        session_id=draw(session_ids), round_id=draw(round_ids), batch_id=draw(batch_ids),
+        session_id=draw(session_ids), round_id=draw(round_ids), spec_digest=draw(spec_digests), batch_id=draw(batch_ids),
         chunk=draw(st.integers(0, chunks - 1)), chunks=chunks, total=total, payloads=payloads,
         signature=draw(signatures),
     )
 
 
-batch_acks = st.builds(m.BatchAck, session_id=session_ids, round_id=round_ids, batch_id=batch_ids, signature=signatures)
+batch_acks = st.builds(m.BatchAck, session_id=session_ids, round_id=round_ids, spec_digest=spec_digests,
+                       batch_id=batch_ids, signature=signatures)
 
 
 @st.composite
 def admission_receipts(draw):
     refused = tuple(draw(st.lists(nonces, max_size=6)))
     return m.AdmissionReceipts(
-        session_id=draw(session_ids), round_id=draw(round_ids), admitted=tuple(draw(st.lists(nonces, max_size=6))),
+        session_id=draw(session_ids), round_id=draw(round_ids), spec_digest=draw(spec_digests),
+        admitted=tuple(draw(st.lists(nonces, max_size=6))),
         refused=refused, reasons=tuple(draw(reason_texts) for _ in refused), signature=draw(signatures),
     )
 
@@ -178,6 +181,7 @@ round_outcomes = st.builds(
     m.RoundOutcome,
     session_id=session_ids,
     round_id=round_ids,
+    spec_digest=spec_digests,
     outcome=st.sampled_from(m.ROUND_OUTCOMES),
     reason=st.text(max_size=32),
     admitted=st.integers(0, m.MAX_BATCH),
@@ -243,7 +247,7 @@ def test_known_encoding_of_a_report():
     """A fixed vector: canonical CBOR sorts keys by length then bytewise."""
     wire = codec.encode(m.Report(3, "hadamard-range", (1, -1)))
     expected = cbor2.dumps(
-        {"t": "report", "v": 2, "values": [1, -1], "round_id": 3, "mechanism": "hadamard-range"},
+        {"t": "report", "v": 3, "values": [1, -1], "round_id": 3, "mechanism": "hadamard-range"},
         canonical=True,
     )
     assert wire == expected
@@ -267,7 +271,7 @@ def test_defaulted_keys_are_still_required(path):
     del target[path[-1]]
     with pytest.raises(MalformedMessage, match="missing key"):
         codec.decode(cbor2.dumps(body, canonical=True), m.RoundSpec)
-    outcome = m.RoundOutcome(bytes(16), 1, "released", "", 3, bytes(16), signature=bytes(range(64)))
+    outcome = m.RoundOutcome(bytes(16), 1, bytes(32), "released", "", 3, bytes(16), signature=bytes(range(64)))
     body = cbor2.loads(codec.encode(outcome))
     del body["instance"]
     with pytest.raises(MalformedMessage, match="missing key"):
@@ -276,9 +280,9 @@ def test_defaulted_keys_are_still_required(path):
 
 #: Signed messages whose dataclass gives ``signature`` a default (all zeros), for building them before signing.
 SIGNED_WITH_DEFAULT = [
-    m.ShuffledBatch(bytes(16), 1, bytes(16), 0, 1, 1, (b"x",), bytes(range(64))),
-    m.AdmissionReceipts(bytes(16), 1, (bytes(16),), (), (), bytes(range(64))),
-    m.RoundOutcome(bytes(16), 1, "failed", "batch-too-small", 2, bytes(16), 0, bytes(range(64))),
+    m.ShuffledBatch(bytes(16), 1, bytes(32), bytes(16), 0, 1, 1, (b"x",), bytes(range(64))),
+    m.AdmissionReceipts(bytes(16), 1, bytes(32), (bytes(16),), (), (), bytes(range(64))),
+    m.RoundOutcome(bytes(16), 1, bytes(32), "failed", "batch-too-small", 2, bytes(16), 0, bytes(range(64))),
 ]
 
 
@@ -356,10 +360,10 @@ def _valid_examples():
         m.Report(7, "projected-mean", (12,)),
         m.Admission(7, bytes(range(48)), bytes(range(16)), b"sealed"),
         m.Envelope(sid, 7, b"outer layer"),
-        m.ShuffledBatch(sid, 7, bytes(range(16, 32)), 1, 2, 5, (b"a", b"bc", b"def"), bytes(range(64))),
-        m.BatchAck(sid, 7, bytes(range(16, 32)), bytes(range(64))),
-        m.AdmissionReceipts(sid, 7, (bytes(16),), (bytes([1]) * 16, bytes([2]) * 16), ("quota", "replay"), bytes(64)),
-        m.RoundOutcome(sid, 7, "released", "", 2, bytes(range(16, 32)), 1, bytes(range(64))),
+        m.ShuffledBatch(sid, 7, bytes(32), bytes(range(16, 32)), 1, 2, 5, (b"a", b"bc", b"def"), bytes(range(64))),
+        m.BatchAck(sid, 7, bytes(32), bytes(range(16, 32)), bytes(range(64))),
+        m.AdmissionReceipts(sid, 7, bytes(32), (bytes(16),), (bytes([1]) * 16, bytes([2]) * 16), ("quota", "replay"), bytes(64)),
+        m.RoundOutcome(sid, 7, bytes(32), "released", "", 2, bytes(range(16, 32)), 1, bytes(range(64))),
     ]
 
 
@@ -531,7 +535,7 @@ def test_spec_out_of_domain_values_rejected(path, bad):
 
 @pytest.mark.parametrize("msg", VALID, ids=VALID_IDS)
 def test_wrong_version_rejected(msg):
-    for version in (0, 1, 3, 255, 2**64 - 1, -1):
+    for version in (0, 1, 2, 4, 255, 2**64 - 1, -1):
         body = _body(msg)
         body["v"] = version
         with pytest.raises(UnsupportedVersion):
@@ -675,10 +679,10 @@ def _largest_examples():
     return [
         m.Admission(top, bytes(m.CREDENTIAL_BYTES), bytes(m.NONCE_BYTES), bytes(m.MAX_SEALED_BYTES)),
         m.Envelope(sid, top, bytes(m.MAX_OUTER_BYTES)),
-        m.BatchAck(sid, top, bytes(16), bytes(64)),
-        m.RoundOutcome(sid, top, "released", widest_text, m.MAX_BATCH, bytes(16), m.MAX_SHUFFLER_INSTANCES - 1),
+        m.BatchAck(sid, top, bytes(32), bytes(16), bytes(64)),
+        m.RoundOutcome(sid, top, bytes(32), "released", widest_text, m.MAX_BATCH, bytes(16), m.MAX_SHUFFLER_INSTANCES - 1),
         m.Report(top, "hadamard-range", (-(2**62), -(2**62))),
-        m.AdmissionReceipts(sid, top, tuple(bytes(16) for _ in range(m.MAX_RECEIPTS)), (), ()),
+        m.AdmissionReceipts(sid, top, bytes(32), tuple(bytes(16) for _ in range(m.MAX_RECEIPTS)), (), ()),
     ]
 
 
@@ -691,14 +695,14 @@ def test_largest_valid_message_fits_its_limit(msg):
 def test_receipts_with_long_reasons_hit_the_byte_limit_before_the_count_limit():
     """MAX_RECEIPTS refused nonces with 32-character reasons exceed 4 MiB: the byte limit binds first,
     so a shuffler must split its receipts by size (encoding refuses, typed, rather than send them)."""
-    short = m.AdmissionReceipts(bytes(16), 1, (), tuple(bytes(16) for _ in range(m.MAX_RECEIPTS)),
+    short = m.AdmissionReceipts(bytes(16), 1, bytes(32), (), tuple(bytes(16) for _ in range(m.MAX_RECEIPTS)),
                                 ("x" * 32,) * m.MAX_RECEIPTS)
     assert codec.decode(codec.encode(short), m.AdmissionReceipts) == short
     wide = dataclasses.replace(short, reasons=("\U0010ffff" * 32,) * m.MAX_RECEIPTS)
     with pytest.raises(MessageTooLarge):
         codec.encode(wide)
     with pytest.raises(InvalidParameter):  # and one more receipt is refused by the message itself
-        m.AdmissionReceipts(bytes(16), 1, (bytes(16),) * (m.MAX_RECEIPTS + 1), (), ())
+        m.AdmissionReceipts(bytes(16), 1, bytes(32), (bytes(16),) * (m.MAX_RECEIPTS + 1), (), ())
 
 
 @settings(max_examples=100, deadline=None)
@@ -727,11 +731,14 @@ def test_outer_layer_has_one_size_per_round(round_id, mechanism, session, creden
 KEY_ORDER = {
     m.Admission: ["t", "v", "nonce", "sealed", "round_id", "credential"],
     m.Envelope: ["t", "v", "outer", "round_id", "session_id"],
-    m.ShuffledBatch: ["t", "v", "chunk", "total", "chunks", "batch_id", "payloads", "round_id", "signature", "session_id"],
-    m.BatchAck: ["t", "v", "batch_id", "round_id", "signature", "session_id"],
-    m.AdmissionReceipts: ["t", "v", "reasons", "refused", "admitted", "round_id", "signature", "session_id"],
+    m.ShuffledBatch: [
+        "t", "v", "chunk", "total", "chunks", "batch_id", "payloads", "round_id", "signature", "session_id", "spec_digest",
+    ],
+    m.BatchAck: ["t", "v", "batch_id", "round_id", "signature", "session_id", "spec_digest"],
+    m.AdmissionReceipts: ["t", "v", "reasons", "refused", "admitted", "round_id", "signature", "session_id", "spec_digest"],
     m.RoundOutcome: [
         "t", "v", "reason", "outcome", "admitted", "batch_id", "instance", "round_id", "signature", "session_id",
+        "spec_digest",
     ],
 }
 
@@ -755,9 +762,9 @@ def test_batch_chunk_layout_is_the_one_the_fast_reader_reads():
     for round_id, sealed_size in ((0, 1), (23, 24), (2**32, 256), (2**63 - 1, 1024)):
         for count, total, chunks, chunk in ((1, 1, 1, 0), (3, 7, 3, 2), (2, 2**24, 2**20, 5)):
             payloads = tuple(bytes([i]) * sealed_size for i in range(count))
-            batch = m.ShuffledBatch(sid, round_id, bytes(range(16, 32)), chunk, chunks, total, payloads, bytes(range(64)))
+            batch = m.ShuffledBatch(sid, round_id, bytes(32), bytes(range(16, 32)), chunk, chunks, total, payloads, bytes(range(64)))
             wire = codec.encode(batch)
-            read = read_batch_chunk(wire, sid, round_id, sealed_size, m.MAX_BATCH)
+            read = read_batch_chunk(wire, sid, round_id, bytes(32), sealed_size, m.MAX_BATCH)
             assert (read.batch_id, read.chunk, read.chunks, read.total, tuple(read.payloads), read.signature) == (
                 batch.batch_id, chunk, chunks, total, payloads, batch.signature,
             )
@@ -834,8 +841,8 @@ def test_onion_and_signed_messages_refuse_out_of_domain_values(case):
 
 
 def test_legacy_envelope_fields_are_refused():
-    """The pre-onion envelope (token, nonce and sealed report in the clear) is not a v2 envelope."""
-    legacy = {"t": "envelope", "v": 2, "session_id": bytes(16), "round_id": 1, "token": bytes(16),
+    """The pre-onion envelope (token, nonce and sealed report in the clear) is not an envelope of this wire version."""
+    legacy = {"t": "envelope", "v": m.WIRE_VERSION, "session_id": bytes(16), "round_id": 1, "token": bytes(16),
               "nonce": bytes(16), "sealed": bytes(122)}
     with pytest.raises(MalformedMessage):
         decode_strictly(cbor2.dumps(legacy, canonical=True), m.Envelope)

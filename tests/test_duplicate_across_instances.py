@@ -31,21 +31,22 @@ EPSILON0 = 0.5
 CROSS_BATCH_DUPLICATE = "duplicate-across-batches"
 
 
-def _credential_for(deployment: Deployment, instance: int, instances: int) -> bytes:
+def _credential_for(deployment: Deployment, instance: int, spec: RoundSpec) -> bytes:
     """A freshly enrolled credential that the round assigns to ``instance``."""
     while True:
         credential = deployment.enroll()
-        if assigned_instance(credential[:CLIENT_ID_BYTES], instances) == instance:
+        if assigned_instance(credential[:CLIENT_ID_BYTES], spec.shuffler_instances, spec.digest) == instance:
             return credential
 
 
-def _clients_per_instance(deployment: Deployment, each: int, instances: int) -> list:
-    """Enrolled clients, ``each`` assigned to every one of ``instances`` instances."""
+def _clients_per_instance(deployment: Deployment, each: int, spec: RoundSpec) -> list:
+    """Enrolled clients, ``each`` assigned by the round to every one of its instances (the
+    assignment is fresh in every round, so they are chosen once the spec is known)."""
     share: Counter = Counter()
     clients = []
-    while len(clients) < each * instances:
+    while len(clients) < each * spec.shuffler_instances:
         c = deployment.client(np.array([0.4 * len(clients) - 2.0]), PrivacyLedger(1.0))
-        instance = assigned_instance(c.credential[:CLIENT_ID_BYTES], instances)
+        instance = c.instance_for(spec)
         if share[instance] < each:
             share[instance] += 1
             clients.append(c)
@@ -64,7 +65,7 @@ async def test_a_report_smuggled_into_a_second_instance_is_counted_once():
     coordinator = deployment.coordinator(channel, round_timeout=0.8, grace=5.0)
     sid = coordinator.session_id
     shufflers = [deployment.shuffler(channel, instance=i) for i in range(2)]
-    clients = _clients_per_instance(deployment, 6, 2)
+    clients: list = []
     tasks = [asyncio.create_task(s.serve()) for s in shufflers]
     honest_sealed: list[bytes] = []
     try:
@@ -75,6 +76,7 @@ async def test_a_report_smuggled_into_a_second_instance_is_counted_once():
             signed = await specs.get()
             spec = codec.decode(codec.decode(signed, SignedRoundSpec).spec_bytes, RoundSpec)
             opener = EnvelopeOpener(deployment.shuffler_keys.hpke_private, spec)
+            clients.extend(_clients_per_instance(deployment, 6, spec))
             victim_sealed = None
             for c in clients:
                 instance = c.instance_for(spec)
@@ -84,7 +86,7 @@ async def test_a_report_smuggled_into_a_second_instance_is_counted_once():
                     if instance == 0 and victim_sealed is None:
                         victim_sealed = honest_sealed[-1]
             # the victim's inner sealed report, re-wrapped under a credential of instance 1
-            smuggled, _ = wrap(spec, _credential_for(deployment, 1, 2), victim_sealed)
+            smuggled, _ = wrap(spec, _credential_for(deployment, 1, spec), victim_sealed)
             await channel.publish(reports_topic(sid, spec.round_id, 1), smuggled)
             return spec
 

@@ -163,7 +163,7 @@ async def test_a_batch_never_acknowledged_stops_being_republished_and_ends_with_
     restarted = SqliteSpool(path)
     try:
         assert restarted.unacknowledged() == []
-        assert restarted.round(spec.session_id, 0).state != "open"  # never re-opened
+        assert restarted.round(spec.session_id, 0).state == "failed"  # given up: never re-opened, never "served"
         assert restarted._db.execute("SELECT count(*) FROM chunks").fetchone()[0] == 0
     finally:
         restarted.close()

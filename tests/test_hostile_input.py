@@ -121,6 +121,7 @@ def raw_batch(s: m.RoundSpec, payloads, **fields) -> bytes:
         "v": m.WIRE_VERSION,
         "session_id": s.session_id,
         "round_id": s.round_id,
+        "spec_digest": s.digest,
         "batch_id": bytes(16),
         "chunk": 0,
         "chunks": 1,
@@ -136,7 +137,7 @@ def outer_sealed(s: m.RoundSpec, plaintext: bytes) -> bytes:
     """An envelope of ``s``'s round whose outer layer is ``plaintext`` sealed to the round's shuffler:
     what any client (the shuffler key is public) can send in place of an Admission."""
     outer = SUITE.encrypt(
-        plaintext, X25519PublicKey.from_public_bytes(s.shuffler_key), info=envelope_info(s.session_id, s.round_id)
+        plaintext, X25519PublicKey.from_public_bytes(s.shuffler_key), info=envelope_info(s.session_id, s.round_id, s.digest)
     )
     return codec.encode(m.Envelope(s.session_id, s.round_id, outer))
 
@@ -267,8 +268,8 @@ def _sample_bodies() -> dict[str, dict]:
         "envelope": envelope(s, credential(1), bytes(sealed), nonce(1)),
         "admission": codec.encode(m.Admission(s.round_id, credential(1), nonce(1), bytes(sealed))),
         "shuffled-batch": signed_batch(s, [bytes(sealed), bytes([1]) * sealed]),
-        "admission-receipts": codec.encode(m.AdmissionReceipts(SESSION, 3, (nonce(1),), (nonce(2),), ("quota",))),
-        "round-outcome": codec.encode(m.RoundOutcome(SESSION, 3, "released", "", 5, bytes(16))),
+        "admission-receipts": codec.encode(m.AdmissionReceipts(SESSION, 3, bytes(32), (nonce(1),), (nonce(2),), ("quota",))),
+        "round-outcome": codec.encode(m.RoundOutcome(SESSION, 3, bytes(32), "released", "", 5, bytes(16))),
         "batch-ack": ANALYZER.acknowledge(s, bytes(16)),
     }
     return {tag: cbor2.loads(data) for tag, data in samples.items()}
@@ -313,7 +314,7 @@ def test_five_thousand_digit_integer_in_each_integer_field_is_typed(tag, path, s
     if tag == "shuffled-batch":  # the analyzer's fixed-layout reader
         s = spec(LAPLACE)
         with pytest.raises(MalformedMessage) as info:
-            read_batch_chunk(data, SESSION, s.round_id, report_format(s.round_id, s.mechanism).sealed_size, m.MAX_BATCH)
+            read_batch_chunk(data, SESSION, s.round_id, s.digest, report_format(s.round_id, s.mechanism).sealed_size, m.MAX_BATCH)
         assert len(str(info.value)) < 200
     if tag == "envelope":  # the shuffler's entry point
         adm = admission(spec(LAPLACE))
@@ -327,12 +328,12 @@ def test_integer_fields_refuse_huge_values_built_in_python_with_a_short_message(
         lambda: m.Report(huge, "projected-mean", (1,)),
         lambda: m.Admission(huge, credential(1), nonce(1), b"x"),
         lambda: m.Envelope(SESSION, huge, b"x"),
-        lambda: m.ShuffledBatch(SESSION, 3, bytes(16), 0, 1, huge, (b"x",)),
-        lambda: m.ShuffledBatch(SESSION, 3, bytes(16), huge, 1, 1, (b"x",)),
-        lambda: m.AdmissionReceipts(SESSION, huge, (), (), ()),
-        lambda: m.RoundOutcome(SESSION, 3, "released", "", huge, bytes(16)),
-        lambda: m.RoundOutcome(SESSION, 3, "released", "", 1, bytes(16), huge),
-        lambda: m.BatchAck(SESSION, huge, bytes(16), bytes(64)),
+        lambda: m.ShuffledBatch(SESSION, 3, bytes(32), bytes(16), 0, 1, huge, (b"x",)),
+        lambda: m.ShuffledBatch(SESSION, 3, bytes(32), bytes(16), huge, 1, 1, (b"x",)),
+        lambda: m.AdmissionReceipts(SESSION, huge, bytes(32), (), (), ()),
+        lambda: m.RoundOutcome(SESSION, 3, bytes(32), "released", "", huge, bytes(16)),
+        lambda: m.RoundOutcome(SESSION, 3, bytes(32), "released", "", 1, bytes(16), huge),
+        lambda: m.BatchAck(SESSION, huge, bytes(32), bytes(16), bytes(64)),
         lambda: spec(round_id=huge),
         lambda: dataclasses.replace(spec(), shuffler_instances=huge),
     ):
@@ -366,7 +367,7 @@ def test_batch_longer_than_max_batch_is_refused_before_allocating():
     payloads = [bytes([i]) * size for i in range(5)]
     batch = signed_batch(s, payloads)  # signed by the round's own shuffler: still too long
     with pytest.raises(MalformedMessage, match="max_batch"):
-        read_batch_chunk(batch, SESSION, s.round_id, size, s.max_batch)
+        read_batch_chunk(batch, SESSION, s.round_id, s.digest, size, s.max_batch)
     with pytest.raises(MalformedMessage, match="over the limit of 4"):
         codec.decode(batch, m.ShuffledBatch, max_items=s.max_batch)
     with pytest.raises(MalformedMessage, match="max_batch"):
@@ -375,7 +376,7 @@ def test_batch_longer_than_max_batch_is_refused_before_allocating():
     chunks = batch_chunks(s, SHUFFLER_KEYS, os.urandom(16), payloads, 2)
     for chunk in chunks:
         with pytest.raises(MalformedMessage, match="max_batch"):
-            read_batch_chunk(chunk, SESSION, s.round_id, size, s.max_batch)
+            read_batch_chunk(chunk, SESSION, s.round_id, s.digest, size, s.max_batch)
     # a declared total or count far beyond the input is refused from the header alone
     one = signed_batch(s, payloads[:1])
     lying_count = one.replace(b"\x68payloads\x81", b"\x68payloads\x9a\xff\xff\xff\xff")
@@ -383,10 +384,10 @@ def test_batch_longer_than_max_batch_is_refused_before_allocating():
     with pytest.raises(MalformedMessage):
         codec.decode(lying_count, m.ShuffledBatch)
     with pytest.raises(MalformedMessage):
-        read_batch_chunk(lying_count, SESSION, s.round_id, size, m.MAX_BATCH)
+        read_batch_chunk(lying_count, SESSION, s.round_id, s.digest, size, m.MAX_BATCH)
     lying_total = raw_batch(s, payloads[:1], total=2**32)
     with pytest.raises(MalformedMessage, match="max_batch"):
-        read_batch_chunk(lying_total, SESSION, s.round_id, size, m.MAX_BATCH)
+        read_batch_chunk(lying_total, SESSION, s.round_id, s.digest, size, m.MAX_BATCH)
     with pytest.raises(MalformedMessage):
         codec.decode(lying_total, m.ShuffledBatch)
 
@@ -398,7 +399,7 @@ def test_batch_of_tiny_payloads_is_refused_by_the_fixed_layout():
     size = report_format(s.round_id, s.mechanism).sealed_size
     batch = signed_batch(s, [b"\x01"] * 1000)
     with pytest.raises(MalformedMessage):
-        read_batch_chunk(batch, SESSION, s.round_id, size, s.max_batch)
+        read_batch_chunk(batch, SESSION, s.round_id, s.digest, size, s.max_batch)
     with pytest.raises(MalformedMessage):
         ANALYZER.open_batch_bytes(batch, s)
     coordinator = DEPLOYMENT.coordinator(InProcessChannel(), analyzer=ANALYZER)
@@ -436,7 +437,7 @@ def test_every_sealed_payload_outer_layer_and_envelope_of_a_round_has_one_length
     extremes = [(r.low, r.high) for r in report_ranges(s)]
     for pick in ([lo for lo, _ in extremes], [hi for _, hi in extremes]):
         plaintext = layout.pad(codec.encode(m.Report(s.round_id, s.mechanism, tuple(pick))))
-        sealed = Sealer(s.analyzer_key).seal(plaintext, SESSION, s.round_id)
+        sealed = Sealer(s.analyzer_key).seal(plaintext, SESSION, s.round_id, s.digest)
         lengths_sealed.add(len(sealed))
         for cred, n in ((credential(0), bytes(16)), (credential(2**128 - 1), b"\xff" * 16)):
             measure(envelope(s, cred, sealed, n))
@@ -479,7 +480,7 @@ def test_analyzer_and_shuffler_reject_payloads_not_of_the_rounds_size():
     s = spec()
     data = client().answer(ANALYZER.sign_spec(s))[0]
     sealed = sealed_of(s, data)
-    short = Sealer(s.analyzer_key).seal(codec.encode(m.Report(s.round_id, s.mechanism, (1, 1))), SESSION, 3)  # unpadded
+    short = Sealer(s.analyzer_key).seal(codec.encode(m.Report(s.round_id, s.mechanism, (1, 1))), SESSION, 3, s.digest)  # unpadded
     opened = ANALYZER.open_payloads([sealed, short, sealed[:-1]], s)
     assert opened.size == 1 and opened.rejected == Counter({"wrong-size": 2})
     # a batch mixing sizes, even signed by the round's shuffler, is refused whole
@@ -586,7 +587,7 @@ def test_junk_with_a_copied_encapsulated_key_does_not_knock_out_the_real_report(
 def _forged(s: m.RoundSpec, values: tuple[int, ...]) -> bytes:
     """A well-formed sealed report carrying any values (what a malicious client can send)."""
     layout = report_format(s.round_id, s.mechanism)
-    return Sealer(s.analyzer_key).seal(layout.pad(codec.encode(m.Report(s.round_id, s.mechanism, values))), SESSION, 3)
+    return Sealer(s.analyzer_key).seal(layout.pad(codec.encode(m.Report(s.round_id, s.mechanism, values))), SESSION, 3, s.digest)
 
 
 def test_report_at_the_integer_limit_is_rejected_and_moves_nothing():
@@ -828,9 +829,9 @@ async def test_coordinator_skips_junk_foreign_and_short_batches_and_opens_the_re
         size = len(real[0])
         # forged and stale outcomes first: a forged "failed" must not end the round
         outcomes = [
-            codec.encode(signed(IMPOSTOR.signing_private, m.RoundOutcome(SESSION, s.round_id, "failed", "batch-too-small", 0, bytes(16)))),
-            codec.encode(m.RoundOutcome(SESSION, s.round_id, "failed", "batch-too-small", 0, bytes(16))),  # unsigned
-            codec.encode(signed(SHUFFLER_KEYS.signing_private, m.RoundOutcome(SESSION, s.round_id + 1, "failed", "x", 0, bytes(16)))),
+            codec.encode(signed(IMPOSTOR.signing_private, m.RoundOutcome(SESSION, s.round_id, s.digest, "failed", "batch-too-small", 0, bytes(16)))),
+            codec.encode(m.RoundOutcome(SESSION, s.round_id, s.digest, "failed", "batch-too-small", 0, bytes(16))),  # unsigned
+            codec.encode(signed(SHUFFLER_KEYS.signing_private, m.RoundOutcome(SESSION, s.round_id + 1, bytes(32), "failed", "x", 0, bytes(16)))),
             b"\x00",
         ]
         for data in outcomes:
@@ -880,7 +881,7 @@ async def test_coordinator_skips_junk_foreign_and_short_batches_and_opens_the_re
     record = await coordinator.run_round(RANGE, 0.5, min_batch=4)
     s, real = await helper
     assert record.opened.size == 4 and not record.opened.rejected
-    assert record.batch_id == read_batch_chunk(published["real"], SESSION, s.round_id, len(real[0]), 4).batch_id
+    assert record.batch_id == read_batch_chunk(published["real"], SESSION, s.round_id, s.digest, len(real[0]), 4).batch_id
     assert coordinator.rejected_batches == expected
     assert INTERNAL_ERROR not in coordinator.rejected_batches
 
@@ -891,7 +892,7 @@ def test_open_batch_bytes_refuses_batches_not_signed_by_the_rounds_shuffler():
     real = [sealed_of(s, client(0.1 * i).answer(signed_spec)[0]) for i in range(3)]
     assert ANALYZER.open_batch_bytes(signed_batch(s, real), s).size == 3
     tampered = bytearray(signed_batch(s, real))
-    tampered[-150] ^= 1
+    tampered[-250] ^= 1  # inside the last payload
     for data in (
         signed_batch(s, real, IMPOSTOR),
         raw_batch(s, real),
@@ -907,15 +908,18 @@ def test_open_batch_bytes_refuses_batches_not_signed_by_the_rounds_shuffler():
     # a genuine batch of another round, replayed here
     with pytest.raises(MalformedMessage):
         ANALYZER.open_batch_bytes(signed_batch(dataclasses.replace(s, round_id=4), real), s)
+    # a genuine batch of another spec of this very round (e.g. one signed before the analyzer restarted)
+    with pytest.raises(MalformedMessage, match="another session or spec"):
+        ANALYZER.open_batch_bytes(signed_batch(dataclasses.replace(s, epsilon0=s.epsilon0 * 2), real), s)
 
 
 def test_generic_decoder_refuses_a_batch_that_would_expand_in_memory():
-    tiny = codec.encode(m.ShuffledBatch(SESSION, 3, bytes(16), 0, 1, 20_000, (b"\x01",) * 20_000))  # 40 kB of 1-byte payloads
+    tiny = codec.encode(m.ShuffledBatch(SESSION, 3, bytes(32), bytes(16), 0, 1, 20_000, (b"\x01",) * 20_000))  # 40 kB of 1-byte payloads
     with pytest.raises(MalformedMessage, match="expands"):
         codec.decode(tiny, m.ShuffledBatch)
     s = spec()
     size = report_format(s.round_id, s.mechanism).sealed_size
-    real = m.ShuffledBatch(SESSION, 3, bytes(16), 0, 1, 20_000, tuple(os.urandom(size) for _ in range(20_000)))
+    real = m.ShuffledBatch(SESSION, 3, bytes(32), bytes(16), 0, 1, 20_000, tuple(os.urandom(size) for _ in range(20_000)))
     assert codec.decode(codec.encode(real), m.ShuffledBatch) == real  # real payloads read in full
 
 
@@ -931,8 +935,8 @@ def test_clients_settle_only_receipts_and_outcomes_signed_by_their_rounds_shuffl
     c.answer(ANALYZER.sign_spec(s))
     sent = c.sent[(SESSION, s.round_id)]
     (mine,) = sent.nonces
-    refusal = m.AdmissionReceipts(SESSION, s.round_id, (), (mine,), ("quota",))
-    failed = m.RoundOutcome(SESSION, s.round_id, "failed", "batch-too-small", 0, bytes(16))
+    refusal = m.AdmissionReceipts(SESSION, s.round_id, s.digest, (), (mine,), ("quota",))
+    failed = m.RoundOutcome(SESSION, s.round_id, s.digest, "failed", "batch-too-small", 0, bytes(16))
     for data in (codec.encode(signed(IMPOSTOR.signing_private, refusal)), codec.encode(refusal)):
         with pytest.raises(BadSignature):
             c.settle_receipts(data)
@@ -945,7 +949,7 @@ def test_clients_settle_only_receipts_and_outcomes_signed_by_their_rounds_shuffl
         with pytest.raises(UnknownRound):
             c.settle_outcome(codec.encode(signed(SHUFFLER_KEYS.signing_private, dataclasses.replace(failed, **other))))
     assert sent.receipts == {} and sent.outcome is None and ledger.lost_rounds() == []
-    genuine = m.AdmissionReceipts(SESSION, s.round_id, (mine, nonce(1)), (nonce(2),), ("quota",))
+    genuine = m.AdmissionReceipts(SESSION, s.round_id, s.digest, (mine, nonce(1)), (nonce(2),), ("quota",))
     assert c.settle_receipts(codec.encode(signed(SHUFFLER_KEYS.signing_private, genuine))).receipts == {mine: "admitted"}
 
 
@@ -955,7 +959,7 @@ def test_the_shuffler_marks_nothing_served_on_forged_acknowledgements():
     shuffler.spool.open_round(SESSION, s.round_id, ANALYZER.sign_spec(s))
     batch_id = os.urandom(16)
     shuffler.spool.release(SESSION, s.round_id, batch_id, [signed_batch(s, [bytes(report_format(3, s.mechanism).sealed_size)])])
-    ack = m.BatchAck(SESSION, s.round_id, batch_id, bytes(64))
+    ack = m.BatchAck(SESSION, s.round_id, s.digest, batch_id, bytes(64))
     forged = [
         codec.encode(signed(IMPOSTOR.signing_private, ack)),  # signed by another key
         codec.encode(ack),  # unsigned
@@ -1012,7 +1016,7 @@ def test_every_entry_point_types_its_refusal_of_non_bytes(bad):
         lambda: codec.decode(bad),
         lambda: codec.decode_padded(bad, m.Report),
         lambda: layout.values(bad),
-        lambda: read_batch_chunk(bad, SESSION, 3, layout.sealed_size, 10),
+        lambda: read_batch_chunk(bad, SESSION, 3, bytes(32), layout.sealed_size, 10),
         lambda: ANALYZER.open_batch_bytes(bad, s),
         lambda: c.answer(bad),
         lambda: c.settle_receipts(bad),
@@ -1078,7 +1082,7 @@ def test_a_bytearray_or_memoryview_batch_opens_like_bytes():
 def test_max_items_bounds_arrays_not_the_message_map():
     s = spec(max_batch=2)
     size = report_format(s.round_id, s.mechanism).sealed_size
-    batch = m.ShuffledBatch(SESSION, 3, bytes(16), 0, 1, 2, (bytes(size), bytes([1]) * size))
+    batch = m.ShuffledBatch(SESSION, 3, bytes(32), bytes(16), 0, 1, 2, (bytes(size), bytes([1]) * size))
     assert len(dataclasses.fields(batch)) > s.max_batch  # the map has more keys than max_items
     assert codec.decode(codec.encode(batch), m.ShuffledBatch, max_items=s.max_batch) == batch
 

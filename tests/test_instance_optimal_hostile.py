@@ -237,7 +237,7 @@ def test_extreme_specs_answer_in_range_and_pad_to_one_size(params):
     sizes = set()
     for pick in ([r.low for r in ranges], [r.high for r in ranges], [0] * len(ranges)):
         plaintext = layout.pad(codec.encode(m.Report(spec.round_id, spec.mechanism, tuple(pick))))
-        sizes.add(len(sealer.seal(plaintext, spec.session_id, spec.round_id)))
+        sizes.add(len(sealer.seal(plaintext, spec.session_id, spec.round_id, spec.digest)))
     assert sizes == {layout.sealed_size}
 
 

@@ -127,7 +127,7 @@ def sealed_of(data: bytes, s: RoundSpec) -> bytes:
 def open_envelope(data: bytes, s: RoundSpec) -> Report:
     envelope = codec.decode(data, Envelope)
     assert envelope.session_id == s.session_id and envelope.round_id == s.round_id
-    return codec.decode_padded(open_sealed(ANALYZER.keys.hpke_private, sealed_of(data, s), s.session_id, s.round_id), Report)
+    return codec.decode_padded(open_sealed(ANALYZER.keys.hpke_private, sealed_of(data, s), s.session_id, s.round_id, s.digest), Report)
 
 
 def test_valid_range_answer_opens_to_report():
@@ -254,20 +254,20 @@ def test_client_settles_signed_receipts_and_outcomes():
     receipts = adm.offer_many([envelope])
     from shuffledp.protocol.messages import AdmissionReceipts
 
-    message = signed(DEPLOYMENT.shuffler_keys.signing_private, AdmissionReceipts(S1, 4, tuple(receipts.admitted), (), ()))
+    message = signed(DEPLOYMENT.shuffler_keys.signing_private, AdmissionReceipts(S1, 4, s.digest, tuple(receipts.admitted), (), ()))
     sent = c.settle_receipts(codec.encode(message))
     assert sent.admitted == 1
     # forged by anyone but the round's shuffler: refused, nothing recorded
     impostor = ShufflerKeys.generate()
-    forged = signed(impostor.signing_private, RoundOutcome(S1, 4, "failed", "batch-too-small", 1, bytes(16)))
+    forged = signed(impostor.signing_private, RoundOutcome(S1, 4, s.digest, "failed", "batch-too-small", 1, bytes(16)))
     with pytest.raises(BadSignature):
         c.settle_outcome(codec.encode(forged))
     assert c.ledger.outcomes == {}
-    genuine = signed(DEPLOYMENT.shuffler_keys.signing_private, RoundOutcome(S1, 4, "failed", "batch-too-small", 1, bytes(16)))
+    genuine = signed(DEPLOYMENT.shuffler_keys.signing_private, RoundOutcome(S1, 4, s.digest, "failed", "batch-too-small", 1, bytes(16)))
     c.settle_outcome(codec.encode(genuine))
     assert c.ledger.lost_rounds() == [(S1, 4)] and c.ledger.spent_epsilon == 0.5  # told, and still charged
     with pytest.raises(UnknownRound):  # a round this client never answered
-        c.settle_outcome(codec.encode(signed(DEPLOYMENT.shuffler_keys.signing_private, RoundOutcome(S1, 9, "released", "", 1, bytes(16)))))
+        c.settle_outcome(codec.encode(signed(DEPLOYMENT.shuffler_keys.signing_private, RoundOutcome(S1, 9, bytes(32), "released", "", 1, bytes(16)))))
 
 
 def test_a_device_can_pin_its_shuffler_and_a_crowd_floor():

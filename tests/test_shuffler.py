@@ -85,11 +85,11 @@ def test_admission_reasons_are_counted():
     receipts = adm.offer_many(valid)
     assert receipts.admitted == [nonce(100), nonce(101), nonce(102)] and not receipts.refused
     wrong_version = cbor2.loads(envelope(spec, credential(3), sealed_bytes(4, spec), nonce(103)))
-    wrong_version["v"] = 3
+    wrong_version["v"] = 2  # the previous wire version
     forged = bytearray(credential(7))
     forged[-1] ^= 1
     junk = {
-        "malformed": [b"", b"\xff", b"\xa1\x61v\x02", codec.encode(spec), b"not cbor at all" * 3],
+        "malformed": [b"", b"\xff", b"\xa1\x61v\x03", codec.encode(spec), b"not cbor at all" * 3],
         "too-large": [b"\x00" * 4097],
         "unsupported-version": [cbor2.dumps(wrong_version, canonical=True)],
         "unknown-round": [
@@ -279,7 +279,8 @@ def test_secure_permutation_is_uniform_over_s4():
 async def answer_round(channel, session_id, clients, inject, batch_junk=()):
     """A tiny client population: wait for the open round's spec, publish junk, then the real answers.
 
-    ``batch_junk`` is published on the round's batch topic first (an attacker posing as the shuffler).
+    ``batch_junk`` is published on the round's batch topic first (an attacker posing as the shuffler):
+    bytes, or a function of the announced spec that makes them.
     """
     specs = await channel.subscribe(spec_topic(session_id))
     try:
@@ -288,7 +289,7 @@ async def answer_round(channel, session_id, clients, inject, batch_junk=()):
         await specs.close()
     spec = codec.decode(codec.decode(signed, SignedRoundSpec).spec_bytes, RoundSpec)
     for data in batch_junk:
-        await channel.publish(batch_topic(session_id, spec.round_id), data)
+        await channel.publish(batch_topic(session_id, spec.round_id), data(spec) if callable(data) else data)
     topic = reports_topic(session_id, spec.round_id)
     answers = [c.answer(signed)[0] for c in clients]
     for data in inject(spec, answers):
@@ -337,13 +338,15 @@ async def test_round_forwards_exactly_the_valid_reports():
         await channel.publish(announce_topic(sid), Analyzer().sign_spec(make_spec(deployment=deployment)))  # foreign signer
         batches = await channel.subscribe(batch_topic(sid, 0))
         receipts_sub = await channel.subscribe(receipts_topic(sid, 0))
-        # an attacker on the batch topic: a well-formed batch signed by another key, and junk
-        forged_spec = make_spec(round_id=0, deployment=deployment)
-        forged = batch_chunks(forged_spec, impostor, os.urandom(16), [bytes(SEALED)] * 6, 16)[0]
-        clients_task = asyncio.create_task(answer_round(channel, sid, clients, inject, [forged, b"junk"]))
+        # an attacker on the batch topic: a well-formed batch of the round signed by another key, a
+        # batch the real shuffler signed for another spec of round 0 (refused by its layout), and junk
+        forged = lambda spec: batch_chunks(spec, impostor, os.urandom(16), [bytes(SEALED)] * 6, 16)[0]  # noqa: E731
+        other_spec = make_spec(round_id=0, deployment=deployment)
+        other = batch_chunks(other_spec, deployment.shuffler_keys, os.urandom(16), [bytes(SEALED)] * 6, 16)[0]
+        clients_task = asyncio.create_task(answer_round(channel, sid, clients, inject, [forged, other, b"junk"]))
         record = await asyncio.wait_for(coordinator.run_round(PARAMS, 0.5, min_batch=len(clients)), 20)
         spec, answers = await clients_task
-        raws = [await asyncio.wait_for(batches.get(), 5) for _ in range(3)]
+        raws = [await asyncio.wait_for(batches.get(), 5) for _ in range(4)]
         await asyncio.sleep(0.05)  # let the shuffler take the acknowledgement
         receipts = [decode_verified(d, AdmissionReceipts, deployment.shuffler_keys.signing_public) for d in receipts_sub.get_nowait_all()]
     finally:
@@ -351,7 +354,7 @@ async def test_round_forwards_exactly_the_valid_reports():
         await asyncio.gather(shuffler_task, return_exceptions=True)
 
     assert shuffler.rejected_announcements == Counter({"malformed": 1, "bad-signature": 1})
-    assert coordinator.rejected_batches == Counter({"bad-signature": 1, "malformed": 1})
+    assert coordinator.rejected_batches == Counter({"bad-signature": 1, "malformed": 2})
     stats_ = shuffler.rounds[spec.round_id]
     assert stats_.admitted == stats_.forwarded == len(clients) and stats_.retransmitted == 1
     assert stats_.outcome == "served" and shuffler.acknowledged == 1
@@ -363,14 +366,16 @@ async def test_round_forwards_exactly_the_valid_reports():
     admitted = {n for r in receipts for n in r.admitted}
     assert all(c.sent[(sid, spec.round_id)].nonces[0] in admitted for c in clients)
     # the batch on the wire is the shuffler's (signed), and holds exactly the clients' sealed reports
-    batch = next(codec.decode(r, ShuffledBatch) for r in raws if r not in (forged, b"junk"))
+    decoded = [codec.decode(r, ShuffledBatch) for r in raws if r != b"junk"]
+    batch = next(b for b in decoded if b.batch_id == record.batch_id)
+    assert batch.spec_digest == spec.digest
     verify_signed(deployment.shuffler_keys.signing_public, batch)
     sealed = sealed_reports(deployment, spec, answers)
     assert Counter(batch.payloads) == Counter(sealed)
     # the analyzer opened all of them, and they are the clients' reports
     assert record.opened.size == len(clients) and not record.opened.rejected and record.batch_id == batch.batch_id
     reports = [
-        codec.decode_padded(open_sealed(analyzer.keys.hpke_private, s, sid, spec.round_id), Report).values for s in sealed
+        codec.decode_padded(open_sealed(analyzer.keys.hpke_private, s, sid, spec.round_id, spec.digest), Report).values for s in sealed
     ]
     assert Counter(map(tuple, record.opened.values.tolist())) == Counter(reports)
     assert record.spec == spec

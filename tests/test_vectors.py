@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -12,13 +13,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from shuffledp.protocol import codec
 from shuffledp.protocol.credentials import CredentialIssuer
-from shuffledp.protocol.errors import BadSignature, MalformedMessage
-from shuffledp.protocol.messages import Admission, Envelope, HadamardRangeParams, Report, RoundSpec, ShuffledBatch
+from shuffledp.protocol.errors import BadSignature, MalformedMessage, SealingError
+from shuffledp.protocol.messages import Admission, Envelope, Report, RoundSpec, ShuffledBatch, SignedRoundSpec
 from shuffledp.protocol.onion import (
     SIGNED_LABEL,
     EnvelopeOpener,
     envelope_format,
     envelope_info,
+    verified_spec,
     verify_encoded,
     verify_signed,
 )
@@ -62,12 +64,22 @@ def _lists_to_tuples(value):
     return value
 
 
+def _range_spec() -> RoundSpec:
+    """The round-0 spec whose signature signing.json gives (the spec of the sealing and onion vectors)."""
+    signing = json.loads((VECTORS / "signing.json").read_text())
+    spec_bytes = bytes.fromhex(signing["message_hex"])
+    assert bytes.fromhex(signing["spec_digest_hex"]) == hashlib.sha256(b"shuffledp/v3/spec" + spec_bytes).digest()
+    return codec.decode(spec_bytes, RoundSpec)
+
+
 def test_sealing_vector_opens_to_its_plaintext():
     v = json.loads((VECTORS / "sealing.json").read_text())
-    session = bytes.fromhex(v["session_id_hex"])
-    assert report_info(session, v["round_id"]).hex() == v["info_hex"]
+    session, digest = bytes.fromhex(v["session_id_hex"]), bytes.fromhex(v["spec_digest_hex"])
+    assert digest == _range_spec().digest  # the round spec of signing.json
+    assert report_info(session, v["round_id"], digest).hex() == v["info_hex"]
+    assert v["info_hex"] == (b"shuffledp/v3/report" + session + v["round_id"].to_bytes(8, "big") + digest).hex()
     private = X25519PrivateKey.from_private_bytes(bytes.fromhex(v["recipient_private_key_hex"]))
-    opened = open_sealed(private, bytes.fromhex(v["sealed_hex"]), session, v["round_id"])
+    opened = open_sealed(private, bytes.fromhex(v["sealed_hex"]), session, v["round_id"], digest)
     assert opened.hex() == v["plaintext_hex"]
     # the plaintext is the report followed by zeros up to the round's fixed size
     report = bytes.fromhex(v["report_hex"])
@@ -81,8 +93,9 @@ def test_onion_vector_opens_layer_by_layer():
     v = json.loads((VECTORS / "onion.json").read_text())
     sealing = json.loads((VECTORS / "sealing.json").read_text())
     session, round_id = bytes.fromhex(v["session_id_hex"]), v["round_id"]
-    assert envelope_info(session, round_id).hex() == v["info_hex"]
-    assert v["info_hex"].startswith(b"shuffledp/v2/envelope".hex())
+    digest = bytes.fromhex(v["spec_digest_hex"])
+    assert envelope_info(session, round_id, digest).hex() == v["info_hex"]
+    assert v["info_hex"] == (b"shuffledp/v3/envelope" + session + round_id.to_bytes(8, "big") + digest).hex()
     data = bytes.fromhex(v["envelope_hex"])
     envelope = codec.decode(data, Envelope)
     assert (envelope.session_id, envelope.round_id) == (session, round_id)
@@ -103,14 +116,12 @@ def test_onion_vector_opens_layer_by_layer():
         "sealed": fmt.sealed_size, "admission": fmt.admission_size, "outer": fmt.outer_size, "envelope": fmt.size,
     }
     assert (len(admission.sealed), len(admission_bytes), len(envelope.outer), len(data)) == tuple(v["sizes"].values())
-    # and the shuffler's own opener reads it the same way
-    spec = RoundSpec(
-        session_id=session, round_id=round_id, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
-        analyzer_key=bytes.fromhex(sealing["recipient_public_key_hex"]),
-        shuffler_key=bytes.fromhex(v["recipient_public_key_hex"]), shuffler_signing_key=bytes(32),
-        min_batch=1, deadline=0.0,
-    )
+    # and the shuffler's own opener reads it the same way, under the round's spec and no other
+    spec = _range_spec()
+    assert (spec.session_id, spec.round_id, spec.digest) == (session, round_id, digest)
     assert EnvelopeOpener(private, spec).open(data) == admission
+    with pytest.raises(SealingError):
+        EnvelopeOpener(private, dataclasses.replace(spec, epsilon0=8.0)).open(data)
 
 
 def test_onion_vector_does_not_open_for_another_round_or_with_a_changed_byte():
@@ -119,7 +130,9 @@ def test_onion_vector_does_not_open_for_another_round_or_with_a_changed_byte():
     envelope = codec.decode(bytes.fromhex(v["envelope_hex"]), Envelope)
     session = bytes.fromhex(v["session_id_hex"])
     with pytest.raises(InvalidTag):  # the outer layer is bound to session and round
-        SUITE.decrypt(envelope.outer, private, info=envelope_info(session, v["round_id"] + 1))
+        SUITE.decrypt(envelope.outer, private, info=envelope_info(session, v["round_id"] + 1, bytes.fromhex(v["spec_digest_hex"])))
+    with pytest.raises(InvalidTag):  # and to the exact spec
+        SUITE.decrypt(envelope.outer, private, info=envelope_info(session, v["round_id"], bytes(32)))
     tampered = envelope.outer[:-1] + bytes([envelope.outer[-1] ^ 1])
     with pytest.raises(InvalidTag):
         SUITE.decrypt(tampered, private, info=bytes.fromhex(v["info_hex"]))
@@ -146,19 +159,25 @@ def test_refused_vectors_cover_the_onion_and_signed_message_types(tag):
 def test_signing_vector_verifies_and_a_changed_message_does_not():
     v = SIGNING
     public, message, signature = (bytes.fromhex(v[k]) for k in ("public_key_hex", "message_hex", "signature_hex"))
-    assert verify(public, message, signature) is None  # raises BadSignature on failure
+    signed_string = bytes.fromhex(v["spec_signed_string_hex"])
+    assert signed_string == b"shuffledp/v3/signed/round-spec" + hashlib.sha256(message).digest()
+    assert verify(public, signed_string, signature) is None  # plain Ed25519 over the signed string
+    verified_spec(SignedRoundSpec(message, signature), public)  # and the library's check agrees
+    changed = message[:-1] + bytes([message[-1] ^ 1])
     with pytest.raises(BadSignature):
-        verify(public, message[:-1] + bytes([message[-1] ^ 1]), signature)
+        verify(public, b"shuffledp/v3/signed/round-spec" + hashlib.sha256(changed).digest(), signature)
+    with pytest.raises(BadSignature):  # the spec bytes alone, without the label, are not what was signed
+        verify(public, message, signature)
 
 
 def test_every_signed_message_type_has_a_signing_vector():
     assert {v["type"] for v in SIGNED_MESSAGES} == {"shuffled-batch", "batch-ack", "admission-receipts", "round-outcome"}
-    assert SIGNING["signed_label"] == SIGNED_LABEL.decode() == "shuffledp/v2/signed/"
+    assert SIGNING["signed_label"] == SIGNED_LABEL.decode() == "shuffledp/v3/signed/"
 
 
 @pytest.mark.parametrize("vector", SIGNED_MESSAGES, ids=[v["name"] for v in SIGNED_MESSAGES])
 def test_signed_message_vector_follows_the_signing_rule(vector):
-    """signature = Ed25519(key, "shuffledp/v2/signed/" || type tag || SHA-256(encoding with the signature zeroed))."""
+    """signature = Ed25519(key, "shuffledp/v3/signed/" || type tag || SHA-256(encoding with the signature zeroed))."""
     public = bytes.fromhex(vector["public_key_hex"])
     data = bytes.fromhex(vector["message_hex"])
     message = codec.decode(data)
@@ -193,7 +212,7 @@ def test_batch_chunk_vector_is_read_in_place_by_the_fast_reader(vector):
     data = bytes.fromhex(vector["message_hex"])
     batch = codec.decode(data, ShuffledBatch)
     sealed_size = len(batch.payloads[0])
-    chunk = read_batch_chunk(data, batch.session_id, batch.round_id, sealed_size, batch.total)
+    chunk = read_batch_chunk(data, batch.session_id, batch.round_id, batch.spec_digest, sealed_size, batch.total)
     assert chunk.digest.hex() == vector["digest_hex"]
     assert (chunk.batch_id, chunk.chunk, chunk.chunks, chunk.total) == (batch.batch_id, batch.chunk, batch.chunks, batch.total)
     assert tuple(chunk.payloads) == batch.payloads and chunk.signature == batch.signature

@@ -22,7 +22,11 @@ choose it:
   ``-shm`` files the database's mode). A directory, database, key or journal file owned by
   another user or writable by group or others is not used: one warning on stderr, and every
   answer is computed afresh. Files of ours with looser read bits are narrowed to ``0600`` /
-  ``0700``.
+  ``0700``. The checks cannot be raced: the directory is opened once (not through a symbolic
+  link) and checked through its descriptor, the key, the database and its journal files are
+  opened relative to that descriptor and checked through their own, and the file SQLite opens
+  (by name) must be the database checked; so a directory swapped in by someone who can rename
+  entries above the cache is never used.
 * **Authenticated rows.** Every stored answer carries an HMAC-SHA256 tag over its key and
   value under a per-user secret key (32 bytes from :mod:`secrets`, in ``<database>.key``
   beside the database, created atomically at first use). A row whose tag does not verify
@@ -38,6 +42,7 @@ is created with ``O_EXCL`` and linked into place whole).
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import hmac
@@ -52,6 +57,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from shuffledp.protocol.held_files import FD_DIR, held_files
 
 _log = logging.getLogger(__name__)
 ENV = "SHUFFLEDP_ACCOUNTING_CACHE"
@@ -132,10 +139,11 @@ def key_path(path: Path) -> Path:
     return path.with_name(path.name + ".key")
 
 
-def _check_private(path: Path, st: os.stat_result, secret: bool) -> None:
-    """Raise :class:`UntrustedCache` unless ``path`` is ours and not writable by group or others
-    (``secret``: not readable by them either); narrow our own file's looser read bits. A
-    directory's mode is never changed: it may be the user's own (``$HOME``, a project folder)."""
+def _check_private(path: Path, st: os.stat_result, secret: bool, fd: int | None = None) -> None:
+    """Raise :class:`UntrustedCache` unless ``path`` (its status ``st``, taken through ``fd`` when it is
+    open) is ours and not writable by group or others (``secret``: not readable by them either); narrow
+    our own file's looser read bits (through ``fd``). A directory's mode is never changed: it may be the
+    user's own (``$HOME``, a project folder)."""
     if st.st_uid != os.geteuid():
         raise UntrustedCache(f"{path} is owned by another user (uid {st.st_uid})")
     if stat.S_IMODE(st.st_mode) & 0o022:
@@ -143,10 +151,28 @@ def _check_private(path: Path, st: os.stat_result, secret: bool) -> None:
     if secret and stat.S_IMODE(st.st_mode) & 0o044:
         raise UntrustedCache(f"{path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")
     if not stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) & ~0o600:
-        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o600)
+        if fd is not None:  # (never by path: the name may lead elsewhere by now)
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o600)
 
 
-def _private_directory(directory: Path) -> None:
+#: Flags of every check-then-use open: no symbolic link as the last component, no blocking on a FIFO,
+#: not inherited by child processes.
+_OPEN_FLAGS = os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _os_error_as_untrusted(path: Path, exc: OSError) -> Exception:
+    """A symbolic link or a non-directory met where the cache expects its own file: untrusted; else ``exc``."""
+    if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(path)):
+        return UntrustedCache(f"{path} is a symbolic link")
+    if exc.errno == errno.ENOTDIR:
+        return UntrustedCache(f"{path} is not a directory")
+    return exc
+
+
+def _private_directory(directory: Path) -> int:
+    """The cache directory, created 0700 if missing, opened (not through a symbolic link) and checked
+    through its descriptor; the descriptor (every later file of the cache is opened relative to it, so
+    a directory renamed or swapped in after the check is never used)."""
     try:
         os.mkdir(directory, 0o700)
     except FileExistsError:
@@ -157,46 +183,67 @@ def _private_directory(directory: Path) -> None:
             os.mkdir(directory, 0o700)
         except FileExistsError:
             pass
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode):
-        raise UntrustedCache(f"{directory} is not a directory")
-    _check_private(directory, st, secret=False)
-
-
-def _private_file(path: Path, secret: bool = False) -> None:
-    """Create ``path`` empty with mode 0600 if missing; check it (:func:`_check_private`)."""
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600))
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise UntrustedCache(f"{path} is not a regular file")
-    _check_private(path, st, secret)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS)
+    except OSError as exc:
+        raise _os_error_as_untrusted(directory, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise UntrustedCache(f"{directory} is not a directory")
+        _check_private(directory, st, secret=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def _load_key(path: Path) -> bytes | None:
-    """The per-user secret key, created at first use; None when it cannot be had this time."""
+def _open_private(directory_fd: int, path: Path, flags: int, secret: bool = False,
+                  create: bool = False) -> tuple[int, os.stat_result] | None:
+    """Open ``path``'s name in the checked directory (created 0600 if ``create``), not through a symbolic
+    link, and check what was opened (:func:`_check_private`, through the descriptor): the descriptor and
+    its status, or None when it does not exist and is not to be created."""
+    try:
+        fd = os.open(path.name, flags | _OPEN_FLAGS | (os.O_CREAT if create else 0), 0o600, dir_fd=directory_fd)
+    except FileNotFoundError:
+        if create:
+            raise
+        return None
+    except OSError as exc:
+        raise _os_error_as_untrusted(path, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UntrustedCache(f"{path} is not a regular file")
+        _check_private(path, st, secret, fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _load_key(directory_fd: int, path: Path) -> bytes:
+    """The per-user secret key, created at first use, read from the checked directory."""
     target = key_path(path)
-    if not os.path.lexists(target):
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    opened = _open_private(directory_fd, target, os.O_RDONLY, secret=True)
+    if opened is None:
+        tmp = f"{target.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _OPEN_FLAGS, 0o600, dir_fd=directory_fd)
         try:
             os.write(fd, secrets.token_bytes(KEY_BYTES))
             os.fsync(fd)
         finally:
             os.close(fd)
-        try:
-            os.link(tmp, target)  # whole or not at all; a concurrent creator's key wins
+        try:  # whole or not at all; a concurrent creator's key wins
+            os.link(tmp, target.name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd, follow_symlinks=False)
         except FileExistsError:
             pass
         finally:
-            os.unlink(tmp)
-    st = os.lstat(target)
-    if not stat.S_ISREG(st.st_mode):
-        raise UntrustedCache(f"{target} is not a regular file")
-    _check_private(target, st, secret=True)
-    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+            os.unlink(tmp, dir_fd=directory_fd)
+        opened = _open_private(directory_fd, target, os.O_RDONLY, secret=True)
+        if opened is None:
+            raise UntrustedCache(f"{target} vanished while it was created")
+    fd, _ = opened
     try:
         key = os.read(fd, KEY_BYTES + 1)
     finally:
@@ -206,21 +253,74 @@ def _load_key(path: Path) -> bytes | None:
     return key
 
 
-def _open(path: Path) -> tuple[sqlite3.Connection, bytes]:
-    """A connection to a private cache and its key (:class:`UntrustedCache`, ``OSError``, ``sqlite3.Error``)."""
-    _private_directory(path.parent)
-    key = _load_key(path)
-    _private_file(path)
-    for suffix in SIDECARS:
-        side = path.with_name(path.name + suffix)
-        if os.path.lexists(side):
-            _private_file(side)
-    connection = sqlite3.connect(path, timeout=5.0)
+class _Connection(sqlite3.Connection):
+    """A connection that also closes the cache directory's descriptor it was opened through."""
+
+    directory_fd = -1
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.directory_fd >= 0:
+                fd, self.directory_fd = self.directory_fd, -1
+                os.close(fd)
+
+
+def _connect(directory_fd: int, path: Path, checked: os.stat_result) -> _Connection:
+    """SQLite on the database file that was checked, or :class:`UntrustedCache`.
+
+    SQLite opens by path name. It is given ``/proc/self/fd/<directory>/<name>``, which leads to the
+    checked directory wherever it is now; but SQLite resolves that link back into a path name before
+    it opens (3.40 does), so a directory swapped in that moment would still be opened. So the
+    descriptors the connection opened must include the checked file's (device, inode). Where there is
+    no ``/proc/self/fd`` the path is connected and re-checked (weaker: a swap back is not seen)."""
+    before = held_files()
+    target = f"{FD_DIR}/{directory_fd}/{path.name}" if before is not None else str(path)
+    connection = sqlite3.connect(target, timeout=5.0, factory=_Connection)
+    wanted = (checked.st_dev, checked.st_ino)
     try:
+        if before is not None:
+            after = held_files() or {}
+            ok = any(identity == wanted for fd, identity in after.items() if before.get(fd) != identity)
+        else:
+            st = os.lstat(path)
+            ok = (st.st_dev, st.st_ino) == wanted
+        if not ok:
+            raise UntrustedCache(f"{path} changed while it was opened (a directory above it was replaced?)")
+    except BaseException:
+        connection.close()
+        raise
+    connection.directory_fd = directory_fd  # closed with the connection (SQLite may still need the path)
+    return connection
+
+
+def _open(path: Path) -> tuple[sqlite3.Connection, bytes]:
+    """A connection to a private cache and its key (:class:`UntrustedCache`, ``OSError``, ``sqlite3.Error``).
+
+    The directory is opened once and checked through its descriptor; the key, the database and its
+    journal files are opened and checked relative to it, and SQLite must hold the database checked
+    (:func:`_connect`): a directory renamed or swapped in between is never read or written."""
+    directory_fd = _private_directory(path.parent)
+    connection = None
+    try:
+        key = _load_key(directory_fd, path)
+        database_fd, checked = _open_private(directory_fd, path, os.O_RDWR, create=True)
+        try:
+            for suffix in SIDECARS:
+                side = _open_private(directory_fd, path.with_name(path.name + suffix), os.O_RDONLY)
+                if side is not None:
+                    os.close(side[0])
+            connection = _connect(directory_fd, path, checked)  # owns directory_fd from here
+        finally:
+            os.close(database_fd)
         connection.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} "
                            "(key TEXT PRIMARY KEY, value TEXT NOT NULL, tag TEXT NOT NULL, created REAL NOT NULL)")
     except BaseException:
-        connection.close()
+        if connection is not None:
+            connection.close()
+        else:
+            os.close(directory_fd)
         raise
     return connection, key
 

@@ -194,3 +194,90 @@ def test_the_cache_never_changes_the_mode_of_a_directory_it_is_named_in(tmp_path
     compute, _ = counting({"epsilon": 0.25})
     assert cache.cached("test", {"q": "dir mode"}, compute) == {"epsilon": 0.25}
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o755
+
+
+# --------------------------------------------------------------------------- a directory swapped in after the checks
+
+
+def _plant_attacker_cache(attacker: Path, question: dict) -> bytes:
+    """A cache directory a local attacker prepared: a key they know and a row claiming epsilon = 1e-9
+    tagged under it (files that pass the path checks: a regular 0600 file in a 0700 directory of ours,
+    as anything of ours moved there would). The planted database's bytes."""
+    attacker.mkdir(mode=0o700)
+    key = b"\x42" * cache.KEY_BYTES
+    fd = os.open(attacker / "accounting.sqlite.key", os.O_CREAT | os.O_WRONLY, 0o600)
+    os.write(fd, key)
+    os.close(fd)
+    os.close(os.open(attacker / "accounting.sqlite", os.O_CREAT | os.O_WRONLY, 0o600))
+    row_key = cache.key_of("k", question)
+    forged = json.dumps({"epsilon": 1e-9})
+    with sqlite3.connect(attacker / "accounting.sqlite") as db:
+        db.execute(f"CREATE TABLE {cache.TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL, tag TEXT NOT NULL, "
+                   "created REAL NOT NULL)")
+        db.execute(f"INSERT INTO {cache.TABLE} VALUES (?, ?, ?, 0)", (row_key, forged, cache.tag_of(key, row_key, forged)))
+    db.close()
+    return (attacker / "accounting.sqlite").read_bytes()
+
+
+def test_a_directory_swapped_in_after_the_checks_does_not_give_the_key_or_the_answer(cache_file, monkeypatch):
+    """A local user who can rename entries of the directory above the cache swaps their own directory in
+    after the cache checked its directory and before it opens the key: the cache must go on with the
+    directory it checked (or refuse), never read the attacker's key and return their row."""
+    question = {"n": 7}
+    compute, calls = counting({"epsilon": 0.5})
+    assert cache.cached("k", question, compute) == {"epsilon": 0.5}  # the real cache holds the real answer
+    private = cache_file.parent
+    attacker = private.with_name("attacker")
+    planted = _plant_attacker_cache(attacker, question)
+    real_open = os.open
+    swapped = []
+
+    def open_then_swap(path, flags, *args, **kwargs):
+        if not swapped and str(path).endswith(".key") and not flags & os.O_CREAT:  # opening the checked key
+            swapped.append(1)
+            os.rename(private, private.with_name("private.moved"))
+            os.rename(attacker, private)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_then_swap)
+    answer = cache.cached("k", question, compute)
+    monkeypatch.undo()
+    assert swapped
+    assert answer == {"epsilon": 0.5}  # not the planted 1e-9
+    assert (private / "accounting.sqlite").read_bytes() == planted  # the attacker's file was neither used nor written
+
+
+def test_a_database_swapped_in_while_sqlite_opens_it_is_refused(cache_file, monkeypatch, capsys):
+    """SQLite opens the database by path (it resolves ``/proc/self/fd/...`` back into a path name), so a
+    swap in that window is caught afterwards: the file SQLite holds must be the one checked."""
+    question = {"n": 8}
+    compute, calls = counting({"epsilon": 0.5})
+    assert cache.cached("k", question, compute) == {"epsilon": 0.5}
+    private = cache_file.parent
+    attacker = private.with_name("attacker")
+    planted = _plant_attacker_cache(attacker, question)
+    real_connect = sqlite3.connect
+
+    class SwappingSqlite:
+        """sqlite3, whose open resolves the path the cache passes, then meets the attacker's swap."""
+
+        def __getattr__(self, name):
+            return getattr(sqlite3, name)
+
+        swapped = False
+
+        @classmethod
+        def connect(cls, path, *args, **kwargs):
+            resolved = os.path.realpath(path)
+            if not cls.swapped:
+                cls.swapped = True
+                os.rename(private, private.with_name("private.moved"))
+                os.rename(attacker, private)
+            return real_connect(resolved, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "sqlite3", SwappingSqlite())
+    answer = cache.cached("k", question, compute)
+    monkeypatch.undo()
+    assert answer == {"epsilon": 0.5} and len(calls) == 2  # computed afresh, not read from either file
+    assert (private / "accounting.sqlite").read_bytes() == planted  # nothing written into the attacker's file
+    assert "changed while it was opened" in capsys.readouterr().err

@@ -495,11 +495,18 @@ def g_chunk_shape(r: Rng, count: int) -> tuple[int, int, int]:
     return r.int(0, chunks - 1) if r.bool() else chunks - 1, chunks, total
 
 
+def g_spec_digest(r: Rng) -> bytes:
+    """A spec digest: 32 random bytes (the digest of no spec a test signed), or zeros."""
+    return bytes(32) if r.one_in(8) else r.bytes(32)
+
+
 def g_batch(
-    r: Rng, session=None, round_id=None, sealed_size=None, max_count: int = 6, signer=None, batch_id=None
+    r: Rng, session=None, round_id=None, sealed_size=None, max_count: int = 6, signer=None, batch_id=None,
+    spec_digest=None,
 ) -> ShuffledBatch:
     """One chunk of a shuffled batch: 1..max_count payloads (one in five has one of another size)."""
     session = g_session(r) if session is None else session
+    spec_digest = g_spec_digest(r) if spec_digest is None else spec_digest
     round_id = g_round_id(r) if round_id is None else round_id
     if sealed_size is None:
         sealed_size = report_format(round_id, g_mechanism(r)).sealed_size
@@ -509,14 +516,15 @@ def g_batch(
         sizes[r.below(count)] = r.int(1, 1024)
     chunk, chunks, total = g_chunk_shape(r, count)
     batch_id = r.bytes(16) if batch_id is None else batch_id
-    batch = ShuffledBatch(session, round_id, batch_id, chunk, chunks, total, tuple(r.bytes(n) for n in sizes))
+    batch = ShuffledBatch(session, round_id, spec_digest, batch_id, chunk, chunks, total, tuple(r.bytes(n) for n in sizes))
     return maybe_signed(r, batch, signer)
 
 
-def g_batch_ack(r: Rng, session=None, round_id=None, signer=None) -> BatchAck:
+def g_batch_ack(r: Rng, session=None, round_id=None, signer=None, spec_digest=None) -> BatchAck:
     session = g_session(r) if session is None else session
     round_id = g_round_id(r) if round_id is None else round_id
-    return maybe_signed(r, BatchAck(session, round_id, r.bytes(16), bytes(64)), signer)
+    spec_digest = g_spec_digest(r) if spec_digest is None else spec_digest
+    return maybe_signed(r, BatchAck(session, round_id, spec_digest, r.bytes(16), bytes(64)), signer)
 
 
 def g_reason(r: Rng) -> str:
@@ -524,9 +532,10 @@ def g_reason(r: Rng) -> str:
     return r.pick(REASONS) if r.bool() else (r.text(32) or "x")
 
 
-def g_receipts(r: Rng, session=None, round_id=None, signer=None, nonces=()) -> AdmissionReceipts:
+def g_receipts(r: Rng, session=None, round_id=None, signer=None, nonces=(), spec_digest=None) -> AdmissionReceipts:
     """Receipts naming random nonces, and ``nonces`` (each admitted, refused or left out)."""
     session = g_session(r) if session is None else session
+    spec_digest = g_spec_digest(r) if spec_digest is None else spec_digest
     round_id = g_round_id(r) if round_id is None else round_id
     admitted = [r.bytes(16) for _ in range(r.int(0, 3))]
     refused = [r.bytes(16) for _ in range(r.int(0, 3))]
@@ -536,13 +545,16 @@ def g_receipts(r: Rng, session=None, round_id=None, signer=None, nonces=()) -> A
     if r.one_in(16):  # many receipts at once
         admitted += [r.bytes(16) for _ in range(r.int(0, 40))]
     reasons = tuple(g_reason(r) for _ in refused)
-    message = AdmissionReceipts(session, round_id, tuple(admitted), tuple(refused), reasons)
+    message = AdmissionReceipts(session, round_id, spec_digest, tuple(admitted), tuple(refused), reasons)
     return maybe_signed(r, message, signer)
 
 
-def g_outcome(r: Rng, session=None, round_id=None, signer=None, instances: int | None = None) -> RoundOutcome:
+def g_outcome(
+    r: Rng, session=None, round_id=None, signer=None, instances: int | None = None, spec_digest=None
+) -> RoundOutcome:
     """A round outcome of one of ``instances`` shuffler instances (default: any allowed instance)."""
     session = g_session(r) if session is None else session
+    spec_digest = g_spec_digest(r) if spec_digest is None else spec_digest
     round_id = g_round_id(r) if round_id is None else round_id
     if instances is None:
         instance = 0 if r.bool() else r.pick((1, MAX_SHUFFLER_INSTANCES - 1, r.below(MAX_SHUFFLER_INSTANCES)))
@@ -552,7 +564,7 @@ def g_outcome(r: Rng, session=None, round_id=None, signer=None, instances: int |
     reason = "" if outcome == "released" and r.bool() else r.pick(("", *REASONS)) if r.bool() else r.text(32)
     admitted = r.pick((0, 1, MAX_BATCH)) if r.one_in(4) else r.log_int(0, MAX_BATCH)
     batch_id = bytes(16) if outcome == "failed" and r.bool() else r.bytes(16)
-    message = RoundOutcome(session, round_id, outcome, reason, admitted, batch_id, instance)
+    message = RoundOutcome(session, round_id, spec_digest, outcome, reason, admitted, batch_id, instance)
     return maybe_signed(r, message, signer)
 
 

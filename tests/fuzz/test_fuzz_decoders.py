@@ -167,7 +167,7 @@ def test_codec_decode_only_raises_typed_errors(data):
 
 @functools.lru_cache(maxsize=256)
 def opener_for(session: bytes, round_id: int, mechanism: str) -> EnvelopeOpener:
-    """The test shuffler's opener of a round of ``mechanism`` (no other field of the spec matters to it)."""
+    """The test shuffler's opener of a round of ``mechanism`` (its outer layer binds the spec's digest)."""
     params, epsilon0, delta0 = S.example_params(mechanism)
     floor = getattr(params, "min_reports", 1)
     spec = RoundSpec(
@@ -192,7 +192,8 @@ def test_padded_and_fast_decoders_only_raise_typed_errors(data, round_id, mech, 
             assert type(message) is cls
             assert codec.decode_padded(codec.encode(message) + bytes(7), cls) == message
     layout = report_format(round_id, mech)
-    ok, chunk = attempt("read_batch_chunk", read_batch_chunk, data, session, round_id, layout.sealed_size, max_batch)
+    ok, chunk = attempt("read_batch_chunk", read_batch_chunk, data, session, round_id, bytes(32), layout.sealed_size,
+                        max_batch)
     if ok:  # a chunk of this round, within its bounds, every payload of the round's size
         assert 1 <= chunk.size <= chunk.total <= max_batch and chunk.chunk < chunk.chunks
         assert all(len(p) == layout.sealed_size for p in chunk.payloads) and len(chunk.signature) == 64
@@ -252,7 +253,7 @@ def test_report_reader_agrees_with_general_decoder(case):
 
 
 def g_batch_case(r: S.Rng):
-    """(session, round_id, sealed_size, max_batch, encoded bytes), mostly near-valid chunks of that round.
+    """(session, round_id, spec digest, sealed_size, max_batch, encoded bytes), mostly near-valid chunks of that round.
 
     Half the chunks are really signed by the test shuffler, so the signature checks
     meet genuine signatures (of mutated chunks, too) as well as random ones.
@@ -261,31 +262,36 @@ def g_batch_case(r: S.Rng):
     round_id = S.g_round_id(r)
     sealed_size = r.int(1, 1024) if r.one_in(4) else report_format(round_id, S.g_mechanism(r)).sealed_size
     source = r.below(10)
-    b_session, b_round, b_size = session, round_id, sealed_size
+    spec_digest = S.g_spec_digest(r)
+    b_session, b_round, b_digest, b_size = session, round_id, spec_digest, sealed_size
     if source == 0:
         b_session = S.g_session(r)
     elif source == 1:
         b_round = S.g_round_id(r)
     elif source == 2:
         b_size = r.int(1, 1024)
+    elif source == 3:  # another spec of the round
+        b_digest = S.g_spec_digest(r)
     signer = S.SHUFFLER_KEYS.signing_private if r.bool() else None
     data = codec.encode(
-        S.g_batch(r, session=b_session, round_id=b_round, sealed_size=b_size, max_count=5, signer=signer)
+        S.g_batch(r, session=b_session, round_id=b_round, sealed_size=b_size, max_count=5, signer=signer,
+                  spec_digest=b_digest)
     )
     if not r.one_in(4):
         def others(rr):
-            return codec.encode(S.g_batch(rr, session=session, round_id=round_id, sealed_size=sealed_size, max_count=3))
+            return codec.encode(S.g_batch(rr, session=session, round_id=round_id, sealed_size=sealed_size, max_count=3,
+                                          spec_digest=spec_digest))
 
         data = S.mutate(r, data, others=others, max_ops=2)
     max_batch = MAX_BATCH if r.bool() else r.int(1, 8)
-    return session, round_id, sealed_size, max_batch, data
+    return session, round_id, spec_digest, sealed_size, max_batch, data
 
 
 @FUZZ
 @given(case=S.seeded(g_batch_case))
 def test_batch_reader_agrees_with_general_decoder(case):
     count_case("batch_differential")
-    session, round_id, sealed_size, max_batch, data = case
+    session, round_id, spec_digest, sealed_size, max_batch, data = case
     check_strict_reader(data)
     ok_general, batch = attempt("codec.decode[ShuffledBatch]", codec.decode, data, ShuffledBatch)
     expected = None
@@ -293,11 +299,13 @@ def test_batch_reader_agrees_with_general_decoder(case):
         ok_general
         and batch.session_id == session
         and batch.round_id == round_id
+        and batch.spec_digest == spec_digest
         and batch.total <= max_batch
         and all(len(p) == sealed_size for p in batch.payloads)
     ):
         expected = (batch.batch_id, batch.chunk, batch.chunks, batch.total, list(batch.payloads), batch.signature)
-    ok_fast, chunk = attempt("read_batch_chunk", read_batch_chunk, data, session, round_id, sealed_size, max_batch)
+    ok_fast, chunk = attempt("read_batch_chunk", read_batch_chunk, data, session, round_id, spec_digest, sealed_size,
+                             max_batch)
     got = (chunk.batch_id, chunk.chunk, chunk.chunks, chunk.total, chunk.payloads, chunk.signature) if ok_fast else None
     assert got == expected, (
         f"fast reader {'accepts' if ok_fast else 'refuses'} ({chunk!r:.200}), general "
@@ -357,15 +365,19 @@ def g_sealed_envelope_case(r: S.Rng):
     mech = S.g_mechanism(r)
     fmt = envelope_format(round_id, mech)
     plaintext = g_outer_plaintext(r, round_id, fmt)
-    info_session, info_round = session, round_id
-    if r.one_in(10):  # sealed for another session or round
-        if r.bool():
+    digest = opener_for(session, round_id, mech).spec.digest
+    info_session, info_round, info_digest = session, round_id, digest
+    if r.one_in(10):  # sealed for another session, round or spec
+        j = r.below(3)
+        if j == 0:
             info_session = S.g_session(r)
-        else:
+        elif j == 1:
             info_round = S.g_round_id(r)
+        else:
+            info_digest = S.g_spec_digest(r)
     key = S.SHUFFLER_KEYS.hpke_public if r.below(10) else S.OTHER_SHUFFLER_KEYS.hpke_public
     outer = SUITE.encrypt(plaintext, X25519PublicKey.from_public_bytes(key),
-                          info=envelope_info(info_session, info_round))
+                          info=envelope_info(info_session, info_round, info_digest))
     e_session, e_round = session, round_id
     if r.one_in(10):  # the header names another session or round
         if r.bool():
@@ -377,7 +389,7 @@ def g_sealed_envelope_case(r: S.Rng):
         data = S.mutate(r, data, others=lambda rr: codec.encode(S.g_envelope(rr, session=session, round_id=round_id)),
                         max_ops=2)
     return session, round_id, mech, data, plaintext, outer, key == S.SHUFFLER_KEYS.hpke_public and (
-        info_session, info_round) == (session, round_id)
+        info_session, info_round, info_digest) == (session, round_id, digest)
 
 
 @FUZZ

@@ -78,13 +78,21 @@ from shuffledp.protocol.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
-from shuffledp.protocol.onion import SIGNED_LABEL, EnvelopeOpener, envelope_format, envelope_info, signed, wrap
+from shuffledp.protocol.onion import (
+    SIGNED_LABEL,
+    EnvelopeOpener,
+    envelope_format,
+    envelope_info,
+    sign_spec_bytes,
+    signed,
+    wrap,
+)
 from shuffledp.protocol.randomness import SeededSource
 from shuffledp.protocol.report_format import read_batch_chunk, report_format
-from shuffledp.protocol.sealing import SUITE, AnalyzerKeys, Sealer, open_sealed, sign
+from shuffledp.protocol.sealing import SUITE, AnalyzerKeys, Sealer, open_sealed
 from shuffledp.shuffler.service import INTERNAL_ERROR as SHUFFLER_INTERNAL_ERROR
 from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, Shuffler, batch_chunks
-from shuffledp.shuffler.spool import SqliteSpool
+from shuffledp.shuffler.spool import SqliteSpool, StoredRound
 
 NOW = 1_000_000.0
 SESSION = bytes(range(16))
@@ -155,7 +163,7 @@ def client_reports(spec: RoundSpec, samples, seeds) -> tuple[tuple[bytes, bytes,
         for envelope in client.answer(signed_spec)[:4]:  # every message of a multi-message round is a report
             admission = opener.open(envelope)
             assert admission.credential == client.credential
-            plaintext = open_sealed(ANALYZER.keys.hpke_private, admission.sealed, spec.session_id, spec.round_id)
+            plaintext = open_sealed(ANALYZER.keys.hpke_private, admission.sealed, spec.session_id, spec.round_id, spec.digest)
             values = reference_values(plaintext, spec)
             assert values is not None, f"a client's own report is not valid for its round: {plaintext.hex()}"
             out.append((admission.sealed, plaintext, values))
@@ -195,7 +203,7 @@ def sealed_outer(spec: RoundSpec, plaintext: bytes, *, session=None, round_id=No
     """An envelope whose outer layer is ``plaintext`` really sealed to ``key`` (anyone can do this)."""
     session = spec.session_id if session is None else session
     round_id = spec.round_id if round_id is None else round_id
-    outer = SUITE.encrypt(plaintext, key, info=envelope_info(*(info or (session, round_id))))
+    outer = SUITE.encrypt(plaintext, key, info=envelope_info(*(info or (session, round_id, spec.digest))))
     return codec.encode(Envelope(session, round_id, outer[:MAX_OUTER_BYTES]))
 
 
@@ -283,13 +291,15 @@ class Decoys:
             return sealed_outer(spec, codec.encode(admission))
         if k == 10:  # sealed for another round or session, or to another shuffler
             plaintext = codec.encode(self.admission())
-            j = r.below(4)
+            j = r.below(5)
+            if j == 4:  # this session and round, another spec (e.g. one a restarted analyzer signed)
+                return sealed_outer(spec, plaintext, info=(spec.session_id, spec.round_id, r.bytes(32)))
             if j == 0:
                 return sealed_outer(spec, plaintext, key=X25519PublicKey.from_public_bytes(OTHER_SHUFFLER_KEYS.hpke_public))
             if j == 1:
-                return sealed_outer(spec, plaintext, info=(spec.session_id, spec.round_id ^ 1))
+                return sealed_outer(spec, plaintext, info=(spec.session_id, spec.round_id ^ 1, spec.digest))
             if j == 2:
-                return sealed_outer(spec, plaintext, info=(S.g_session(r), spec.round_id))
+                return sealed_outer(spec, plaintext, info=(S.g_session(r), spec.round_id, spec.digest))
             return sealed_outer(spec, plaintext, session=S.g_session(r))  # the header names another session
         # the envelope bytes of a decoy mutated: header, outer ciphertext or structure
         admission = self.admission()
@@ -316,7 +326,7 @@ def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
     ids = (client_id(VALID_ID, j) for j in range(10**6))
     valid = []  # (nonce, sealed, envelope): one credential each (of this instance), so no quota refuses them
     for i in range(r.int(0, 4)):
-        cid = next(c for c in ids if assigned_instance(c, spec.shuffler_instances) == instance)
+        cid = next(c for c in ids if assigned_instance(c, spec.shuffler_instances, spec.digest) == instance)
         nonce, sealed = b"\x5a" * 8 + i.to_bytes(8, "big"), b"V" + bytes([i]) + r.bytes(fmt.sealed_size - 2)
         valid.append((nonce, sealed, wrap(spec, ISSUER.issue(cid), sealed, nonce)[0]))
     decoys = Decoys(r, spec)
@@ -335,7 +345,7 @@ def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
         admitted_nonces.update(receipts.admitted)
         refused += zip(receipts.refused, receipts.reasons)
         # the receipts always make a publishable, signable message
-        message = AdmissionReceipts(spec.session_id, spec.round_id, tuple(receipts.admitted),
+        message = AdmissionReceipts(spec.session_id, spec.round_id, spec.digest, tuple(receipts.admitted),
                                     tuple(receipts.refused), tuple(receipts.reasons))
         assert codec.decode(codec.encode(message), AdmissionReceipts) == message
     # admit() raises typed errors only (on a round that fills up at once: later envelopes are round-full)
@@ -386,7 +396,7 @@ def _signed_for_client(r: S.Rng) -> bytes:
     if mode == 1:  # the inner RoundSpec mutated, then really signed: reaches the spec validation
         spec_bytes = S.mutate(r, codec.encode(spec), others=lambda rr: codec.encode(S.g_round_spec(rr))) or b"\x00"
         try:
-            return codec.encode(SignedRoundSpec(spec_bytes, sign(ANALYZER.keys.signing_private, spec_bytes)))
+            return codec.encode(SignedRoundSpec(spec_bytes, sign_spec_bytes(ANALYZER.keys.signing_private, spec_bytes)))
         except MessageTooLarge:
             return ANALYZER.sign_spec(spec)
     if r.one_in(8):  # signed by another analyzer
@@ -441,7 +451,7 @@ def test_client_answer_raises_only_typed_errors_and_charges_only_on_success(seed
         assert admission.nonce == sent.nonces[0]
         assert len(admission.sealed) == fmt.sealed_size
         if spec.analyzer_key == KEY:
-            plaintext = open_sealed(ANALYZER.keys.hpke_private, admission.sealed, spec.session_id, spec.round_id)
+            plaintext = open_sealed(ANALYZER.keys.hpke_private, admission.sealed, spec.session_id, spec.round_id, spec.digest)
             assert reference_values(plaintext, spec) is not None, plaintext.hex()
 
 
@@ -460,27 +470,32 @@ def _settle_message(r: S.Rng, spec: RoundSpec, nonce: bytes, genuine: list) -> b
         return S.g_valid_message(r) if j == 0 else raw.encode(S.g_hostile_tree(r)) if j == 1 else r.bytes(r.int(0, 64))
     receipts = r.bool()
     session, round_id = spec.session_id, spec.round_id
-    if k == 8:  # a round this client did not answer
-        if r.bool():
+    digest = spec.digest
+    if k == 8:  # a round this client did not answer, or another spec of its round
+        j = r.below(3)
+        if j == 0:
             session = S.g_session(r)
-        else:
+        elif j == 1:
             round_id = r.pick((round_id ^ 1, S.g_round_id(r)))
+        else:
+            digest = S.g_spec_digest(r)
     key = SHUFFLER_KEYS.signing_private
     if k == 7:  # signed by someone else: another shuffler, the analyzer
         key = r.pick((OTHER_SHUFFLER_KEYS.signing_private, ANALYZER.keys.signing_private))
     if receipts:
-        message = S.g_receipts(r, session, round_id, nonces=(nonce,) if r.below(4) else ())
+        message = S.g_receipts(r, session, round_id, nonces=(nonce,) if r.below(4) else (), spec_digest=digest)
     else:
-        message = S.g_outcome(r, session, round_id, instances=spec.shuffler_instances if r.below(4) else None)
+        message = S.g_outcome(r, session, round_id, instances=spec.shuffler_instances if r.below(4) else None,
+                              spec_digest=digest)
     if k == 6:  # a random (or zero) signature
         message = dataclasses.replace(message, signature=r.pick((bytes(64), r.bytes(64))))
     else:
         message = signed(key, message)
-    if k not in (6, 7) and (session, round_id) == (spec.session_id, spec.round_id):  # (k == 8 may redraw them)
+    if k not in (6, 7) and (session, round_id, digest) == (spec.session_id, spec.round_id, spec.digest):  # (k == 8 may redraw them)
         genuine.append(message)
     data = encoded(message)
     if r.one_in(4):  # mutated: genuine only if it still decodes to a genuine message (checked by the caller)
-        data = S.mutate(r, data, max_ops=2, others=lambda rr: encoded(S.g_receipts(rr, session, round_id)))
+        data = S.mutate(r, data, max_ops=2, others=lambda rr: encoded(S.g_receipts(rr, session, round_id, spec_digest=digest)))
     return data
 
 
@@ -507,7 +522,7 @@ def test_client_settles_only_genuine_receipts_and_outcomes(seed):
     key = (spec.session_id, spec.round_id)
     sent = client.sent[key]
     nonce = sent.nonces[0]
-    mine = assigned_instance(client.credential[:16], spec.shuffler_instances)
+    mine = assigned_instance(client.credential[:16], spec.shuffler_instances, spec.digest)
     spent = (ledger.spent_epsilon, ledger.spent_delta, frozenset(ledger.answered))
     expected_receipts: dict[bytes, str] = {}
     expected_outcome = None
@@ -562,15 +577,17 @@ def _extra_payload(r: S.Rng, spec: RoundSpec, reports, chosen, known: dict) -> b
         plaintext = S.mutate(r, base, others=lambda rr: rr.pick(reports)[1], max_ops=2)[:976] or b"\x00"
         if r.below(4):
             plaintext = plaintext[: layout.size] + bytes(max(0, layout.size - len(plaintext)))
-        sealed = Sealer(spec.analyzer_key).seal(plaintext, spec.session_id, spec.round_id)
+        sealed = Sealer(spec.analyzer_key).seal(plaintext, spec.session_id, spec.round_id, spec.digest)
         known[sealed] = plaintext
         return sealed
-    if kind == 4:  # a valid report sealed for another round or session: does not open here
+    if kind == 4:  # a valid report sealed for another round, session or spec: does not open here
+        if r.below(3) == 0:  # this session and round, another spec (e.g. one a restarted analyzer signed)
+            return Sealer(spec.analyzer_key).seal(r.pick(reports)[1], spec.session_id, spec.round_id, r.bytes(32))
         round_id = spec.round_id ^ 1 if r.bool() else spec.round_id
         session = spec.session_id
         if round_id == spec.round_id:  # then another session (every byte changed)
             session = bytes(b ^ (1 + r.below(255)) for b in spec.session_id)
-        return Sealer(spec.analyzer_key).seal(r.pick(reports)[1], session, round_id)
+        return Sealer(spec.analyzer_key).seal(r.pick(reports)[1], session, round_id, spec.digest)
     if kind == 5:  # the encapsulated key of a report in the batch on a forged ciphertext
         source = reports[r.pick(chosen)][0] if chosen else r.pick(reports)[0]
         return source[:32] + r.bytes(layout.sealed_size - 32)
@@ -604,7 +621,7 @@ def _check_opened(opened, payloads, expected, valid_values, context):
 
 def whole_batch(spec: RoundSpec, payloads, key=SHUFFLER_KEYS.signing_private, **fields) -> ShuffledBatch:
     """A single-chunk batch of ``payloads`` signed by ``key`` (``fields`` override chunk fields before signing)."""
-    batch = ShuffledBatch(spec.session_id, spec.round_id, bytes(range(16)), 0, 1, len(payloads), tuple(payloads))
+    batch = ShuffledBatch(spec.session_id, spec.round_id, spec.digest, bytes(range(16)), 0, 1, len(payloads), tuple(payloads))
     return signed(key, dataclasses.replace(batch, **fields))
 
 
@@ -639,7 +656,7 @@ def test_analyzer_opens_every_valid_report_among_mutants(seed):
     _check_opened(ANALYZER.open_payloads(payloads, spec), payloads, expected, valid_values, context)
     if not payloads:  # a batch holds at least one report: there is no empty batch to send
         with pytest.raises(ShuffleDPError):
-            ShuffledBatch(spec.session_id, spec.round_id, bytes(16), 0, 1, 1, ())
+            ShuffledBatch(spec.session_id, spec.round_id, spec.digest, bytes(16), 0, 1, 1, ())
         return
     batch = whole_batch(spec, payloads)
     _check_opened(ANALYZER.open_batch(batch, spec), payloads, expected, valid_values, context)
@@ -719,7 +736,7 @@ def _junk_chunk(r: S.Rng, spec: RoundSpec, index: int, chunks) -> bytes:
     if k == 2:  # a real chunk's content signed by another shuffler
         return foreign_signed(r.pick(chunks))
     if k == 3:  # a chunk of this round with a random signature, or payloads of another size
-        batch = S.g_batch(r, spec.session_id, spec.round_id, max_count=3)
+        batch = S.g_batch(r, spec.session_id, spec.round_id, max_count=3, spec_digest=spec.digest if r.bool() else None)
         return encoded(dataclasses.replace(batch, signature=r.bytes(64)))
     if k == 4:
         return S.g_valid_message(r) if r.bool() else raw.encode(S.g_hostile_tree(r))
@@ -737,25 +754,29 @@ def _rogue_batch(r: S.Rng, spec: RoundSpec) -> list[bytes]:
     for chunk in range(chunks):
         count = r.int(1, total)
         shape = (chunks, total) if r.below(4) else (chunks, total + 1)
-        batch = ShuffledBatch(spec.session_id, spec.round_id, batch_id, chunk, shape[0], shape[1],
+        batch = ShuffledBatch(spec.session_id, spec.round_id, spec.digest, batch_id, chunk, shape[0], shape[1],
                               tuple(r.bytes(sealed_size) for _ in range(min(count, shape[1]))))
         out.append(codec.encode(signed(SHUFFLER_KEYS.signing_private, batch)))
     return out
 
 
 class AckSpool:
-    """The part of the spool ``handle_ack`` uses: released batches, acknowledged at most once."""
+    """The part of the spool ``handle_ack`` uses: one stored round (its signed spec) and its
+    released batches, acknowledged at most once."""
 
-    def __init__(self, batch_ids, session_id: bytes = bytes(16), round_id: int = 0) -> None:
+    def __init__(self, batch_ids, stored: StoredRound) -> None:
         self.released = {batch_id: False for batch_id in batch_ids}
-        self.round = (session_id, round_id)
+        self.stored = stored
+
+    def round(self, session_id: bytes, round_id: int) -> StoredRound | None:
+        return self.stored if (session_id, round_id) == (self.stored.session_id, self.stored.round_id) else None
 
     def acknowledge(self, batch_id: bytes) -> tuple[bytes, int] | None:
         """The batch's (session, round) on its first acknowledgement, else None (as SqliteSpool)."""
         if self.released.get(batch_id) is not False:
             return None
         self.released[batch_id] = True
-        return self.round
+        return self.stored.session_id, self.stored.round_id
 
 
 @functools.cache
@@ -775,8 +796,8 @@ def cross_type_ack(ack: BatchAck, tag: str) -> bytes:
 
 def _junk_ack(r: S.Rng, spec: RoundSpec, batch_id: bytes, real_ack: bytes) -> tuple[bytes, str | None]:
     """A junk acknowledgement, and the reason the shuffler must count it under (None: any typed reason)."""
-    k = r.below(7)
-    ack = BatchAck(spec.session_id, spec.round_id, batch_id, bytes(64))
+    k = r.below(8)
+    ack = BatchAck(spec.session_id, spec.round_id, spec.digest, batch_id, bytes(64))
     analyzer = ANALYZER.keys.signing_private
     if k == 0:
         return S.mutate(r, real_ack, max_ops=2, others=lambda rr: encoded(S.g_batch_ack(rr))), None
@@ -790,6 +811,8 @@ def _junk_ack(r: S.Rng, spec: RoundSpec, batch_id: bytes, real_ack: bytes) -> tu
         return codec.encode(signed(analyzer, dataclasses.replace(ack, batch_id=r.bytes(16)))), "unknown-batch"
     if k == 5:  # the analyzer's signature over this very acknowledgement, made for another message type
         return cross_type_ack(ack, r.pick([t for t in codec.MESSAGE_TYPES if t != "batch-ack"])), "bad-signature"
+    if k == 6:  # the analyzer's real signature, of this batch, under another spec of the round
+        return codec.encode(signed(analyzer, dataclasses.replace(ack, spec_digest=S.g_spec_digest(r)))), "unknown-round"
     return (S.g_valid_message(r) if r.bool() else r.bytes(r.int(0, 100))), None
 
 
@@ -833,7 +856,7 @@ def test_batch_delivery_survives_junk_chunks_and_acks(seed):
         else:
             assert counted == 1 and batch is None, context()
             try:  # the chunk reader alone is pure: its time goes on the record
-                timed("read_batch_chunk", read_batch_chunk, data, spec.session_id, spec.round_id, sealed_size,
+                timed("read_batch_chunk", read_batch_chunk, data, spec.session_id, spec.round_id, spec.digest, sealed_size,
                       spec.max_batch)
             except ShuffleDPError:
                 pass
@@ -847,7 +870,7 @@ def test_batch_delivery_survives_junk_chunks_and_acks(seed):
 
     # the analyzer acknowledges; the shuffler marks the batch served once, and counts junk by reason
     real_ack = acknowledgement(index, batch_id)
-    spool = AckSpool([batch_id, b"\xdd" * 16])
+    spool = AckSpool([batch_id, b"\xdd" * 16], StoredRound(spec.session_id, spec.round_id, ANALYZER.sign_spec(spec), "released"))
     shuffler = Shuffler(InProcessChannel(), spec.session_id, ANALYZER.keys.signing_public, SHUFFLER_KEYS, ISSUER,
                         spool=spool)
     acks = [(real_ack, None) for _ in range(r.int(1, 2))] + [_junk_ack(r, spec, batch_id, real_ack)

@@ -53,7 +53,7 @@ async def test_forged_batches_replays_rewraps_and_quota_abuse_over_the_broker(br
             sealed_size = report_format(spec.round_id, spec.mechanism).sealed_size
             # the attacker: a batch signed by an impostor key, an unsigned one, junk
             impostor = batch_chunks(spec, ShufflerKeys.generate(), os.urandom(16), [os.urandom(sealed_size)] * n, 64)[0]
-            unsigned = codec.encode(ShuffledBatch(sid, 0, os.urandom(16), 0, 1, n, tuple(os.urandom(sealed_size) for _ in range(n))))
+            unsigned = codec.encode(ShuffledBatch(sid, 0, spec.digest, os.urandom(16), 0, 1, n, tuple(os.urandom(sealed_size) for _ in range(n))))
             for junk in (impostor, unsigned, b"\x00" * 100):
                 await attacker_ch.publish(batch_topic(sid, 0), junk)
             answers = [c.answer(signed)[0] for c in clients]

@@ -12,10 +12,13 @@ The vectors pin the wire format for implementations in other languages:
   ``info``, an encoded envelope whose outer layer must open to the given admission,
   whose ``sealed`` is the inner layer of ``sealing.json``, under a credential the given
   issuer key verifies;
-* ``signing.json``: an Ed25519 key seed, a round spec and its (deterministic) signature,
+* ``signing.json``: an Ed25519 key seed, a round spec and its (deterministic) signature
+  over ``"shuffledp/v3/signed/round-spec" || SHA-256(spec bytes)``,
   and for each signed message type the signing rule step by step: the encoding with the
   signature zeroed, its SHA-256, the signed string
-  ``"shuffledp/v2/signed/" || type tag || digest`` and the signature;
+  ``"shuffledp/v3/signed/" || type tag || digest`` and the signature, and the round
+  spec's digest ``SHA-256("shuffledp/v3/spec" || spec bytes)``, which the HPKE ``info``
+  of both layers and every signed message of the round carry;
 * ``refused.json``: encodings a decoder must refuse (hostile CBOR features,
   non-deterministic forms, and messages of each type out of their domain), each with
   the rule it breaks and a pattern the refusal's message matches.
@@ -39,7 +42,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from shuffledp.protocol import codec
 from shuffledp.protocol import messages as m
 from shuffledp.protocol.credentials import CredentialIssuer
-from shuffledp.protocol.onion import SIGNED_LABEL, ShufflerKeys, envelope_info, signed, wrap
+from shuffledp.protocol.onion import (
+    SIGNED_LABEL,
+    ShufflerKeys,
+    envelope_info,
+    sign_spec_bytes,
+    signed,
+    spec_signing_string,
+    wrap,
+)
 from shuffledp.protocol.report_format import report_format
 from shuffledp.protocol.sealing import Sealer, public_bytes, report_info
 
@@ -56,6 +67,8 @@ ISSUER_KEY = bytes(range(0xA0, 0xC0))
 CLIENT_ID = bytes.fromhex("c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1")
 NONCE = bytes.fromhex("0f0e0d0c0b0a09080706050403020100")
 BATCH_ID = bytes.fromhex("b0b1b2b3b4b5b6b7b8b9babbbcbdbebf")
+#: A spec digest for the refused vectors (any 32 bytes: they are refused for another field).
+SPEC_DIGEST = bytes(range(0x40, 0x60))
 
 #: Sealed size of round 0's hadamard-range reports (the padded report plus 48 bytes of HPKE).
 SEALED_SIZE = report_format(0, "hadamard-range").sealed_size
@@ -67,7 +80,7 @@ def _message(tag: str, **fields) -> str:
 
 
 def _batch_fields(**changes) -> dict:
-    fields = dict(session_id=SESSION, round_id=0, batch_id=BATCH_ID, chunk=0, chunks=1, total=2,
+    fields = dict(session_id=SESSION, round_id=0, spec_digest=SPEC_DIGEST, batch_id=BATCH_ID, chunk=0, chunks=1, total=2,
                   payloads=[bytes([1]) * SEALED_SIZE, bytes([2]) * SEALED_SIZE], signature=bytes(64))
     fields.update(changes)
     return fields
@@ -121,25 +134,27 @@ REFUSED = [
      "a chunk holds at least one payload", "payloads"),
     ("shuffled-batch-short-batch-id", _message("shuffled-batch", **_batch_fields(batch_id=bytes(15))),
      "a batch id is 16 bytes", "batch_id"),
+    ("shuffled-batch-short-spec-digest", _message("shuffled-batch", **_batch_fields(spec_digest=bytes(31))),
+     "a spec digest is 32 bytes", "spec_digest"),
     ("shuffled-batch-non-shortest-total", _non_shortest_total(),
      "integers in shortest form (the fast chunk reader relies on it)", "shortest form"),
     ("batch-ack-short-signature",
-     _message("batch-ack", session_id=SESSION, round_id=0, batch_id=BATCH_ID, signature=bytes(63)),
+     _message("batch-ack", session_id=SESSION, round_id=0, spec_digest=SPEC_DIGEST, batch_id=BATCH_ID, signature=bytes(63)),
      "a signature is 64 bytes", "signature"),
     ("admission-receipts-reason-missing",
-     _message("admission-receipts", session_id=SESSION, round_id=0, admitted=[], refused=[NONCE], reasons=[],
+     _message("admission-receipts", session_id=SESSION, round_id=0, spec_digest=SPEC_DIGEST, admitted=[], refused=[NONCE], reasons=[],
               signature=bytes(64)),
      "one reason per refused nonce", "reasons"),
     ("admission-receipts-reason-too-long",
-     _message("admission-receipts", session_id=SESSION, round_id=0, admitted=[], refused=[NONCE], reasons=["x" * 33],
+     _message("admission-receipts", session_id=SESSION, round_id=0, spec_digest=SPEC_DIGEST, admitted=[], refused=[NONCE], reasons=["x" * 33],
               signature=bytes(64)),
      "a reason is 1..32 characters", "reasons"),
     ("admission-receipts-short-nonce",
-     _message("admission-receipts", session_id=SESSION, round_id=0, admitted=[bytes(15)], refused=[], reasons=[],
+     _message("admission-receipts", session_id=SESSION, round_id=0, spec_digest=SPEC_DIGEST, admitted=[bytes(15)], refused=[], reasons=[],
               signature=bytes(64)),
      "a nonce is 16 bytes", "admitted"),
     ("round-outcome-unknown-outcome",
-     _message("round-outcome", session_id=SESSION, round_id=0, outcome="served", reason="", admitted=2,
+     _message("round-outcome", session_id=SESSION, round_id=0, spec_digest=SPEC_DIGEST, outcome="served", reason="", admitted=2,
               batch_id=BATCH_ID, instance=0, signature=bytes(64)),
      'an outcome is "released" or "failed"', "outcome"),
     ("round-spec-modular-sum-too-few-shares",
@@ -151,7 +166,7 @@ REFUSED = [
      "a summation spec must deliver its central (epsilon0, delta0): 3 shares mod 2000003 from 10^4 users do not",
      "messages"),
     ("round-outcome-instance-out-of-range",
-     _message("round-outcome", session_id=SESSION, round_id=0, outcome="released", reason="", admitted=2,
+     _message("round-outcome", session_id=SESSION, round_id=0, spec_digest=SPEC_DIGEST, outcome="released", reason="", admitted=2,
               batch_id=BATCH_ID, instance=64, signature=bytes(64)),
      "an instance is 0..63", "instance"),
 ]
@@ -202,17 +217,18 @@ def signed_messages() -> list[tuple[str, object, Ed25519PrivateKey]]:
     shuffler = shuffler_keys().signing_private
     analyzer = analyzer_keys()[1]
     payloads = tuple(bytes([i]) * SEALED_SIZE for i in (1, 2, 3))
+    r0, r1 = (spec.digest for spec in round_specs())  # each message names the exact spec of its round
     messages = [
-        ("shuffled-batch/whole", m.ShuffledBatch(SESSION, 0, BATCH_ID, 0, 1, 2, payloads[:2]), shuffler),
-        ("shuffled-batch/chunk-1-of-2", m.ShuffledBatch(SESSION, 0, BATCH_ID, 1, 2, 3, payloads[2:]), shuffler),
-        ("batch-ack", m.BatchAck(SESSION, 0, BATCH_ID, bytes(64)), analyzer),
+        ("shuffled-batch/whole", m.ShuffledBatch(SESSION, 0, r0, BATCH_ID, 0, 1, 2, payloads[:2]), shuffler),
+        ("shuffled-batch/chunk-1-of-2", m.ShuffledBatch(SESSION, 0, r0, BATCH_ID, 1, 2, 3, payloads[2:]), shuffler),
+        ("batch-ack", m.BatchAck(SESSION, 0, r0, BATCH_ID, bytes(64)), analyzer),
         (
             "admission-receipts",
-            m.AdmissionReceipts(SESSION, 0, (NONCE,), (bytes([0x11]) * 16, bytes([0x22]) * 16), ("replay", "quota")),
+            m.AdmissionReceipts(SESSION, 0, r0, (NONCE,), (bytes([0x11]) * 16, bytes([0x22]) * 16), ("replay", "quota")),
             shuffler,
         ),
-        ("round-outcome/released", m.RoundOutcome(SESSION, 0, "released", "", 2, BATCH_ID), shuffler),
-        ("round-outcome/failed", m.RoundOutcome(SESSION, 1, "failed", "batch-too-small", 7, bytes(16), 3), shuffler),
+        ("round-outcome/released", m.RoundOutcome(SESSION, 0, r0, "released", "", 2, BATCH_ID), shuffler),
+        ("round-outcome/failed", m.RoundOutcome(SESSION, 1, r1, "failed", "batch-too-small", 7, bytes(16), 3), shuffler),
     ]
     return [(name, signed(key, message), key) for name, message, key in messages]
 
@@ -224,7 +240,7 @@ def onion() -> dict:
     range_spec, _ = round_specs()
     report = codec.encode(m.Report(0, "hadamard-range", (17, -1)))
     plaintext = report_format(0, "hadamard-range").pad(report)
-    sealed = Sealer(public_bytes(private.public_key())).seal(plaintext, SESSION, 0)
+    sealed = Sealer(public_bytes(private.public_key())).seal(plaintext, SESSION, 0, range_spec.digest)
     credential = CredentialIssuer(ISSUER_KEY).issue(CLIENT_ID)
     envelope, _ = wrap(range_spec, credential, sealed, NONCE)
     admission = m.Admission(0, credential, NONCE, sealed)
@@ -272,7 +288,7 @@ def multi_message_specs() -> list[tuple[str, m.RoundSpec]]:
 def example_messages(layers: dict) -> list[tuple[str, object]]:
     range_spec, mean_spec = round_specs()
     spec_bytes = codec.encode(range_spec)
-    signature = analyzer_keys()[1].sign(spec_bytes)
+    signature = sign_spec_bytes(analyzer_keys()[1], spec_bytes)
     return [
         ("round-spec/hadamard-range", range_spec),
         ("round-spec/projected-mean-gaussian", mean_spec),
@@ -307,7 +323,8 @@ def main() -> None:
         "recipient_public_key_hex": public_bytes(private.public_key()).hex(),
         "session_id_hex": SESSION.hex(),
         "round_id": 0,
-        "info_hex": report_info(SESSION, 0).hex(),
+        "spec_digest_hex": round_specs()[0].digest.hex(),
+        "info_hex": report_info(SESSION, 0, round_specs()[0].digest).hex(),
         "sealed_hex": layers["sealed"].hex(),
         "report_hex": layers["report"].hex(),
         "padded_size": len(layers["plaintext"]),
@@ -321,7 +338,8 @@ def main() -> None:
         "session_id_hex": SESSION.hex(),
         "round_id": 0,
         "mechanism": "hadamard-range",
-        "info_hex": envelope_info(SESSION, 0).hex(),
+        "spec_digest_hex": round_specs()[0].digest.hex(),
+        "info_hex": envelope_info(SESSION, 0, round_specs()[0].digest).hex(),
         "envelope_hex": layers["envelope"].hex(),
         "admission_hex": codec.encode(layers["admission"]).hex(),
         "issuer_key_hex": ISSUER_KEY.hex(),
@@ -342,7 +360,10 @@ def main() -> None:
         "private_seed_hex": ANALYZER_ED25519_SEED.hex(),
         "public_key_hex": public_bytes(signer.public_key()).hex(),
         "message_hex": message.hex(),
-        "signature_hex": signer.sign(message).hex(),
+        "spec_signed_string_hex": spec_signing_string(message).hex(),
+        "signature_hex": sign_spec_bytes(signer, message).hex(),
+        "spec_digest_label": m.SPEC_DIGEST_LABEL.decode(),
+        "spec_digest_hex": m.spec_digest_of(message).hex(),
         "signed_label": SIGNED_LABEL.decode(),
         "signed_messages": [signing_steps(name, msg, key) for name, msg, key in signed_messages()],
     }

@@ -1,0 +1,191 @@
+"""The analyzer's durable session state: every round it announced, and what each one gave.
+
+A round id names one spec for ever. An analyzer that restarts with its round counter in
+memory would sign a second spec for round 0 of a session whose first round-0 spec is
+still being answered; the spec digest that binds every report and chunk
+(:attr:`RoundSpec.digest`) already keeps the old batch out of the new spec, but the
+session would still have two specs for one round, and clients that answered the first
+would be charged for a round that never counts. So the coordinator writes each round
+here *before* it announces it, and a restarted coordinator resumes from this file:
+
+* a round recorded as **completed** is not run again: its result (the opened report
+  values, the rejections, the batch sizes) is read back and fed to the protocol, which
+  must ask for exactly the same round (else :class:`SessionMismatch`);
+* a round recorded as **announced** but not completed is served again under the very
+  same signed bytes (Ed25519 and the canonical encoding are deterministic), so the
+  shuffler's re-published batch, or its signed outcome, can still complete it;
+* a round recorded as **failed** ends the session (:class:`BatchTooSmall`), and is never
+  announced again.
+
+The file is SQLite (standard library), written in WAL mode with a commit per state
+change, created 0600. Nothing in it links a report to a client: the analyzer never
+sees a credential; it holds the report values the analyzer opened anyway.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from shuffledp.protocol import codec
+from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, ShuffleDPError
+from shuffledp.protocol.messages import RoundSpec, SignedRoundSpec
+
+ANNOUNCED, COMPLETED, FAILED = "announced", "completed", "failed"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rounds (
+    session_id BLOB NOT NULL,
+    round_id INTEGER NOT NULL,
+    signed_spec BLOB NOT NULL,
+    state TEXT NOT NULL,
+    result BLOB,
+    PRIMARY KEY (session_id, round_id)
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id BLOB PRIMARY KEY,
+    config TEXT NOT NULL
+);
+"""
+
+
+class SessionMismatch(ShuffleDPError):
+    """A restarted analyzer asked for a round other than the one its session file recorded."""
+
+    reason = "session-mismatch"
+
+
+@dataclass(frozen=True)
+class StoredRoundResult:
+    """What a completed round gave, as the coordinator needs it to resume the protocol."""
+
+    values: np.ndarray
+    rejected: Counter
+    batch_bytes: int
+    batch_ids: tuple[bytes, ...]
+    batch_sizes: tuple[int, ...]
+    chunks: int
+    failed_instances: int
+
+    def encode(self) -> bytes:
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(self.values, dtype="<i8"), allow_pickle=False)
+        meta = {
+            "rejected": dict(self.rejected), "batch_bytes": self.batch_bytes,
+            "batch_ids": [b.hex() for b in self.batch_ids], "batch_sizes": list(self.batch_sizes),
+            "chunks": self.chunks, "failed_instances": self.failed_instances,
+        }
+        head = json.dumps(meta, sort_keys=True).encode()
+        return len(head).to_bytes(4, "big") + head + buffer.getvalue()
+
+    @classmethod
+    def decode(cls, data: bytes) -> "StoredRoundResult":
+        size = int.from_bytes(data[:4], "big")
+        meta = json.loads(data[4 : 4 + size])
+        values = np.load(io.BytesIO(data[4 + size :]), allow_pickle=False).astype(np.int64)
+        return cls(values, Counter(meta["rejected"]), meta["batch_bytes"], tuple(bytes.fromhex(b) for b in meta["batch_ids"]),
+                   tuple(meta["batch_sizes"]), meta["chunks"], meta["failed_instances"])
+
+
+@dataclass(frozen=True)
+class StoredAnalyzerRound:
+    """One round of the session file: its signed spec, its state and, once completed, its result."""
+
+    round_id: int
+    signed_spec: bytes
+    state: str
+    result: StoredRoundResult | None
+
+    @property
+    def spec(self) -> RoundSpec:
+        return codec.decode(codec.decode(self.signed_spec, SignedRoundSpec).spec_bytes, RoundSpec)
+
+
+class SessionStore:
+    """The rounds one analyzer announced, per session, in a private SQLite file (see the module docstring)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                    raise InvalidParameter(
+                        "analyzer state", f"{self.path} must be a file of this user readable by no one else (mode 0600)")
+            finally:
+                os.close(fd)
+        self._db = sqlite3.connect(str(path), isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- the session's configuration --------------------------------------------------------
+    def check_config(self, session_id: bytes, config: dict) -> bool:
+        """Record the session's configuration, or check it against the recorded one; whether the
+        session already had one (a resumed session). :class:`SessionMismatch` if it differs."""
+        text = json.dumps(config, sort_keys=True)
+        row = self._db.execute("SELECT config FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO sessions (session_id, config) VALUES (?, ?)", (session_id, text))
+            return False
+        if row[0] != text:
+            recorded, now = json.loads(row[0]), config
+            changed = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+            raise SessionMismatch(
+                f"session {session_id.hex()} was started with other parameters ({', '.join(changed)}); "
+                "a session resumes only with the parameters it started with")
+        return True
+
+    # -- rounds -------------------------------------------------------------------------------
+    def round(self, session_id: bytes, round_id: int) -> StoredAnalyzerRound | None:
+        row = self._db.execute(
+            "SELECT signed_spec, state, result FROM rounds WHERE session_id = ? AND round_id = ?", (session_id, round_id)
+        ).fetchone()
+        if row is None:
+            return None
+        result = StoredRoundResult.decode(row[2]) if row[2] is not None else None
+        return StoredAnalyzerRound(round_id, row[0], row[1], result)
+
+    def rounds(self, session_id: bytes) -> list[StoredAnalyzerRound]:
+        ids = [r[0] for r in self._db.execute(
+            "SELECT round_id FROM rounds WHERE session_id = ? ORDER BY round_id", (session_id,))]
+        return [self.round(session_id, i) for i in ids]
+
+    def announce(self, session_id: bytes, round_id: int, signed_spec: bytes) -> None:
+        """Record a round before it is announced; refuses a round id already recorded (a
+        round id names one spec for ever)."""
+        try:
+            self._db.execute("INSERT INTO rounds (session_id, round_id, signed_spec, state) VALUES (?, ?, ?, ?)",
+                             (session_id, round_id, signed_spec, ANNOUNCED))
+        except sqlite3.IntegrityError:
+            raise SessionMismatch(f"round {round_id} of session {session_id.hex()} was already announced") from None
+
+    def complete(self, session_id: bytes, round_id: int, result: StoredRoundResult) -> None:
+        self._set(session_id, round_id, COMPLETED, result.encode())
+
+    def fail(self, session_id: bytes, round_id: int) -> None:
+        self._set(session_id, round_id, FAILED, None)
+
+    def _set(self, session_id: bytes, round_id: int, state: str, result: bytes | None) -> None:
+        cursor = self._db.execute(
+            "UPDATE rounds SET state = ?, result = ? WHERE session_id = ? AND round_id = ? AND state = ?",
+            (state, result, session_id, round_id, ANNOUNCED))
+        if cursor.rowcount != 1:
+            raise SessionMismatch(f"round {round_id} of session {session_id.hex()} is not an announced round")
+
+
+def failed_round(stored: StoredAnalyzerRound) -> BatchTooSmall:
+    """The error a resumed session stops with at a round that failed before the restart."""
+    return BatchTooSmall(f"round {stored.round_id} failed before this analyzer restarted; the session cannot go on "
+                         "(a round id is never announced twice): start a new session")

@@ -1,0 +1,66 @@
+"""Every function and test `docs/threat-model.md` names exists.
+
+The threat model says, for each attack, which function stops it and which test tries it.
+A name that no longer exists (a renamed test, a moved function) would leave a claim with
+nothing behind it, so each ``path.py::Name`` or ``path.py::Class.member`` reference on the
+page is resolved here in the source it names.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "threat-model.md"
+REFERENCE = re.compile(r"`([A-Za-z0-9_/]+\.py)::([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)`")
+
+
+def references() -> list[tuple[str, str]]:
+    return sorted(set(REFERENCE.findall(PAGE.read_text())))
+
+
+@cache
+def _module(path: str) -> ast.Module:
+    return ast.parse((ROOT / path).read_text())
+
+
+def _defined(body: list[ast.stmt]) -> dict[str, ast.AST]:
+    """Names a module or class body defines or imports, with their nodes."""
+    names: dict[str, ast.AST] = {}
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names[node.name] = node
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    names[target.id] = node
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                names[alias.asname or alias.name.split(".")[0]] = node
+    return names
+
+
+def test_the_page_names_functions_and_tests():
+    refs = references()
+    assert len(refs) >= 60  # the attack table alone names more than this
+    assert any(path.startswith("tests/") for path, _ in refs)
+
+
+@pytest.mark.parametrize("path,name", references(), ids=lambda v: v)
+def test_each_named_function_and_test_exists(path, name):
+    assert (ROOT / path).is_file(), f"{path} does not exist"
+    names = _defined(_module(path).body)
+    head, _, member = name.partition(".")
+    assert head in names, f"{path} defines no {head}"
+    if member:
+        owner = names[head]
+        assert isinstance(owner, ast.ClassDef), f"{path}::{head} is not a class"
+        assert member in _defined(owner.body), f"{path}::{head} has no member {member}"
+    if path.startswith("tests/"):
+        assert head.startswith("test_") and isinstance(names[head], (ast.FunctionDef, ast.AsyncFunctionDef))
