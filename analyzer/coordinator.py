@@ -42,7 +42,7 @@ from shuffledp.protocol import codec
 from shuffledp.protocol.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
 from shuffledp.protocol.messages import MAX_BATCH, SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, messages_per_user
-from shuffledp.protocol.onion import decode_verified
+from shuffledp.protocol.onion import decode_verified, verified_spec
 from shuffledp.protocol.report_format import report_format
 
 
@@ -255,22 +255,25 @@ class Coordinator:
 
     async def _serve_recorded(self, spec: RoundSpec) -> RoundRecord:
         """Announce and serve a round, and record how it ended in the session store (if any)."""
+        def record_result(record: RoundRecord) -> None:  # before any acknowledgement: see receive_round
+            if self.store is not None:
+                self.store.complete(spec.session_id, spec.round_id, StoredRoundResult(
+                    record.opened.values, record.opened.rejected, record.batch_bytes, record.batch_ids,
+                    record.batch_sizes, record.chunks, record.failed_instances))
+
         try:
-            record = await self.receive_round(spec, announce=True)
+            return await self.receive_round(spec, announce=True, before_ack=record_result)
         except BatchTooSmall:
             if self.store is not None:
                 self.store.fail(spec.session_id, spec.round_id)
             raise
-        if self.store is not None:
-            self.store.complete(spec.session_id, spec.round_id, StoredRoundResult(
-                record.opened.values, record.opened.rejected, record.batch_bytes, record.batch_ids, record.batch_sizes,
-                record.chunks, record.failed_instances))
-        return record
 
     async def _resume_round(self, stored: StoredAnalyzerRound, asked: tuple) -> RoundRecord:
         """A round the session store holds from before a restart: its recorded result, or (announced,
         not completed) the same signed spec served again; never a new spec for its round id."""
-        spec = stored.spec
+        # The stored bytes must still be this analyzer's own signature: the file is checked private,
+        # and this keeps a spec planted in it from ever being served or replayed.
+        spec = verified_spec(stored.signed_spec, self.analyzer.keys.signing_public)
         if (spec.params, spec.epsilon0, spec.delta0, spec.min_batch, spec.max_batch, spec.shuffler_instances) != asked:
             raise SessionMismatch(
                 f"round {spec.round_id} of session {spec.session_id.hex()} was announced with other parameters "
@@ -279,18 +282,26 @@ class Coordinator:
             raise failed_round(stored)
         if stored.state == COMPLETED:
             r = stored.result
+            # Acknowledged again (the same signed bytes): the process may have died between writing
+            # the result and acknowledging it, and the shuffler must not give the batch up.
+            await self._acknowledge(spec, r.batch_ids)
             return RoundRecord(spec, OpenedBatch(r.values, r.rejected), r.batch_bytes, r.batch_ids[0], r.chunks,
                                r.batch_ids, r.batch_sizes, r.failed_instances, stored.signed_spec)
         if self.analyzer.sign_spec(spec) != stored.signed_spec:
             raise SessionMismatch(f"round {spec.round_id} was signed with another analyzer key before the restart")
         return await self._serve_recorded(spec)
 
-    async def receive_round(self, spec: RoundSpec, *, announce: bool = False) -> RoundRecord:
+    async def receive_round(
+        self, spec: RoundSpec, *, announce: bool = False, before_ack: Callable[[RoundRecord], None] | None = None
+    ) -> RoundRecord:
         """Subscribe to a round's batch and outcome topics, (optionally) announce it, and
         collect, open and acknowledge its batches (see :meth:`_collect_batches`).
 
         ``announce=False`` serves a spec already announced (or opened at the shuffler
-        directly, as the load benchmark does)."""
+        directly, as the load benchmark does). ``before_ack`` is called with the round's
+        record before any batch is acknowledged: the session store writes the round's
+        result there, because an acknowledged batch is deleted by the shuffler, and a
+        result not yet written when the process dies would be lost for good."""
         subscriptions = []
         for instance in range(spec.shuffler_instances):
             subscriptions.append(("batch", await self.channel.subscribe(batch_topic(spec.session_id, spec.round_id, instance))))
@@ -304,9 +315,15 @@ class Coordinator:
         finally:
             for _, subscription in subscriptions:
                 await subscription.close()
-        for batch in batches:
-            await self.channel.publish(acks_topic(spec.session_id), self.analyzer.acknowledge(spec, batch.batch_id))
-        return _record(spec, batches, failed, signed_spec)
+        record = _record(spec, batches, failed, signed_spec)
+        if before_ack is not None:
+            before_ack(record)
+        await self._acknowledge(spec, record.batch_ids)
+        return record
+
+    async def _acknowledge(self, spec: RoundSpec, batch_ids: tuple[bytes, ...]) -> None:
+        for batch_id in batch_ids:
+            await self.channel.publish(acks_topic(spec.session_id), self.analyzer.acknowledge(spec, batch_id))
 
     async def _collect_batches(self, spec: RoundSpec, subscriptions) -> tuple[list[_Batch], int]:
         """Assemble and open the round's batches, signed by its shuffler, until every instance is heard from.

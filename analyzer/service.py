@@ -214,7 +214,7 @@ class Analyzer:
 
     def sign_spec(self, spec: RoundSpec) -> bytes:
         """The encoded :class:`SignedRoundSpec` for ``spec``."""
-        spec_bytes = codec.encode(spec)
+        spec_bytes = codec.canonical_encode(spec)  # what every party re-creates: see RoundSpec.digest
         return codec.encode(SignedRoundSpec(spec_bytes, sign_spec_bytes(self.keys.signing_private, spec_bytes)))
 
     def acknowledge(self, spec: RoundSpec, batch_id: bytes) -> bytes:

@@ -18,7 +18,8 @@ here *before* it announces it, and a restarted coordinator resumes from this fil
   announced again.
 
 The file is SQLite (standard library), written in WAL mode with a commit per state
-change, created 0600. Nothing in it links a report to a client: the analyzer never
+change, created 0600 in a directory no one else may write (:func:`_open_private`); a
+resumed round's stored spec must still verify under the analyzer's own key. Nothing in it links a report to a client: the analyzer never
 sees a credential; it holds the report values the analyzer opened anyway.
 """
 
@@ -28,6 +29,7 @@ import io
 import json
 import os
 import sqlite3
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,17 +115,10 @@ class SessionStore:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        if str(path) != ":memory:":
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                st = os.fstat(fd)
-                if st.st_uid != os.geteuid() or st.st_mode & 0o077:
-                    raise InvalidParameter(
-                        "analyzer state", f"{self.path} must be a file of this user readable by no one else (mode 0600)")
-            finally:
-                os.close(fd)
-        self._db = sqlite3.connect(str(path), isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        if str(path) == ":memory:":
+            self._db = sqlite3.connect(":memory:", isolation_level=None)
+        else:
+            self._db = _open_private(self.path)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
 
@@ -183,6 +178,63 @@ class SessionStore:
             (state, result, session_id, round_id, ANNOUNCED))
         if cursor.rowcount != 1:
             raise SessionMismatch(f"round {round_id} of session {session_id.hex()} is not an announced round")
+
+
+def _refuse(path: Path, why: str) -> InvalidParameter:
+    return InvalidParameter("analyzer state", f"{path}: {why}")
+
+
+def _check_private(path: Path, info: os.stat_result, what: str) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise _refuse(path, f"{what} is not a regular file")
+    if info.st_uid != os.geteuid():
+        raise _refuse(path, f"{what} belongs to uid {info.st_uid}, not to this user")
+    if info.st_mode & 0o077:
+        raise _refuse(path, f"{what} must be readable by no one else (mode 0600; it is {stat.S_IMODE(info.st_mode):04o})")
+
+
+def _open_private(path: Path) -> sqlite3.Connection:
+    """The session file as a WAL-mode SQLite connection, after checking that no one else can have
+    written it or its log: its directory is this user's and writable by no one else (else a local
+    user could plant a ``-wal`` file that SQLite replays into the session); the file, its ``-wal``
+    and ``-shm`` are regular files of this user, mode 0600, none a symbolic link; and the name still
+    holds the checked file once SQLite has opened it. Since no one else may write the directory, no
+    one else can swap the name in between (a swap of a directory above it needs write access there:
+    a sticky ``/tmp`` refuses it)."""
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _refuse(path, f"cannot open its directory ({exc.strerror})") from None
+    try:
+        info = os.fstat(dir_fd)
+        if info.st_uid not in (os.geteuid(), 0) or info.st_mode & 0o022:
+            raise _refuse(path, f"its directory {directory} must be this user's and writable by no one else "
+                                f"(chmod go-w {directory}), or name a file in such a directory")
+        fd = os.open(path.name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        try:
+            checked = os.fstat(fd)
+            _check_private(path, checked, "the file")
+        finally:
+            os.close(fd)
+        for suffix in ("-wal", "-shm"):
+            try:
+                side = os.stat(path.name + suffix, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            _check_private(path, side, f"its {suffix} file")
+        db = sqlite3.connect(str(path), isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            now = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+                raise _refuse(path, "the file changed while it was opened")
+        except BaseException:
+            db.close()
+            raise
+        return db
+    finally:
+        os.close(dir_fd)
 
 
 def failed_round(stored: StoredAnalyzerRound) -> BatchTooSmall:

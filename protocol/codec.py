@@ -86,6 +86,17 @@ def encode(message: Any) -> bytes:
     return data
 
 
+def canonical_encode(message: Any) -> bytes:
+    """The one encoding a receiver re-creates from ``message``'s decoded form.
+
+    A field typed float may be built from an int (``HadamardRangeParams(-4, 4, 1)``);
+    :func:`encode` writes it as a CBOR integer, and a receiver decodes it as a float and
+    re-encodes a float. A signed message whose digest must be the same on both sides (a
+    round spec: :attr:`RoundSpec.digest`) is therefore signed and hashed in this form,
+    the encoding of the decoded message."""
+    return encode(decode(encode(message), type(message)))
+
+
 def _check_scalar(value: Any, kind: type, where: str) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -803,14 +803,16 @@ class RoundSpec:
 
     @functools.cached_property
     def digest(self) -> bytes:
-        """The round's binding to this exact spec: :func:`spec_digest_of` its canonical encoding.
+        """The round's binding to this exact spec: :func:`spec_digest_of` its canonical encoding
+        (``codec.canonical_encode``: float fields written as floats, whatever type built them).
 
-        The strict decoder admits only the canonical encoding, so a spec decoded from
-        the analyzer's signed bytes has the digest of exactly those bytes. Computed once
-        per spec object (``dataclasses.replace`` builds a new one)."""
+        The analyzer signs exactly those bytes (``Analyzer.sign_spec``), and ``verified_spec``
+        accepts only specs whose signed bytes are that encoding, so every party that holds
+        a verified spec computes this same digest from it. Computed once per spec object
+        (``dataclasses.replace`` builds a new one; a frozen spec is never changed in place)."""
         from shuffledp.protocol import codec  # codec imports this module
 
-        return spec_digest_of(codec.encode(self))
+        return spec_digest_of(codec.canonical_encode(self))
 
 
 def spec_digest_of(spec_bytes: bytes) -> bytes:

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from shuffledp.protocol import codec
 from shuffledp.protocol.cbor_strict import as_bytes, byte_length
-from shuffledp.protocol.errors import MessageTooLarge, SealingError, UnknownRound
+from shuffledp.protocol.errors import MalformedMessage, MessageTooLarge, SealingError, UnknownRound
 from shuffledp.protocol.messages import (
     CREDENTIAL_BYTES,
     NONCE_BYTES,
@@ -250,7 +250,12 @@ def verified_spec(signed: SignedRoundSpec | bytes, analyzer_signing_key: bytes) 
     if not isinstance(signed, SignedRoundSpec):
         signed = codec.decode(signed, SignedRoundSpec)  # bytes-like, or a typed MalformedMessage
     verify(analyzer_signing_key, spec_signing_string(signed.spec_bytes), signed.signature)
-    return codec.decode(signed.spec_bytes, RoundSpec)
+    spec = codec.decode(signed.spec_bytes, RoundSpec)
+    if codec.encode(spec) != signed.spec_bytes:
+        # An integer in a float field: the bytes every party re-creates, and so the spec
+        # digest the round is bound to, would differ from what was signed.
+        raise MalformedMessage("the signed spec is not in its canonical encoding (a float field written as an integer)")
+    return spec
 
 
 def decode_verified(data: bytes, expected: type[M], public: bytes) -> M:

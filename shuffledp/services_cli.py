@@ -695,7 +695,8 @@ def _open_session_store(args: argparse.Namespace, session_id: bytes, config: dic
         failed = [r.round_id for r in store.rounds(session_id) if r.state == FAILED]
     except SessionMismatch as exc:
         store.close()
-        raise UsageError(str(exc)) from None
+        raise UsageError(f"{exc}; to run other parameters, start a new session: shuffledp keys init {args.keys} "
+                         "--force, and restart the shuffler and clients") from None
     if failed:
         store.close()
         raise UsageError(

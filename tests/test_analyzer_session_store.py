@@ -139,3 +139,95 @@ def test_the_state_file_is_private(tmp_path):
         SessionStore(link)
     assert not (tmp_path / "elsewhere.db").exists()
 
+
+
+class _Killed(Exception):
+    """Stands for the process being killed."""
+
+
+class _DiesAtTheAck(InProcessChannel):
+    """An in-process channel whose process "dies" when it publishes its first acknowledgement."""
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        if topic.endswith("/acks"):
+            raise _Killed("killed at the acknowledgement")
+        await super().publish(topic, payload, retain=retain)
+
+
+async def test_a_round_is_recorded_before_its_batch_is_acknowledged_and_acknowledged_again_on_resume(tmp_path):
+    """The shuffler deletes a batch once acknowledged: a result not yet written by then would be lost
+    and the session could not go on. So the result is written first, and a resumed session
+    acknowledges the recorded batch again (the process may have died in between)."""
+    deployment = Deployment()
+    channel = _DiesAtTheAck()
+    path = tmp_path / "analyzer-state.db"
+    seen: list[bytes] = []
+    watcher = asyncio.create_task(_announcements(channel, deployment.session_id, seen))
+    try:
+        first = deployment.coordinator(channel, store=SessionStore(path), round_timeout=5)
+        task = asyncio.create_task(first.run_round(PARAMS, 8.0, N))
+        async with asyncio.timeout(5):
+            while not seen:
+                await asyncio.sleep(0.01)
+        store = SessionStore(path)
+        await _answer_and_release(deployment, channel, seen[0], store.round(deployment.session_id, 0).spec)
+        with pytest.raises(_Killed):
+            await asyncio.wait_for(task, 10)
+        assert store.round(deployment.session_id, 0).state == COMPLETED  # written before the acknowledgement
+        recorded = store.round(deployment.session_id, 0).result.batch_ids
+
+        healthy = InProcessChannel()
+        acks = await healthy.subscribe(f"shuffledp/{deployment.session_id.hex()}/acks")
+        again = deployment.coordinator(healthy, store=store)
+        await again.run_round(PARAMS, 8.0, N)
+        from shuffledp.protocol import codec
+        from shuffledp.protocol.messages import BatchAck
+
+        ack = codec.decode(await asyncio.wait_for(acks.get(), 5), BatchAck)
+        assert (ack.batch_id,) == recorded and ack.spec_digest == store.round(deployment.session_id, 0).spec.digest
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
+def test_a_state_file_in_a_directory_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(InvalidParameter, match="writable by no one else"):
+        SessionStore(shared / "state.db")
+    assert not (shared / "state.db").exists()
+
+
+def test_a_planted_log_file_is_refused_and_never_replayed(tmp_path):
+    """A ``-wal`` file left beside the session file by anyone (mode 0666 here) is refused: SQLite
+    would replay it into the session, and the analyzer would resume from rounds it never ran."""
+    path = tmp_path / "state.db"
+    SessionStore(path).close()
+    planted = tmp_path / "state.db-wal"
+    planted.write_bytes(b"not ours")
+    planted.chmod(0o666)
+    with pytest.raises(InvalidParameter, match="-wal"):
+        SessionStore(path)
+    assert planted.read_bytes() == b"not ours"
+
+
+async def test_a_spec_planted_in_the_state_file_is_never_served(tmp_path):
+    """A resumed round's stored spec must verify under the analyzer's own key."""
+    deployment = Deployment()
+    path = tmp_path / "state.db"
+    store = SessionStore(path)
+    other = Deployment(session_id=deployment.session_id)  # another analyzer key, same session
+    coordinator = other.coordinator(InProcessChannel())
+    from shuffledp.protocol.messages import RoundSpec
+
+    forged = RoundSpec(
+        session_id=deployment.session_id, round_id=0, params=PARAMS, epsilon0=8.0,
+        analyzer_key=deployment.analyzer_keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
+        shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=N, max_batch=N, deadline=1e12,
+    )
+    store.announce(deployment.session_id, 0, coordinator.analyzer.sign_spec(forged))
+    from shuffledp.protocol.errors import BadSignature
+
+    with pytest.raises(BadSignature):
+        await deployment.coordinator(InProcessChannel(), store=store).run_round(PARAMS, 8.0, N)

@@ -190,3 +190,34 @@ def test_a_signature_the_analyzer_made_on_another_message_is_not_a_spec_signatur
         verified_spec(SignedRoundSpec(covered, ack.signature), deployment.analyzer_signing_key)
     genuine = deployment.analyzer().sign_spec(first)  # control
     assert verified_spec(genuine, deployment.analyzer_signing_key) == first
+
+
+def test_a_spec_built_from_integers_is_signed_and_bound_in_the_form_every_party_recreates():
+    """``HadamardRangeParams(-4, 4, 1)`` and ``epsilon0=8`` are ints where the wire has floats: the
+    analyzer signs (and the round is bound to) the encoding the devices and the shuffler re-create
+    from the decoded spec, so the round completes; bytes signed in another form are refused."""
+    from shuffledp.protocol.errors import MalformedMessage
+    from shuffledp.protocol.onion import sign_spec_bytes, verified_spec
+
+    deployment = Deployment()
+    built = RoundSpec(
+        session_id=deployment.session_id, round_id=0, params=HadamardRangeParams(-4, 4, 1), epsilon0=8,
+        analyzer_key=deployment.analyzer_keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
+        shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=N, max_batch=N, deadline=10**12,
+    )
+    signed_spec = deployment.analyzer().sign_spec(built)
+    spec_bytes = codec.decode(signed_spec, SignedRoundSpec).spec_bytes
+    received = verified_spec(signed_spec, deployment.analyzer_signing_key)
+    assert received.digest == built.digest == spec_digest_of(spec_bytes)
+    # the round completes: devices seal under the received spec, the analyzer opens under its own object
+    clients = [deployment.client(np.array([0.1 * i]), PrivacyLedger(100.0)) for i in range(N)]
+    admission = RoundAdmission(received, deployment.shuffler_keys, deployment.issuer)
+    admission.offer_many([c.answer(signed_spec)[0] for c in clients])
+    chunk = batch_chunks(received, deployment.shuffler_keys, os.urandom(16), admission.shuffled_payloads(), N)[0]
+    assert deployment.analyzer().open_batch_bytes(chunk, built).size == N
+    # the integer form, signed as it is, would bind the round to other bytes: refused
+    raw = codec.encode(built)
+    assert raw != spec_bytes
+    with pytest.raises(MalformedMessage, match="canonical"):
+        verified_spec(SignedRoundSpec(raw, sign_spec_bytes(deployment.analyzer_keys.signing_private, raw)),
+                      deployment.analyzer_signing_key)
