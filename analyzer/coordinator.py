@@ -38,12 +38,12 @@ from shuffledp.analyzer.session_store import (
     StoredRoundResult,
     failed_round,
 )
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
-from shuffledp.protocol.messages import MAX_BATCH, SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, messages_per_user
-from shuffledp.protocol.onion import decode_verified, verified_spec
-from shuffledp.protocol.report_format import report_format
+from shuffledp.protocol.wire.messages import MAX_BATCH, SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, messages_per_user
+from shuffledp.protocol.wire.onion import decode_verified, verified_spec
+from shuffledp.protocol.wire.report_format import report_format
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import fwht
-from shuffledp.protocol.messages import HadamardRangeParams
+from shuffledp.protocol.mechanisms.hadamard import fwht
+from shuffledp.protocol.wire.messages import HadamardRangeParams
 
 
 def hadamard_scale(epsilon: float) -> float:

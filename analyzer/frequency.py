@@ -57,8 +57,8 @@ from shuffledp.client.krr import (
     krr_keep_probability,
 )
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import fwht
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.mechanisms.hadamard import fwht
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 __all__ = [
     "decode_hadamard_response",

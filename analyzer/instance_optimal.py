@@ -53,14 +53,14 @@ from shuffledp.analyzer.decoders import hadamard_frequencies, hadamard_scale
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
 from shuffledp.analyzer.summation import decode_vector_sum
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import fwht, next_power_of_two
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.mechanisms.hadamard import fwht, next_power_of_two
+from shuffledp.protocol.wire.messages import (
     CoordinateTreeParams,
     LocalVectorParams,
     ShiftedNormParams,
     ShiftedVectorSumParams,
 )
-from shuffledp.protocol.rotation import RandomRotation
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 MODELS = ("shuffle", "local")
 #: Largest ``groups x leaves`` table the tree decoder builds (one FWHT per group).

@@ -26,9 +26,9 @@ import numpy as np
 
 from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, RoundBudgets
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import next_power_of_two
-from shuffledp.protocol.messages import MAX_EPSILON, LocalVectorParams, ShiftedVectorSumParams
-from shuffledp.protocol.summation_params import choose_vector_sum, smallest_skellam_mu
+from shuffledp.protocol.mechanisms.hadamard import next_power_of_two
+from shuffledp.protocol.wire.messages import MAX_EPSILON, LocalVectorParams, ShiftedVectorSumParams
+from shuffledp.protocol.mechanisms.summation_params import choose_vector_sum, smallest_skellam_mu
 
 
 def local_levels(padded_dim: int) -> int:

@@ -8,7 +8,7 @@ result. The client randomizer of every round is the one
 :func:`shuffledp.client.mechanisms.randomize_round` names for the plan's
 parameters; the decoder is the protocol's own code between yields.
 
-Two engines run any protocol (``shuffledp/engine.py``): the vectorized engine calls
+Two engines run any protocol (``shuffledp/simulation/engine.py``): the vectorized engine calls
 the randomizer on arrays and permutes the rows; the message engine announces each
 plan as a signed round spec through the real coordinator, clients, sealing,
 shuffler and analyzer (:meth:`shuffledp.analyzer.coordinator.Coordinator.run_protocol`).
@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, Generator
 
 import numpy as np
 
-from shuffledp.protocol.messages import MechanismParams, messages_per_user
+from shuffledp.protocol.wire.messages import MechanismParams, messages_per_user
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from shuffledp.analyzer.decoders import MeanEstimate, RangeEstimate, hadamard_sc
 from shuffledp.analyzer.range_check import DEFAULT_ALPHA
 from shuffledp.client.mean_randomizer import decode_values, laplace_scale, report_range
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import HadamardRangeParams, ProjectedMeanParams
+from shuffledp.protocol.wire.messages import HadamardRangeParams, ProjectedMeanParams
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from shuffledp.analyzer.range_check import RangeCheck, check_range_round
 from shuffledp.analyzer.robust import RobustOptions, RobustSummary, robust_mean_round, robust_range_round
 from shuffledp.client.mean_randomizer import decode_values
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
+from shuffledp.protocol.wire.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
 
 
 def concentration_radius(proxy_sigma: float, n: int, m: int, gamma: float) -> float:

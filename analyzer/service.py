@@ -7,7 +7,7 @@ does not follow the round's report layout, or carries a value no honest
 randomizer produces is rejected and counted by reason, never trusted and never
 fatal.
 
-Batches arrive in signed chunks (:class:`~shuffledp.protocol.messages.ShuffledBatch`);
+Batches arrive in signed chunks (:class:`~shuffledp.protocol.wire.messages.ShuffledBatch`);
 a :class:`BatchOpening` opens them as they come, and with ``workers > 1`` spreads
 the HPKE work over that many processes (the duplicate check stays in the parent,
 so it spans the whole batch). With several shuffler instances a round has several
@@ -27,7 +27,7 @@ from typing import Callable, Container, Sequence
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from shuffledp.client.mechanisms import report_ranges
-from shuffledp.protocol import codec
+from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import (
     INTERNAL_ERROR,
     DuplicateReport,
@@ -36,21 +36,21 @@ from shuffledp.protocol.errors import (
     UnknownRound,
     ValueOutOfRange,
 )
-from shuffledp.protocol.key_workers import KeyWorkers, worker_key
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.key_workers import KeyWorkers, worker_key
+from shuffledp.protocol.wire.messages import (
     BatchAck,
     RoundSpec,
     ShuffledBatch,
     SignedRoundSpec,
 )
-from shuffledp.protocol.onion import sign_spec_bytes, signed, verify_encoded, verify_signed
-from shuffledp.protocol.report_format import (
+from shuffledp.protocol.wire.onion import sign_spec_bytes, signed, verify_encoded, verify_signed
+from shuffledp.protocol.wire.report_format import (
     BatchChunk,
     WrongSize,
     read_batch_chunk,
     report_format,
 )
-from shuffledp.protocol.sealing import (
+from shuffledp.protocol.wire.sealing import (
     ENCAPSULATED_KEY_BYTES,
     AnalyzerKeys,
     ReportOpener,

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shuffledp.protocol import codec
+from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, ShuffleDPError
-from shuffledp.protocol.messages import RoundSpec, SignedRoundSpec
+from shuffledp.protocol.wire.messages import RoundSpec, SignedRoundSpec
 
 ANNOUNCED, COMPLETED, FAILED = "announced", "completed", "failed"
 

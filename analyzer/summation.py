@@ -2,10 +2,10 @@
 
 The analyzer sums every share it receives mod ``q`` (per coordinate for vectors),
 maps the result to ``(-q/2, q/2]`` and undoes the fixed-point encoding
-(``protocol/modular_sum.py``). With every user's ``M`` shares present and no
+(``protocol/mechanisms/modular_sum.py``). With every user's ``M`` shares present and no
 wrap-around the result is exactly the sum of the encodings plus the noise, so the
 estimate is unbiased for the sum of the clipped inputs with the exact variance
-``(Var noise + sum_i f_i (1 - f_i)) step^2`` (:func:`shuffledp.protocol.summation_params.scalar_sum_variance`).
+``(Var noise + sum_i f_i (1 - f_i)) step^2`` (:func:`shuffledp.protocol.mechanisms.summation_params.scalar_sum_variance`).
 
 A batch whose size is not a whole number of users' shares cannot be decoded
 (a missing share turns the sum into noise mod ``q``): :class:`IncompleteShares`.
@@ -22,9 +22,9 @@ import numpy as np
 from shuffledp.client.summation import clip_to_ball, scaled_rotation
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
 from shuffledp.protocol.errors import ShuffleDPError
-from shuffledp.protocol.messages import ModularSumParams, VectorSumParams
-from shuffledp.protocol.modular_sum import FixedPoint, centered, decode_estimate, modular_sum
-from shuffledp.protocol.rotation import RandomRotation
+from shuffledp.protocol.wire.messages import ModularSumParams, VectorSumParams
+from shuffledp.protocol.mechanisms.modular_sum import FixedPoint, centered, decode_estimate, modular_sum
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 
 class IncompleteShares(ShuffleDPError):
@@ -60,7 +60,7 @@ def decode_scalar_sum(values: np.ndarray, params: ModularSumParams) -> SumEstima
 
 def coordinate_sums(values: np.ndarray, padded_dim: int, modulus: int) -> np.ndarray:
     """Per-coordinate sums mod ``q`` of ``(coordinate, share)`` rows, int64 in ``[0, q)``
-    (each coordinate's shares summed exactly by :func:`~shuffledp.protocol.modular_sum.modular_sum`)."""
+    (each coordinate's shares summed exactly by :func:`~shuffledp.protocol.mechanisms.modular_sum.modular_sum`)."""
     rows = np.asarray(values, dtype=np.int64)
     order = np.argsort(rows[:, 0], kind="stable")
     shares = rows[order, 1]

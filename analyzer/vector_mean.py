@@ -30,10 +30,10 @@ from shuffledp.analyzer.scalar_mean import paper_noise_variance
 from shuffledp.client.mean_randomizer import PerUserGrid, decode_values, noise_variance, rounding_variance
 from shuffledp.client.vector_randomizer import VECTOR_MODES, CoordinateReports, rotation_of
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import fwht
+from shuffledp.protocol.mechanisms.hadamard import fwht
 from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
-from shuffledp.protocol.messages import HadamardRangeParams, VectorMeanParams, VectorRangeParams, check_local_budget
-from shuffledp.protocol.rotation import RandomRotation
+from shuffledp.protocol.wire.messages import HadamardRangeParams, VectorMeanParams, VectorRangeParams, check_local_budget
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ kind = target["kind"]
 
 def default_simulation(**options):  # the configuration of `shuffledp simulate` with no arguments
     from shuffledp.simulation import SimulationConfig
-    from shuffledp.population import Population
+    from shuffledp.simulation.population import Population
     return SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), 20000, 1.0, **options)
 
 

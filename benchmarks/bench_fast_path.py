@@ -27,8 +27,8 @@ from _common import arguments, best_of, parse, pin_one_core, write_result
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, estimate_mean, estimate_range
 from shuffledp.client.mean_randomizer import randomize_mean
 from shuffledp.client.range_randomizer import keep_probability, randomize_range
-from shuffledp.population import Population
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.simulation.population import Population
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 N = 1_000_000
 N_NAIVE = 20_000

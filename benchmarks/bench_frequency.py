@@ -58,7 +58,7 @@ from _common import arguments, parse, read_result, write_result
 
 from shuffledp.analyzer.frequency import decode_hadamard_response, hadamard_response_variance
 from shuffledp.client.hadamard_response import choose_hadamard_response, randomize_hadamard_response
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 K_VALUES = [64, 1024, 16384]
 N_VALUES = [100_000, 1_000_000]

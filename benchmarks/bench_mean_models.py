@@ -45,7 +45,7 @@ from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceO
 from shuffledp.analyzer.instance_optimal_budget import amplified_epsilon0
 from shuffledp.analyzer.vector_mean import VectorMeanConfig, VectorMeanProtocol
 from shuffledp.central import ApproxDP, instance_optimal_mean, winsorized_mean
-from shuffledp.engine import run_fast
+from shuffledp.simulation.engine import run_fast
 from shuffledp.protocol.errors import ShuffleDPError
 from tqdm import tqdm
 

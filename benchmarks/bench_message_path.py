@@ -27,15 +27,15 @@ from _common import arguments, best_of, parse, pin_one_core, write_result
 
 from shuffledp.analyzer.service import Analyzer
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.population import Population
-from shuffledp.protocol import codec
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.simulation.population import Population
+from shuffledp.protocol.wire import codec
 from shuffledp.client.mechanisms import randomize_reports
-from shuffledp.protocol.messages import Envelope, HadamardRangeParams, ProjectedMeanParams, Report, RoundSpec
-from shuffledp.protocol.onion import envelope_format, envelope_info
-from shuffledp.protocol.report_format import HPKE_OVERHEAD, report_format
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.sealing import SUITE, Sealer, report_info
+from shuffledp.protocol.wire.messages import Envelope, HadamardRangeParams, ProjectedMeanParams, Report, RoundSpec
+from shuffledp.protocol.wire.onion import envelope_format, envelope_info
+from shuffledp.protocol.wire.report_format import HPKE_OVERHEAD, report_format
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.wire.sealing import SUITE, Sealer, report_info
 from shuffledp.shuffler.service import RoundAdmission, batch_chunks
 from shuffledp.simulation import SimulationConfig, run_simulation
 

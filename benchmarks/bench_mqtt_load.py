@@ -4,7 +4,7 @@ The devices' work (randomize, pad, seal to the analyzer, wrap for the shuffler) 
 done first, on both cores, and timed on its own: on a real fleet every device seals
 its own report in parallel. Then the same N envelopes go through each transport:
 
-* **MQTT**: a real mosquitto (TLS, passwords, ACL: ``shuffledp.broker.Broker``);
+* **MQTT**: a real mosquitto (TLS, passwords, ACL: ``shuffledp.deploy.broker.Broker``);
   ``PUBLISHERS`` processes each publish the envelopes of N / PUBLISHERS devices on
   their own connection (QoS 1); the shuffler service (its own connection, a SQLite
   spool on disk) opens, authenticates, de-duplicates, spools and receipts every
@@ -43,15 +43,15 @@ import numpy as np
 from _common import arguments, parse, write_result
 
 from shuffledp.analyzer.coordinator import RoundRecord
-from shuffledp.broker import Broker, default_role_limits
+from shuffledp.deploy.broker import Broker, default_role_limits
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
+from shuffledp.deploy.deployment import Deployment
 from shuffledp.progress import progress_bar, pyplot, save_figure
-from shuffledp.protocol.channel import InProcessChannel, reports_topic, spec_topic
-from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec
-from shuffledp.protocol.mqtt_channel import MqttChannel
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.sealing import SUITE, Sealer, report_info
+from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic, spec_topic
+from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.wire.sealing import SUITE, Sealer, report_info
 from shuffledp.shuffler.spool import SqliteSpool
 
 PUBLISHERS = int(os.environ.get("SHUFFLEDP_BENCH_PUBLISHERS", "4"))

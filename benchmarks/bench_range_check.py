@@ -3,7 +3,7 @@
 The regime the range round struggles in: few users, a wide domain (B = 200, so about 300
 bins of width 2 tau) and a small budget (eps0 = 0.5, eps0 / 2 per round). For each n, the
 scalar range -> mean protocol runs on the vectorized engine with ``--seeds`` seeds
-(:func:`shuffledp.range_check_study.range_study`), and each run is classified by the
+(:func:`shuffledp.studies.range_check.range_study`), and each run is classified by the
 truth (did the announced range hold the true mean?) and by the analyzer's check
 (``analyzer/range_check.py``: did it warn?). Reported per n, with Clopper–Pearson 95 %
 intervals: the failure rate, the warning rate, misses (failed, not warned; the check
@@ -32,9 +32,9 @@ QUICK = {"seeds": 3, "ns": (500, 2000)}
 
 def main(argv: list[str] | None = None) -> int:
     from shuffledp.analyzer.range_check import users_needed
-    from shuffledp.population import Population
+    from shuffledp.simulation.population import Population
     from shuffledp.progress import progress_bar, pyplot, save_figure
-    from shuffledp.range_check_study import format_study, range_study
+    from shuffledp.studies.range_check import format_study, range_study
     from shuffledp.simulation import SimulationConfig
 
     parser = arguments(__doc__, quick=f"{QUICK['seeds']} seeds, n in {QUICK['ns']} and the default regime")

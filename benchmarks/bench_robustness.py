@@ -2,7 +2,7 @@
 
 For f in {0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.49} and several seeds, each protocol runs on
 the vectorized engine with ``round(f n)`` users replaced by the adversary of
-``shuffledp/robustness.py`` (extreme Hadamard bin claimed and the honest one denied, the
+``shuffledp/studies/robustness.py`` (extreme Hadamard bin claimed and the honest one denied, the
 largest valid grid value, the worst in-range summand, or one arbitrary residue):
 
 * scalar mean (Girgis, Data & Diggavi 2022, Alg. 1; n = 20,000, B = 20, eps0 = 1, the
@@ -49,8 +49,8 @@ QUICK = {"seeds": 2, "fractions": (0.0, 0.05, 0.3)}
 def _scalar_cases(seed: int):
     from shuffledp.analyzer.robust import RobustOptions
     from shuffledp.analyzer.scalar_mean import ScalarMeanProtocol
-    from shuffledp.population import Population
-    from shuffledp.simulation import SimulationConfig, _local_means
+    from shuffledp.simulation.population import Population
+    from shuffledp.simulation.scalar import SimulationConfig, _local_means
 
     config = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), n=N, epsilon0=1.0, seed=seed)
     means, _ = _local_means(config, None)
@@ -61,8 +61,8 @@ def _scalar_cases(seed: int):
 
 def _vector_cases(seed: int):
     from shuffledp.analyzer.vector_mean import VectorMeanProtocol
-    from shuffledp.vector_population import VectorPopulation
-    from shuffledp.vector_simulation import VectorSimulationConfig
+    from shuffledp.simulation.vector_population import VectorPopulation
+    from shuffledp.simulation.vector import VectorSimulationConfig
 
     population = VectorPopulation("gaussian", 8, 50, 1.7, 1.0, 20.0)
     config = VectorSimulationConfig(population, n=N, epsilon0=4.0, seed=seed)
@@ -72,8 +72,8 @@ def _vector_cases(seed: int):
 
 def _sum_cases(seed: int):
     from shuffledp.analyzer.summation import SummationProtocol
-    from shuffledp.population import Population, block_samples, user_blocks
-    from shuffledp.protocol.summation_params import choose_scalar_sum
+    from shuffledp.simulation.population import Population, block_samples, user_blocks
+    from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum
 
     population = Population("gaussian", 1.7, 1.0, 20.0, 50)
     data = np.concatenate([block_samples(population, b).mean(axis=1) for b in user_blocks(population, N, seed)])
@@ -85,7 +85,7 @@ def _sum_cases(seed: int):
 def _instance_optimal_cases(seed: int):
     from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
     from shuffledp.analyzer.instance_optimal_budget import round_budgets
-    from shuffledp.vector_population import VectorPopulation
+    from shuffledp.simulation.vector_population import VectorPopulation
 
     population = VectorPopulation("gaussian", 8, 50, 1.7, 1.0, 20.0)
     data = population.block_local_means(population.blocks(N, seed))[0]
@@ -109,7 +109,7 @@ def _estimate(result) -> np.ndarray:
 
 
 def _adversaries(name: str, fraction: float):
-    from shuffledp.robustness import Adversary
+    from shuffledp.studies.robustness import Adversary
 
     if name == "vector mean":
         return {"spread": Adversary(fraction), "one": Adversary(fraction, focus="one")}
@@ -120,7 +120,7 @@ def _adversaries(name: str, fraction: float):
 
 def main(argv: list[str] | None = None) -> int:
     from shuffledp.progress import progress_bar, pyplot, save_figure
-    from shuffledp.robustness import run_attacked
+    from shuffledp.studies.robustness import run_attacked
 
     parser = arguments(__doc__, quick=f"{QUICK['seeds']} seeds, f in {QUICK['fractions']}")
     parser.add_argument("--seeds", type=int, default=20)

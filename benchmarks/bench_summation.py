@@ -50,7 +50,7 @@ Message path (``--message-path``, on by default): summation at n = 1e5 (1e3 with
 ``--quick``) through the real parties -- every user seals its M envelopes with HPKE,
 the real shuffler admits and permutes them, the analyzer opens and decodes -- next to
 the fast engine on the same seed: the two sums must be equal exactly (both engines draw a
-round's reports with ``shuffledp.engine.draw_round``, block by block from the same seeds).
+round's reports with ``shuffledp.simulation.engine.draw_round``, block by block from the same seeds).
 
 Run: ``python benchmarks/bench_summation.py [--quick] [--out DIR] [--trials-scale X] [--no-message-path]``
 (on one core of a 2-CPU machine: about 6 minutes for the statistics and 6 for the message
@@ -73,14 +73,14 @@ from _common import arguments, parse, pin_one_core, read_result, write_result
 from shuffledp.analyzer.scalar_mean import estimate_mean
 from shuffledp.analyzer.summation import SummationProtocol, scalar_rounding_variance
 from shuffledp.client.mean_randomizer import noise_variance, randomize_mean, rounding_variance
-from shuffledp.engine import run_fast, run_messages
+from shuffledp.simulation.engine import run_fast, run_messages
 from shuffledp.progress import pyplot, save_figure
 from shuffledp.protocol.accounting import laplace_mean_guarantee, shuffled_round
-from shuffledp.protocol.messages import ProjectedMeanParams
-from shuffledp.protocol.modular_sum import FixedPoint
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.summation_params import choose_scalar_sum, messages_needed, scalar_sum_variance
-from shuffledp.protocol.wire_size import envelope_bytes
+from shuffledp.protocol.wire.messages import ProjectedMeanParams
+from shuffledp.protocol.mechanisms.modular_sum import FixedPoint
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, messages_needed, scalar_sum_variance
+from shuffledp.protocol.wire.wire_size import envelope_bytes
 
 EPSILON = 1.0
 DELTA = 1e-6

@@ -24,9 +24,9 @@ import numpy as np
 
 from _common import arguments, parse, read_result, write_result
 
-from shuffledp.learning_data import breast_cancer_users, real_dataset_available, synthetic_logistic
+from shuffledp.learning.data import breast_cancer_users, real_dataset_available, synthetic_logistic
 from shuffledp.progress import progress_bar, pyplot, save_figure
-from shuffledp.uldp_sgd import (
+from shuffledp.learning.uldp_sgd import (
     TrainingConfig,
     calibrate_epsilon0,
     calibrate_noise_multiplier,

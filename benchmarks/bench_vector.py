@@ -26,8 +26,8 @@ from _common import arguments, parse, write_result
 
 from shuffledp.progress import pyplot, save_figure
 
-from shuffledp.vector_population import VectorPopulation
-from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
+from shuffledp.simulation.vector_population import VectorPopulation
+from shuffledp.simulation.vector import VectorSimulationConfig, run_vector_simulation
 
 EPSILON = 4.0
 FULL = {"mode_sizes": [1000, 3000, 10_000, 30_000, 100_000, 300_000], "mode_seeds": 3, "dims": [64, 256, 1024],
@@ -71,8 +71,8 @@ def dimensions(dims: list[int], n: int) -> list[dict]:
 def memory(n: int, d: int) -> dict:
     code = (
         "import resource, time, json\n"
-        "from shuffledp.vector_population import VectorPopulation\n"
-        "from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation\n"
+        "from shuffledp.simulation.vector_population import VectorPopulation\n"
+        "from shuffledp.simulation.vector import VectorSimulationConfig, run_vector_simulation\n"
         f"t = time.perf_counter(); r = run_vector_simulation(VectorSimulationConfig(VectorPopulation('gaussian', {d}, 10), {n}, {EPSILON}))\n"
         "print(json.dumps({'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,"
         " 'seconds': time.perf_counter() - t, 'l2_error': r.l2_error, 'rmse_theory': r.mse_theory ** 0.5}))\n"

@@ -11,7 +11,7 @@ signed round spec it
    value) and seals it to the analyzer with HPKE, bound to the session and round:
    the inner layer,
 5. wraps it with its credential and a fresh nonce in an :class:`Admission` sealed to
-   the round's shuffler (``protocol/onion.py``): the outer layer, so the broker and
+   the round's shuffler (``protocol/wire/onion.py``): the outer layer, so the broker and
    the network see only a fixed-size ciphertext, and no credential,
 6. and only then charges its ledger (an atomic check-and-spend): a round that fails
    anywhere above costs nothing, and nothing is returned for a round not charged.
@@ -35,15 +35,15 @@ import numpy as np
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mechanisms import check_report_values, randomize_reports, report_ranges
-from shuffledp.protocol import codec
+from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
-from shuffledp.protocol.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
+from shuffledp.protocol.wire.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
 from shuffledp.protocol.errors import UnknownRound
-from shuffledp.protocol.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec, messages_per_user
-from shuffledp.protocol.onion import decode_verified, verified_spec, wrap
-from shuffledp.protocol.report_format import report_format
-from shuffledp.protocol.randomness import RandomSource, SystemSource
-from shuffledp.protocol.sealing import Sealer
+from shuffledp.protocol.wire.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec, messages_per_user
+from shuffledp.protocol.wire.onion import decode_verified, verified_spec, wrap
+from shuffledp.protocol.wire.report_format import report_format
+from shuffledp.protocol.mechanisms.randomness import RandomSource, SystemSource
+from shuffledp.protocol.wire.sealing import Sealer
 
 
 class RoundExpired(ShuffleDPError):

@@ -51,13 +51,13 @@ from __future__ import annotations
 import numpy as np
 
 from shuffledp.client.krr import as_symbol_array
-from shuffledp.protocol.hadamard import popcount_parity
-from shuffledp.protocol.hadamard_response_params import (
+from shuffledp.protocol.mechanisms.hadamard import popcount_parity
+from shuffledp.protocol.mechanisms.hadamard_response_params import (
     HadamardResponseParams,
     optimal_blocks,
     worst_case_mean_variance,
 )
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 __all__ = [
     "HadamardResponseParams",

@@ -16,8 +16,8 @@ computed in floating point, lowered by a relative ``2^-48`` (far more than the f
 ulps of rounding error in the float computation) and then rounded *down* to a
 multiple of ``2^-53``. It is therefore never above the ideal value, so the realised
 ratio is at most ``e^eps``; and, being a multiple of ``2^-53``, it is realised
-*exactly* by both random sources (:class:`~shuffledp.protocol.randomness.SystemSource`
-keeps ``floor(p 2^53)/2^53 = p``; :class:`~shuffledp.protocol.randomness.SeededSource`
+*exactly* by both random sources (:class:`~shuffledp.protocol.mechanisms.randomness.SystemSource`
+keeps ``floor(p 2^53)/2^53 = p``; :class:`~shuffledp.protocol.mechanisms.randomness.SeededSource`
 uses ``ceil(p 2^53)/2^53 = p``). The decoder (:func:`shuffledp.analyzer.frequency.decode_krr`)
 uses the same ``p``, so it is exactly unbiased for the mechanism as run.
 
@@ -33,8 +33,8 @@ import math
 import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.local_params import check_domain_size, check_epsilon, dyadic_floor
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.mechanisms.local_params import check_domain_size, check_epsilon, dyadic_floor
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 __all__ = [
     "as_symbol_array",

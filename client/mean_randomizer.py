@@ -31,13 +31,13 @@ import numpy as np
 
 from shuffledp.client.local_data import as_real_array
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.gaussian_calibration import (
+from shuffledp.protocol.mechanisms.gaussian_calibration import (
     calibrate_discrete_gaussian,
     discrete_gaussian_variance,
     discrete_laplace_variance,
 )
-from shuffledp.protocol.messages import ProjectedMeanParams
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.wire.messages import ProjectedMeanParams
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 
 @dataclass(frozen=True)

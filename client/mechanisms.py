@@ -26,7 +26,7 @@ from shuffledp.client.summation import (
     randomize_vector_sum,
 )
 from shuffledp.client.vector_randomizer import randomize_vector_mean, randomize_vector_range, rotation_of
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     CoordinateTreeParams,
     HadamardRangeParams,
     LocalVectorParams,
@@ -40,7 +40,7 @@ from shuffledp.protocol.messages import (
     VectorRangeParams,
     VectorSumParams,
 )
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 
 @dataclass(frozen=True)

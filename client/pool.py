@@ -8,7 +8,7 @@ drawn in one vectorized call of the same randomizer a device uses (a ``source``,
 the engines' ``draw``), then each client seals its own (so the bytes on the wire are
 exactly a device's).
 
-The pool is a :class:`shuffledp.fleet.Fleet`, so it delivers as the service fleet
+The pool is a :class:`shuffledp.deploy.fleet.Fleet`, so it delivers as the service fleet
 does: it keeps each envelope until the shuffler's signed receipt names it and sends
 it again, byte for byte, if it seems lost (a broker restart drops what it had not yet
 delivered; the shuffler admits an exact copy once). What it adds for the simulation
@@ -26,11 +26,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from shuffledp.client.client import Client, verified_spec
-from shuffledp.fleet import Fleet, FleetRound, cancel_and_wait
-from shuffledp.protocol.channel import Channel, spec_topic
+from shuffledp.deploy.fleet import Fleet, FleetRound, cancel_and_wait
+from shuffledp.protocol.transport.channel import Channel, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
-from shuffledp.protocol.messages import RoundSpec
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.wire.messages import RoundSpec
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 #: Clients per progress report while a round is sealed.
 PROGRESS_STEP = 1024
@@ -67,7 +67,7 @@ class ClientPool(Fleet):
     Every round's report values come from ``source`` (one vectorized randomizer call)
     or from ``draw(spec, local means)``; ``on_progress(k)`` hears of every ``k`` clients
     that answered. ``retry_interval``, ``grace`` and ``window`` are the fleet's
-    (:class:`~shuffledp.fleet.Fleet`): an envelope without a receipt is sent again after
+    (:class:`~shuffledp.deploy.fleet.Fleet`): an envelope without a receipt is sent again after
     ``retry_interval`` seconds (``math.inf``: never, for a channel that loses nothing).
     """
 

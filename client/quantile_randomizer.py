@@ -23,8 +23,8 @@ from shuffledp.client.local_data import as_real_array
 from shuffledp.client.range_randomizer import bin_index, hadamard_response
 from shuffledp.client.vector_randomizer import rotation_of
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import CoordinateTreeParams, ShiftedNormParams
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.wire.messages import CoordinateTreeParams, ShiftedNormParams
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 
 def tree_node(leaf: np.ndarray, levels: int, level: np.ndarray) -> np.ndarray:

@@ -24,9 +24,9 @@ import numpy as np
 
 from shuffledp.client.local_data import as_real_array
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import hadamard_entry
-from shuffledp.protocol.messages import MAX_EPSILON, MIN_EPSILON, HadamardRangeParams
-from shuffledp.protocol.randomness import RandomSource
+from shuffledp.protocol.mechanisms.hadamard import hadamard_entry
+from shuffledp.protocol.wire.messages import MAX_EPSILON, MIN_EPSILON, HadamardRangeParams
+from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 
 def keep_probability(epsilon: float) -> float:

@@ -19,7 +19,7 @@ Every share is one report ``(coordinate, share)``: ``D M`` reports per user.
 Both run the same on a device (``SystemSource``: OS CSPRNG, exact Skellam) and in
 simulation (``SeededSource``), vectorized over a batch of users. The privacy of a
 round (central, and only with all ``users`` users' shares mixed by an honest
-shuffler) is checked by ``protocol/summation_params.py``.
+shuffler) is checked by ``protocol/mechanisms/summation_params.py``.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ import math
 import numpy as np
 
 from shuffledp.client.local_data import as_real_array
-from shuffledp.protocol.distributed_noise import polya_shares, skellam_shares
+from shuffledp.protocol.mechanisms.distributed_noise import polya_shares, skellam_shares
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import LocalVectorParams, ModularSumParams, ShiftedVectorSumParams, VectorSumParams
-from shuffledp.protocol.modular_sum import FixedPoint, split
-from shuffledp.protocol.randomness import RandomSource
-from shuffledp.protocol.rotation import RandomRotation
+from shuffledp.protocol.wire.messages import LocalVectorParams, ModularSumParams, ShiftedVectorSumParams, VectorSumParams
+from shuffledp.protocol.mechanisms.modular_sum import FixedPoint, split
+from shuffledp.protocol.mechanisms.randomness import RandomSource
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 
 def sum_alpha(epsilon: float, precision: int) -> float:

@@ -1,7 +1,7 @@
 """Randomizers of the vector mean protocol (Girgis, Data & Diggavi 2022, Algorithm 5).
 
 Users hold rotated local means ``U y_i`` (shape ``(n, D)``; see
-:mod:`shuffledp.protocol.rotation`). Two budget modes for the range round:
+:mod:`shuffledp.protocol.mechanisms.rotation`). Two budget modes for the range round:
 
 * ``paper``: every user answers the Hadamard range round for *every* coordinate at
   ``eps0 / (2 D)`` (Algorithm 5 lines 4-10); by basic composition over D coordinates
@@ -26,9 +26,9 @@ from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mean_randomizer import PerUserGrid, randomize_mean
 from shuffledp.client.range_randomizer import randomize_range
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import VECTOR_MODES, HadamardRangeParams
-from shuffledp.protocol.randomness import RandomSource
-from shuffledp.protocol.rotation import RandomRotation
+from shuffledp.protocol.wire.messages import VECTOR_MODES, HadamardRangeParams
+from shuffledp.protocol.mechanisms.randomness import RandomSource
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 
 @functools.lru_cache(maxsize=16)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shuffledp.audit_cli import format_audit, run_audit
+    from shuffledp.cli.audit import format_audit, run_audit
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None,

@@ -19,7 +19,7 @@ total, across rounds). Its loop, in :func:`device`:
 A device also refuses rounds of another session (a broker can replay any signed spec it
 has seen) and rounds whose batch promises fewer users than its floor (``min_batch_floor``:
 the crowd the amplification relies on). It sends each envelope once; over a lossy broker,
-keep envelopes until the shuffler's signed receipt names them, as ``shuffledp/fleet.py``
+keep envelopes until the shuffler's signed receipt names them, as ``shuffledp/deploy/fleet.py``
 does.
 
 The device code imports only ``shuffledp.client`` and the channel. To run on its own,
@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 from shuffledp.client import Client, PrivacyLedger, verified_spec
-from shuffledp.protocol.channel import outcome_topic, reports_topic, spec_topic
+from shuffledp.protocol.transport.channel import outcome_topic, reports_topic, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.size_cap import capped, note
 
@@ -104,8 +104,8 @@ async def _settled_outcome(client: Client, outcome, deadline: float) -> str:
 
 async def run(devices: int, m: int, epsilon: float) -> None:
     from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
-    from shuffledp.deployment import Deployment
-    from shuffledp.protocol.channel import InProcessChannel
+    from shuffledp.deploy.deployment import Deployment
+    from shuffledp.protocol.transport.channel import InProcessChannel
 
     channel = InProcessChannel()
     deployment = Deployment()  # the operator's keys; devices get only their credential and the public keys

@@ -13,10 +13,10 @@ import time
 import numpy as np
 
 from shuffledp.client import PrivacyLedger
-from shuffledp.deployment import Deployment
+from shuffledp.deploy.deployment import Deployment
 from shuffledp.protocol.errors import BudgetExceeded
-from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec
-from shuffledp.protocol.onion import EnvelopeOpener
+from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec
+from shuffledp.protocol.wire.onion import EnvelopeOpener
 
 deployment = Deployment()  # in production: keys on disk, and a credential from enrollment
 analyzer = deployment.analyzer()

@@ -4,7 +4,7 @@
 
 1. ``shuffledp keys init DIR/keys --clients N``: the analyzer's, shuffler's and issuer's
    keys (0600), N enrolled client credentials, and ``public.json`` (what devices pin);
-2. a mosquitto broker (``shuffledp.broker``): TLS, one password per role, an ACL that lets
+2. a mosquitto broker (``shuffledp.deploy.broker``): TLS, one password per role, an ACL that lets
    each role publish and read only its own topics;
 3. ``shuffledp shuffler serve`` (durable SQLite spool), ``shuffledp clients run`` (a fleet
    of N simulated devices) and ``shuffledp analyzer run`` (announces the rounds, opens the

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from shuffledp.population import Population
+from shuffledp.simulation.population import Population
 from shuffledp.progress import pyplot, save_figure
 from shuffledp.simulation import SimulationConfig, run_simulation
 from shuffledp.size_cap import capped_list, note

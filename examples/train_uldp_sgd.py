@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-from shuffledp.learning_data import synthetic_logistic
+from shuffledp.learning.data import synthetic_logistic
 from shuffledp.size_cap import capped, note
-from shuffledp.uldp_sgd import TrainingConfig, calibrate_epsilon0, step_has_range_round, train
+from shuffledp.learning.uldp_sgd import TrainingConfig, calibrate_epsilon0, step_has_range_round, train
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,13 @@
-"""The contract all parties share: messages and wire codec, sealing and signing,
-Hadamard math, exact noise samplers, channels, and (in ``accounting``) privacy
-accounting.
+"""The contract all parties share, in four subpackages:
 
-Submodules are imported explicitly (``from shuffledp.protocol import codec``); this
-package imports nothing eagerly, so a device loads only what it uses.
+* ``wire``: the messages, their strict deterministic CBOR encoding, padding, HPKE
+  sealing, onion envelopes, signatures and admission credentials;
+* ``transport``: the channel interface, the in-process channel and the MQTT channel;
+* ``mechanisms``: randomness, Hadamard transforms, rotations, exact noise samplers and
+  the parameter choices of every mechanism;
+* ``accounting``: privacy accounting, local and shuffled, per round and per session.
+
+``errors`` (the typed errors every party raises) and ``held_files`` sit beside them.
+Submodules are imported explicitly (``from shuffledp.protocol.wire import codec``); no
+package imports anything eagerly, so a device loads only what it uses.
 """

@@ -14,7 +14,7 @@
 # The module list is given to pdoc explicitly: pdoc's own recursion would both skip
 # the submodules hidden by `__all__` and, depending on what was imported first, list
 # some modules twice. Nothing is excluded: every module imports with the `all` extra
-# (shuffledp.protocol.mqtt_channel needs aiomqtt).
+# (shuffledp.protocol.transport.mqtt_channel needs aiomqtt).
 #
 # It fails (exit status 1) on any error and on any warning raised while the modules
 # are imported and rendered: a module that cannot be imported, an include that cannot

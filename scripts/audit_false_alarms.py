@@ -37,7 +37,7 @@ def _ratio(row: dict) -> float | None:
 
 def summarize(runs: list[dict]) -> dict:
     """False-alarm count, its upper confidence bound, and the margins per part."""
-    from shuffledp.audit_local import clopper_pearson
+    from shuffledp.audit.local import clopper_pearson
 
     alarms = sum(1 for r in runs if not r["passed"])
     parts = {}
@@ -74,7 +74,7 @@ def plot(summary: dict, path: Path) -> None:
         ax.axhline(1.0, color="red", ls="--", label="lower bound = claim (a false alarm above)")
         ax.set_ylabel("largest lower bound / claim in one audit")
     else:
-        from shuffledp.audit_mechanics import STATISTICAL_ALPHA, STATISTICAL_CHECKS
+        from shuffledp.audit.mechanics import STATISTICAL_ALPHA, STATISTICAL_CHECKS
 
         ax.hist(summary["parts"]["mechanics"]["per_run_smallest_p"], bins=20, range=(0, 1))
         ax.axvline(STATISTICAL_ALPHA / len(STATISTICAL_CHECKS), color="red", ls="--", label="Bonferroni level")
@@ -86,7 +86,7 @@ def plot(summary: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shuffledp.audit_cli import PARTS, run_audit
+    from shuffledp.cli.audit import PARTS, run_audit
     from shuffledp.progress import progress_bar
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run_audit(not args.full, args.part, 1e-6, args.first_seed + i)
             runs.append(result)
             if not result["passed"]:  # say what failed at once: a false alarm is worth reading
-                from shuffledp.audit_cli import format_audit
+                from shuffledp.cli.audit import format_audit
 
                 print(f"\nseed {result['seed']}: FAILED\n{format_audit(result)}", file=sys.stderr)
             if step:

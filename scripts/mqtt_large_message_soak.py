@@ -4,7 +4,7 @@ Each round opens a shuffler and an analyzer channel, subscribes the analyzer to 
 batch topic, publishes one message of ``--mib`` MiB and times its delivery. A
 delivery slower than ``--slow`` seconds is reported with the state of the
 receiver's paho client (a whole packet read but not handled means the read loop
-stalled; see :func:`shuffledp.protocol.mqtt_channel.handle_completed_packets`).
+stalled; see :func:`shuffledp.protocol.transport.mqtt_channel.handle_completed_packets`).
 
 Stalls appear under CPU load, so run it with ``--load`` (busy processes beside it)::
 
@@ -23,9 +23,9 @@ import time
 
 from tqdm import tqdm
 
-from shuffledp.broker import Broker, BrokerUsers
-from shuffledp.protocol.channel import batch_topic
-from shuffledp.protocol.mqtt_channel import MqttChannel
+from shuffledp.deploy.broker import Broker, BrokerUsers
+from shuffledp.protocol.transport.channel import batch_topic
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 
 TOPIC = batch_topic(bytes.fromhex("00aa"), 0)
 

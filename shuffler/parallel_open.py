@@ -3,7 +3,7 @@
 The shuffler's admission work is dominated by one HPKE open per envelope (the outer
 layer). :class:`OuterLayerPool` spreads a burst of envelopes over ``workers``
 processes holding the shuffler's X25519 private key
-(:class:`~shuffledp.protocol.key_workers.KeyWorkers`). Only the opening runs there:
+(:class:`~shuffledp.protocol.wire.key_workers.KeyWorkers`). Only the opening runs there:
 every admission decision (credential, quota, replay, copies, capacity) stays in the
 shuffler's process, in arrival order, so the result is the same as opening one by
 one. A burst smaller than ``threshold`` is opened in the calling process, where a
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from shuffledp.protocol.errors import ShuffleDPError
-from shuffledp.protocol.key_workers import KeyWorkers, worker_key
-from shuffledp.protocol.messages import Admission, RoundSpec
-from shuffledp.protocol.onion import EnvelopeOpener
+from shuffledp.protocol.wire.key_workers import KeyWorkers, worker_key
+from shuffledp.protocol.wire.messages import Admission, RoundSpec
+from shuffledp.protocol.wire.onion import EnvelopeOpener
 
 _worker_openers: dict[tuple[bytes, int], EnvelopeOpener] = {}
 

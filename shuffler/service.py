@@ -9,9 +9,9 @@ topic), the shuffler
    reach a round it has not opened). Announcements are retained, so a shuffler that
    starts late still sees the current round; a round it served, or that failed, is
    never re-opened;
-2. opens each envelope's outer layer (:class:`~shuffledp.protocol.onion.EnvelopeOpener`)
-   and admits the :class:`~shuffledp.protocol.messages.Admission` inside only if its
-   credential verifies (the issuer's HMAC, :mod:`shuffledp.protocol.credentials`), the
+2. opens each envelope's outer layer (:class:`~shuffledp.protocol.wire.onion.EnvelopeOpener`)
+   and admits the :class:`~shuffledp.protocol.wire.messages.Admission` inside only if its
+   credential verifies (the issuer's HMAC, :mod:`shuffledp.protocol.wire.credentials`), the
    credential is under the round's ``messages_per_user`` quota, the nonce is new, the
    sealed report was not admitted before (however re-wrapped), it has the round's
    fixed size and the round is under ``max_batch``. Each refusal has a typed reason
@@ -68,8 +68,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import (
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import (
     Channel,
     acks_topic,
     announce_topic,
@@ -79,7 +79,7 @@ from shuffledp.protocol.channel import (
     reports_topic,
     spec_topic,
 )
-from shuffledp.protocol.credentials import CredentialIssuer, assigned_instance
+from shuffledp.protocol.wire.credentials import CredentialIssuer, assigned_instance
 from shuffledp.protocol.errors import (
     INTERNAL_ERROR,
     BatchTooSmall,
@@ -92,7 +92,7 @@ from shuffledp.protocol.errors import (
     UnknownRound,
     WrongInstance,
 )
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     BATCH_ID_BYTES,
     Admission,
     MAX_RECEIPTS,
@@ -105,7 +105,7 @@ from shuffledp.protocol.messages import (
     SignedRoundSpec,
     spec_digest_of,
 )
-from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
+from shuffledp.protocol.wire.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
 from shuffledp.shuffler.parallel_open import OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.spool import AdmittedEnvelope, SpoolStorageError, SqliteSpool, Spool

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from shuffledp.deployment import Deployment
-from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec
-from shuffledp.protocol.onion import wrap
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec
+from shuffledp.protocol.wire.onion import wrap
 
 SESSION = bytes(range(16))
 OTHER_SESSION = bytes(16)
@@ -60,7 +60,7 @@ def make_spec(
 def quota_params(quota: int):
     """Parameters whose users send ``quota`` reports each (a power of two): the vector range round in
     paper mode over ``quota`` coordinates."""
-    from shuffledp.protocol.messages import VectorRangeParams
+    from shuffledp.protocol.wire.messages import VectorRangeParams
 
     if quota & (quota - 1):
         raise ValueError(f"quota {quota} is not a power of two")

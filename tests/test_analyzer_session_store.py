@@ -17,10 +17,10 @@ import pytest
 
 from shuffledp.analyzer.session_store import COMPLETED, FAILED, SessionMismatch, SessionStore
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.protocol.channel import InProcessChannel, announce_topic, batch_topic
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, batch_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter
-from shuffledp.protocol.messages import HadamardRangeParams
+from shuffledp.protocol.wire.messages import HadamardRangeParams
 from shuffledp.shuffler.service import RoundAdmission, batch_chunks
 
 PARAMS = HadamardRangeParams(-4.0, 4.0, 1.0)
@@ -180,8 +180,8 @@ async def test_a_round_is_recorded_before_its_batch_is_acknowledged_and_acknowle
         acks = await healthy.subscribe(f"shuffledp/{deployment.session_id.hex()}/acks")
         again = deployment.coordinator(healthy, store=store)
         await again.run_round(PARAMS, 8.0, N)
-        from shuffledp.protocol import codec
-        from shuffledp.protocol.messages import BatchAck
+        from shuffledp.protocol.wire import codec
+        from shuffledp.protocol.wire.messages import BatchAck
 
         ack = codec.decode(await asyncio.wait_for(acks.get(), 5), BatchAck)
         assert (ack.batch_id,) == recorded and ack.spec_digest == store.round(deployment.session_id, 0).spec.digest
@@ -219,7 +219,7 @@ async def test_a_spec_planted_in_the_state_file_is_never_served(tmp_path):
     store = SessionStore(path)
     other = Deployment(session_id=deployment.session_id)  # another analyzer key, same session
     coordinator = other.coordinator(InProcessChannel())
-    from shuffledp.protocol.messages import RoundSpec
+    from shuffledp.protocol.wire.messages import RoundSpec
 
     forged = RoundSpec(
         session_id=deployment.session_id, round_id=0, params=PARAMS, epsilon0=8.0,

@@ -1,4 +1,4 @@
-"""The claim audit (``shuffledp/audit_claim.py``): a session file built from real signed specs and
+"""The claim audit (``shuffledp/audit/claim.py``): a session file built from real signed specs and
 batch sizes, its per-round and session guarantees recomputed from the accountant, and every way a
 session file can be wrong refused with a typed error (or, for short batches, reported as a violation).
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from parties import DEPLOYMENT, PARAMS, make_spec, quota_params
-from shuffledp.audit_claim import (
+from shuffledp.audit.claim import (
     claim_report,
     format_claim,
     load_session,
@@ -23,7 +23,7 @@ from shuffledp.audit_claim import (
     trusted_analyzer_key,
     verify_session,
 )
-from shuffledp.deployment import Deployment
+from shuffledp.deploy.deployment import Deployment
 from shuffledp.protocol.accounting import (
     SessionAccountant,
     generic_guarantee,
@@ -32,8 +32,8 @@ from shuffledp.protocol.accounting import (
     shuffled_round,
 )
 from shuffledp.protocol.errors import InvalidParameter, SessionFileError, ShuffleDPError
-from shuffledp.protocol.messages import ProjectedMeanParams, RoundSpec
-from shuffledp.protocol.summation_params import choose_scalar_sum
+from shuffledp.protocol.wire.messages import ProjectedMeanParams, RoundSpec
+from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum
 
 DELTA = 1e-6
 KEY = DEPLOYMENT.analyzer_signing_key
@@ -255,7 +255,7 @@ def test_the_analyzers_published_claim_is_checked_where_comparable(session_file,
 
 
 def test_the_trusted_key_comes_from_a_keys_directory_or_hex(tmp_path):
-    from shuffledp.keys import init_keys
+    from shuffledp.deploy.keys import init_keys
 
     public = init_keys(tmp_path / "keys")
     assert trusted_analyzer_key(tmp_path / "keys") == public.analyzer_signing_public

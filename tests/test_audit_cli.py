@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shuffledp.audit_cli import format_audit, plot_audit, run_audit
+from shuffledp.cli.audit import format_audit, plot_audit, run_audit
 from shuffledp.cli import main
 
 
@@ -63,7 +63,7 @@ def test_claim_part_reads_a_signed_session_file_and_refuses_an_altered_one(tmp_p
 def test_mechanics_part_json_and_a_planted_shuffler_fault_exits_1(capsys):
     import json
 
-    from shuffledp.audit_faults import planted_fault
+    from shuffledp.audit.faults import planted_fault
 
     assert main(["audit", "--part", "mechanics", "--quick", "--json", "-q"]) == 0
     doc = json.loads(capsys.readouterr().out)

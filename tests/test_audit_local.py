@@ -1,4 +1,4 @@
-"""The local audit (shuffledp/audit_local.py) and its planted faults (shuffledp/audit_faults.py).
+"""The local audit (shuffledp/audit/local.py) and its planted faults (shuffledp/audit/faults.py).
 
 Statistical assertions use fixed seeds chosen before looking at any outcome, and
 thresholds derived from the Clopper–Pearson widths (not tuned):
@@ -30,9 +30,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import shuffledp.audit_local as audit_local_module
-from shuffledp.audit_faults import FAULTS, planted_fault
-from shuffledp.audit_local import (
+import shuffledp.audit.local as audit_local_module
+from shuffledp.audit.faults import FAULTS, planted_fault
+from shuffledp.audit.local import (
     FIT_LEVEL,
     GAUSSIAN_STRESS,
     AuditResult,
@@ -53,9 +53,9 @@ from shuffledp.audit_local import (
 from shuffledp.client import range_randomizer
 from shuffledp.client.range_randomizer import keep_probability
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.gaussian_calibration import discrete_gaussian_delta, discrete_laplace_variance
-from shuffledp.protocol.messages import ProjectedMeanParams
-from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.protocol.mechanisms.gaussian_calibration import discrete_gaussian_delta, discrete_laplace_variance
+from shuffledp.protocol.wire.messages import ProjectedMeanParams
+from shuffledp.protocol.mechanisms.randomness import SeededSource, SystemSource
 
 ALPHA = 0.05
 #: The grid of the default Gaussian cases (projected and vector: G = 4096 both).
@@ -345,7 +345,7 @@ def test_classical_gaussian_is_detected_where_it_is_invalid():
 def test_classical_gaussian_at_eps4_delta_1e6_is_no_violation():
     """sigma_classical = 1.325 G > the exact 1.194 G there: the fault is harmless and the audit says so."""
     from shuffledp.client.mean_randomizer import gaussian_sigma2
-    from shuffledp.protocol.messages import ProjectedMeanParams
+    from shuffledp.protocol.wire.messages import ProjectedMeanParams
 
     params = ProjectedMeanParams(0.0, 1.0, "gaussian", 4096)
     exact = gaussian_sigma2(params, 4.0, 1e-6)

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from shuffledp.audit_faults import planted_fault
-from shuffledp.audit_mechanics import (
+from shuffledp.audit.faults import planted_fault
+from shuffledp.audit.mechanics import (
     CHECKS,
     POSITION_BINS,
     RoundView,
@@ -68,7 +68,7 @@ def test_bad_sizes_are_typed_errors():
 def _permutation_view(batch_size: int, rng: np.random.Generator, *, keep_order: bool = False) -> RoundView:
     """A synthetic round: distinct sealed reports sent in arrival order, forwarded by secure_permutation."""
     spec = make_spec()
-    from shuffledp.protocol.report_format import report_format
+    from shuffledp.protocol.wire.report_format import report_format
 
     size = report_format(spec.round_id, spec.mechanism).sealed_size
     sealed = [rng.bytes(size) for _ in range(batch_size)]

@@ -6,15 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shuffledp.audit_local import clopper_pearson
-from shuffledp.audit_shuffled import audit_shuffled, event_probabilities
+from shuffledp.audit.local import clopper_pearson
+from shuffledp.audit.shuffled import audit_shuffled, event_probabilities
 from shuffledp.client import krr
 from shuffledp.client.krr import randomize_krr
 from shuffledp.client.range_randomizer import randomize_range
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import hadamard_entry
-from shuffledp.protocol.messages import HadamardRangeParams
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.mechanisms.hadamard import hadamard_entry
+from shuffledp.protocol.wire.messages import HadamardRangeParams
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 #: Confidence of the frequency checks: a correct randomizer fails one once in 10^5 runs.
 CONFIDENCE = 1.0 - 1e-5
@@ -66,7 +66,7 @@ def test_a_randomizer_that_keeps_too_often_is_caught(monkeypatch):
     """At n = 100 and eps0 = 4 shuffling amplifies little, so a keep probability of eps0 + 0.25 shows.
 
     (The Hadamard range randomizer's shuffled count statistic is too weak for this: half its rows
-    carry nothing. Its keep probability is audited locally, ``shuffledp/audit_local.py``.)"""
+    carry nothing. Its keep probability is audited locally, ``shuffledp/audit/local.py``.)"""
     correct = audit_shuffled("binary-rr", 100, 4.0, rounds=10**6, seed=1)
     assert correct.passed
     original = krr.krr_keep_probability

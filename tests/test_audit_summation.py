@@ -3,7 +3,7 @@ bound is valid and near the noise's epsilon on correct code, and it catches the 
 for vector summation, the projected statistic has the Skellam law, the rows pass on correct code and
 fail with the Skellam ``mu`` divided by 100.
 
-Theory used throughout (``shuffledp/audit_summation.py``): under ``D0`` (all users at ``lower``)
+Theory used throughout (``shuffledp/audit/summation.py``): under ``D0`` (all users at ``lower``)
 the decoded total is ``T = N``, under ``D1`` (one user at ``upper``) ``T = p + N``, with
 ``N ~ DLap(alpha)``, ``alpha = exp(-eps / p)``, ``P(N >= m) = alpha^m / (1 + alpha)`` for
 ``m >= 0`` and ``P(N >= m) = 1 - alpha^(1 - m) / (1 + alpha)`` for ``m <= 0``.
@@ -23,9 +23,9 @@ import pytest
 from scipy.stats import norm
 
 from shuffledp.analyzer.summation import decode_scalar_sum, decode_vector_sum
-from shuffledp.audit_faults import SKELLAM_MU_DIVISOR, planted_fault
-from shuffledp.audit_local import _lower_bound, clopper_pearson, expected_epsilon_lower_bound
-from shuffledp.audit_summation import (
+from shuffledp.audit.faults import SKELLAM_MU_DIVISOR, planted_fault
+from shuffledp.audit.local import _lower_bound, clopper_pearson, expected_epsilon_lower_bound
+from shuffledp.audit.summation import (
     SELECTION_CONFIDENCE,
     SUMMATION_SETTINGS,
     audit_summation,
@@ -49,10 +49,10 @@ from shuffledp.audit_summation import (
 )
 from shuffledp.client.summation import encode_vectors, scaled_rotation
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import next_power_of_two
-from shuffledp.protocol.messages import ModularSumParams
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.summation_params import skellam_epsilon
+from shuffledp.protocol.mechanisms.hadamard import next_power_of_two
+from shuffledp.protocol.wire.messages import ModularSumParams
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.mechanisms.summation_params import skellam_epsilon
 
 DELTA = 1e-6
 #: Confidence of the frequency checks: a correct sampler fails one once in 10^5 runs.

@@ -82,7 +82,7 @@ def test_every_script_is_found():
 @pytest.mark.timeout(TIMEOUT + 30)
 def test_quick_run_writes_results(script: Path, tmp_path: Path):
     if script.name in NEEDS_BROKER:
-        from shuffledp.broker import BrokerError, find_binary
+        from shuffledp.deploy.broker import BrokerError, find_binary
 
         try:
             find_binary("mosquitto")

@@ -44,8 +44,8 @@ from shuffledp.central import (
 )
 from shuffledp.central._data import clip_to_ball, clipped_average
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.gaussian_calibration import analytic_gaussian_sigma
-from shuffledp.protocol.rotation import RandomRotation
+from shuffledp.protocol.mechanisms.gaussian_calibration import analytic_gaussian_sigma
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 Z_CRIT = 4.5
 CHI_TAIL = 1e-6

@@ -1,4 +1,4 @@
-"""Tests for the wire codec (shuffledp.protocol.codec) over every message type.
+"""Tests for the wire codec (shuffledp.protocol.wire.codec) over every message type.
 
 * Round trips: hypothesis strategies generate valid messages of every type; they
   decode back to equal messages, with and without ``expected``.
@@ -32,16 +32,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from shuffledp.protocol import codec
-from shuffledp.protocol import messages as m
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.wire import messages as m
 from shuffledp.protocol.errors import (
     InvalidParameter,
     MalformedMessage,
     MessageTooLarge,
     UnsupportedVersion,
 )
-from shuffledp.protocol.onion import envelope_format
-from shuffledp.protocol.report_format import HPKE_OVERHEAD, read_batch_chunk, report_format
+from shuffledp.protocol.wire.onion import envelope_format
+from shuffledp.protocol.wire.report_format import HPKE_OVERHEAD, read_batch_chunk, report_format
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -50,7 +50,7 @@ def test_device_install_holds_only_the_device_dependencies(device_env):
 
 def test_client_and_embed_example_work_on_the_device_install(device_env):
     python = str(device_env / "bin" / "python")
-    imported = _run(device_env, python, "-c", "import shuffledp.client, shuffledp.protocol.sealing; print('ok')")
+    imported = _run(device_env, python, "-c", "import shuffledp.client, shuffledp.protocol.wire.sealing; print('ok')")
     assert imported.returncode == 0 and imported.stdout.strip() == "ok", imported.stderr
     example = _run(device_env, python, str(ROOT / "examples" / "embed_client.py"))
     assert example.returncode == 0, example.stderr

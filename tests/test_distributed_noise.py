@@ -1,4 +1,4 @@
-"""Tests for shuffledp.protocol.distributed_noise (Pólya and Skellam shares).
+"""Tests for shuffledp.protocol.mechanisms.distributed_noise (Pólya and Skellam shares).
 
 Statistical tests are chi-square goodness-of-fit tests (bins pooled until every
 expected count is >= MIN_EXPECTED) and z-tests of the sample variance, at a
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shuffledp.protocol import distributed_noise as dn
-from shuffledp.protocol.distributed_noise import (
+from shuffledp.protocol.mechanisms import distributed_noise as dn
+from shuffledp.protocol.mechanisms.distributed_noise import (
     discrete_laplace_variance,
     negative_binomial,
     polya_shares,
@@ -34,7 +34,7 @@ from shuffledp.protocol.distributed_noise import (
     skellam_variance,
 )
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.protocol.mechanisms.randomness import SeededSource, SystemSource
 
 ALPHA = 1e-3  # significance level of every seeded statistical test
 ALPHA_OS = 1e-6  # significance level of the unseedable real-CSPRNG tests

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from shuffledp.distribution import DistributionConfig, _expected_tv, oracle_estimate, run_distribution
+from shuffledp.simulation.distribution import DistributionConfig, _expected_tv, oracle_estimate, run_distribution
 
 
 def _tv_tolerance(variances: np.ndarray) -> float:

@@ -469,8 +469,8 @@ import time as _time
 
 import numpy as _np
 
-from shuffledp.deployment import Deployment as _Deployment
-from shuffledp.protocol.messages import HadamardRangeParams as _Params, RoundSpec as _RoundSpec
+from shuffledp.deploy.deployment import Deployment as _Deployment
+from shuffledp.protocol.wire.messages import HadamardRangeParams as _Params, RoundSpec as _RoundSpec
 
 _deployment = _Deployment()
 _analyzer = _deployment.analyzer()
@@ -490,8 +490,8 @@ signed_round_spec_bytes = _analyzer.sign_spec(_spec)
 #: After the block: what it made is checked against the deployment (the shuffler admits each
 #: envelope under the device's credential; the analyzer opens the report; the topic is the round's).
 PYTHON_EPILOGUE = '''
-from shuffledp.protocol.channel import reports_topic as _reports_topic
-from shuffledp.protocol.onion import EnvelopeOpener as _Opener
+from shuffledp.protocol.transport.channel import reports_topic as _reports_topic
+from shuffledp.protocol.wire.onion import EnvelopeOpener as _Opener
 
 if "envelopes" in globals():
     assert envelopes, "no envelope"

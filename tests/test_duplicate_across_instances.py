@@ -17,12 +17,12 @@ from collections import Counter
 import numpy as np
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel, batch_topic, reports_topic, spec_topic
-from shuffledp.protocol.credentials import CLIENT_ID_BYTES, assigned_instance
-from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec, SignedRoundSpec
-from shuffledp.protocol.onion import EnvelopeOpener, wrap
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import InProcessChannel, batch_topic, reports_topic, spec_topic
+from shuffledp.protocol.wire.credentials import CLIENT_ID_BYTES, assigned_instance
+from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec, SignedRoundSpec
+from shuffledp.protocol.wire.onion import EnvelopeOpener, wrap
 from shuffledp.shuffler.service import batch_chunks
 
 PARAMS = HadamardRangeParams(-4.0, 4.0, 0.5)

@@ -32,7 +32,7 @@ import pytest
 from scipy import stats
 
 from shuffledp.analyzer.scalar_mean import concentration_radius
-from shuffledp.population import Population
+from shuffledp.simulation.population import Population
 from shuffledp.simulation import SimulationConfig, run_simulation
 
 ALPHA = 1e-3

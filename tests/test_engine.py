@@ -20,11 +20,11 @@ from shuffledp.analyzer.protocols import Protocol, RoundPlan, drive
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
 from shuffledp.analyzer.summation import SummationProtocol
 from shuffledp.analyzer.vector_mean import VectorMeanConfig, VectorMeanProtocol
-from shuffledp.engine import run_fast, run_messages, run_messages_on
-from shuffledp.protocol.channel import InProcessChannel
+from shuffledp.simulation.engine import run_fast, run_messages, run_messages_on
+from shuffledp.protocol.transport.channel import InProcessChannel
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import HadamardRangeParams
-from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum
+from shuffledp.protocol.wire.messages import HadamardRangeParams
+from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, choose_vector_sum
 
 
 
@@ -80,7 +80,7 @@ def test_fast_engine_output_is_permuted():
     """The fast engine stands in for the shuffler: the rows do not come in user order."""
     data = np.arange(200, dtype=float) / 200.0
     plan = RoundPlan(HadamardRangeParams(0.0, 1.0, 0.001), 30.0)  # nearly deterministic rows
-    from shuffledp.engine import fast_round
+    from shuffledp.simulation.engine import fast_round
 
     rows = fast_round(plan, data, seed=1, round_index=0)
     kept = fast_round(plan, data, seed=1, round_index=0)
@@ -98,7 +98,7 @@ def test_engines_refuse_data_of_the_wrong_shape():
 
 def test_a_client_failure_surfaces_instead_of_waiting_for_the_deadline(monkeypatch):
     """If the clients cannot answer (a bug in the pool), the engine raises it at once, not after the round's hour."""
-    import shuffledp.engine as engine
+    import shuffledp.simulation.engine as engine
 
     def broken(*args, **kwargs):
         raise RuntimeError("randomizer bug")
@@ -135,7 +135,7 @@ def test_drive_sends_each_round_its_reports():
 
 def test_engines_agree_when_users_span_several_blocks(monkeypatch):
     """Both engines draw block by block from the same seeds, so the reports agree at any n."""
-    import shuffledp.engine as engine
+    import shuffledp.simulation.engine as engine
 
     monkeypatch.setattr(engine, "FAST_BLOCK", 64)  # 150 users: three blocks
     name, protocol, data = _protocols()[1]

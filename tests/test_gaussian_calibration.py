@@ -1,4 +1,4 @@
-"""Tests for shuffledp.protocol.gaussian_calibration.
+"""Tests for shuffledp.protocol.mechanisms.gaussian_calibration.
 
 Reference values are computed independently here: the continuous delta with
 scipy's normal CDF, the discrete delta by brute-force summation of the
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shuffledp.protocol import gaussian_calibration as gc
+from shuffledp.protocol.mechanisms import gaussian_calibration as gc
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.gaussian_calibration import (
+from shuffledp.protocol.mechanisms.gaussian_calibration import (
     analytic_gaussian_sigma,
     calibrate_discrete_gaussian,
     classical_gaussian_sigma,
@@ -28,7 +28,7 @@ from shuffledp.protocol.gaussian_calibration import (
     discrete_laplace_variance,
     gaussian_delta,
 )
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 # Two-sided z-test at 4.5 standard errors: P(|N(0,1)| > 4.5) = 6.8e-6 per check.
 Z_CRIT = 4.5

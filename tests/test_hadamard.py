@@ -1,4 +1,4 @@
-"""Tests for shuffledp.protocol.hadamard against scipy's dense Sylvester matrix."""
+"""Tests for shuffledp.protocol.mechanisms.hadamard against scipy's dense Sylvester matrix."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from scipy.linalg import hadamard
 
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.hadamard import (
+from shuffledp.protocol.mechanisms.hadamard import (
     fwht,
     hadamard_entry,
     is_power_of_two,

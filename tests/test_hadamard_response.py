@@ -47,7 +47,7 @@ from shuffledp.client.hadamard_response import (
     worst_case_mean_variance,
 )
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.protocol.mechanisms.randomness import SeededSource, SystemSource
 
 ALPHA = 1e-3
 TWO_53 = 1 << 53

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel, batch_topic, outcome_topic, reports_topic, spec_topic
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import InProcessChannel, batch_topic, outcome_topic, reports_topic, spec_topic
 from shuffledp.protocol.errors import BatchTooSmall
-from shuffledp.protocol.messages import RoundOutcome, RoundSpec, SignedRoundSpec
-from shuffledp.protocol.onion import decode_verified
-from shuffledp.protocol.report_format import report_format
+from shuffledp.protocol.wire.messages import RoundOutcome, RoundSpec, SignedRoundSpec
+from shuffledp.protocol.wire.onion import decode_verified
+from shuffledp.protocol.wire.report_format import report_format
 from shuffledp.analyzer.coordinator import MIN_LIVENESS_MARGIN, liveness_margin
 from shuffledp.shuffler.service import batch_chunks
 

@@ -43,10 +43,10 @@ from shuffledp.client.mean_randomizer import decode_values, noise_tail_bound, ra
 from shuffledp.client.mechanisms import report_ranges
 from shuffledp.client.pool import ClientPool
 from shuffledp.client.range_randomizer import bin_index, randomize_range
-from shuffledp.protocol import codec
-from shuffledp.protocol import messages as m
-from shuffledp.protocol.cbor_strict import StrictReader, loads
-from shuffledp.protocol.channel import InProcessChannel, announce_topic, batch_topic, outcome_topic
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.wire import messages as m
+from shuffledp.protocol.wire.cbor_strict import StrictReader, loads
+from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, batch_topic, outcome_topic
 from shuffledp.protocol.errors import (
     BadSignature,
     BudgetExceeded,
@@ -57,7 +57,7 @@ from shuffledp.protocol.errors import (
     ShuffleDPError,
     UnknownRound,
 )
-from shuffledp.protocol.onion import (
+from shuffledp.protocol.wire.onion import (
     EnvelopeOpener,
     ShufflerKeys,
     decode_verified,
@@ -65,9 +65,9 @@ from shuffledp.protocol.onion import (
     envelope_info,
     signed,
 )
-from shuffledp.protocol.randomness import MAX_NOISE_SCALE, SeededSource, SystemSource
-from shuffledp.protocol.report_format import HPKE_OVERHEAD, WrongSize, read_batch_chunk, report_format
-from shuffledp.protocol.sealing import SUITE, Sealer
+from shuffledp.protocol.mechanisms.randomness import MAX_NOISE_SCALE, SeededSource, SystemSource
+from shuffledp.protocol.wire.report_format import HPKE_OVERHEAD, WrongSize, read_batch_chunk, report_format
+from shuffledp.protocol.wire.sealing import SUITE, Sealer
 from shuffledp.shuffler.service import INTERNAL_ERROR, RoundAdmission, batch_chunks
 from shuffledp.shuffler.spool import SqliteSpool
 

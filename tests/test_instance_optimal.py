@@ -34,20 +34,20 @@ from shuffledp.client.mechanisms import check_report_values, report_ranges
 from shuffledp.client.quantile_randomizer import randomize_coordinate_tree, tree_node
 from shuffledp.client.range_randomizer import bin_index, keep_probability
 from shuffledp.client.summation import clip_to_ball, encode_vectors, randomize_local_vector
-from shuffledp.engine import draw_round, run_fast, run_messages
-from shuffledp.protocol.distributed_noise import skellam_shares
+from shuffledp.simulation.engine import draw_round, run_fast, run_messages
+from shuffledp.protocol.mechanisms.distributed_noise import skellam_shares
 from shuffledp.protocol.errors import BudgetExceeded, InvalidParameter, ValueOutOfRange
-from shuffledp.protocol.hadamard import hadamard_entry, next_power_of_two
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.mechanisms.hadamard import hadamard_entry, next_power_of_two
+from shuffledp.protocol.wire.messages import (
     CoordinateTreeParams,
     LocalVectorParams,
     RoundSpec,
     ShiftedNormParams,
     ShiftedVectorSumParams,
 )
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.rotation import RandomRotation
-from shuffledp.protocol.summation_params import skellam_tail, smallest_skellam_mu
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
+from shuffledp.protocol.mechanisms.summation_params import skellam_tail, smallest_skellam_mu
 
 #: Chi-square tests reject at this p-value (each fixed-seed test fails by chance w.p. 1e-4).
 ALPHA = 1e-4
@@ -362,7 +362,7 @@ def test_pick_threshold_ignores_noise_in_empty_bins_above_the_data():
     a failure rate of 0.2 would show with probability > 0.98)."""
     from shuffledp.client.quantile_randomizer import randomize_shifted_norm
     from shuffledp.analyzer.decoders import hadamard_frequencies
-    from shuffledp.protocol.randomness import SeededSource
+    from shuffledp.protocol.mechanisms.randomness import SeededSource
 
     params = ShiftedNormParams((0.0, 0.0), -32.0, 8.0, 0.125)
     n = 20_000

@@ -22,15 +22,15 @@ from shuffledp.client.mechanisms import check_report_values, randomize_round, re
 from shuffledp.client.quantile_randomizer import shifted_log_norms
 from shuffledp.client.range_randomizer import bin_index
 from shuffledp.client.summation import encode_vectors, randomize_local_vector, randomize_shifted_vector_sum
-from shuffledp.protocol import codec
-from shuffledp.protocol import messages as m
-from shuffledp.protocol.distributed_noise import DEVICE_MAX_MEAN
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.wire import messages as m
+from shuffledp.protocol.mechanisms.distributed_noise import DEVICE_MAX_MEAN
 from shuffledp.protocol.errors import InvalidParameter, MalformedMessage
-from shuffledp.protocol.randomness import MAX_NOISE_SCALE, SeededSource, SystemSource
-from shuffledp.protocol.report_format import report_format
-from shuffledp.protocol.rotation import RandomRotation
-from shuffledp.protocol.sealing import Sealer
-from shuffledp.protocol.summation_params import DEVICE_MAX_TOTAL_MEAN, choose_vector_sum, skellam_epsilon, smallest_skellam_mu
+from shuffledp.protocol.mechanisms.randomness import MAX_NOISE_SCALE, SeededSource, SystemSource
+from shuffledp.protocol.wire.report_format import report_format
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
+from shuffledp.protocol.wire.sealing import Sealer
+from shuffledp.protocol.mechanisms.summation_params import DEVICE_MAX_TOTAL_MEAN, choose_vector_sum, skellam_epsilon, smallest_skellam_mu
 
 from parties import DEPLOYMENT, SHUFFLER_KEYS, make_spec
 

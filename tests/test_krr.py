@@ -32,7 +32,7 @@ from shuffledp.analyzer.frequency import (
 )
 from shuffledp.client.krr import krr_keep_probability, randomize_krr
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.protocol.mechanisms.randomness import SeededSource, SystemSource
 
 ALPHA = 1e-3
 TWO_53 = 1 << 53

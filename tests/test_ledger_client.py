@@ -10,9 +10,9 @@ import pytest
 
 from shuffledp.client.client import Client, RoundExpired, randomize_reports, verified_spec
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.protocol import codec
+from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import BadSignature, BudgetExceeded, InvalidParameter, MalformedMessage, UnknownRound
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     Envelope,
     HadamardRangeParams,
     ProjectedMeanParams,
@@ -21,13 +21,13 @@ from shuffledp.protocol.messages import (
     RoundSpec,
     SignedRoundSpec,
 )
-from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, signed
+from shuffledp.protocol.wire.onion import EnvelopeOpener, ShufflerKeys, signed
 from shuffledp.shuffler.service import RoundAdmission
 
 import parties
-from shuffledp.deployment import Deployment
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.sealing import open_sealed
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.wire.sealing import open_sealed
 
 S1 = bytes(range(16))
 S2 = bytes(range(1, 17))
@@ -252,7 +252,7 @@ def test_client_settles_signed_receipts_and_outcomes():
     envelope = c.answer(ANALYZER.sign_spec(s))[0]
     adm = RoundAdmission(s, DEPLOYMENT.shuffler_keys, DEPLOYMENT.issuer)
     receipts = adm.offer_many([envelope])
-    from shuffledp.protocol.messages import AdmissionReceipts
+    from shuffledp.protocol.wire.messages import AdmissionReceipts
 
     message = signed(DEPLOYMENT.shuffler_keys.signing_private, AdmissionReceipts(S1, 4, s.digest, tuple(receipts.admitted), (), ()))
     sent = c.settle_receipts(codec.encode(message))

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from shuffledp.cli import build_parser, main
-from shuffledp.keys import (
+from shuffledp.deploy.keys import (
     ANALYZER_KEY,
     CREDENTIALS_JSON,
     ISSUER_KEY,
@@ -37,12 +37,12 @@ from shuffledp.keys import (
     load_deployment,
     load_public,
 )
-from shuffledp.services_cli import UsageError, _channel, _write_json_atomic, read_password
+from shuffledp.cli.services import UsageError, _channel, _write_json_atomic, read_password
 
 #: An account that owns nothing here (tests run as root, who may chown to it).
 OTHER_UID = 54321
 ROLES = ("analyzer", "shuffler", "client", "enrollment")
-#: The files each role reads (shuffledp/keys.py).
+#: The files each role reads (shuffledp/deploy/keys.py).
 READS = {
     "analyzer": {ANALYZER_KEY, PUBLIC_JSON},
     "shuffler": {SHUFFLER_KEY, ISSUER_KEY, PUBLIC_JSON},

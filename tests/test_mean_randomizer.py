@@ -36,8 +36,8 @@ from shuffledp.client.mean_randomizer import (
     to_grid,
 )
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import ProjectedMeanParams
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.wire.messages import ProjectedMeanParams
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 ALPHA = 1e-3
 

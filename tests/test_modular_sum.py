@@ -1,4 +1,4 @@
-"""Tests for shuffledp.protocol.modular_sum (fixed point, shares mod q, decoding).
+"""Tests for shuffledp.protocol.mechanisms.modular_sum (fixed point, shares mod q, decoding).
 
 Statistical tests use fixed seeds (not chosen by trial) and a significance level
 ALPHA from theory: chi-square quantiles for uniformity, and for means / variances
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from shuffledp.protocol.distributed_noise import discrete_laplace_variance, polya_shares
+from shuffledp.protocol.mechanisms.distributed_noise import discrete_laplace_variance, polya_shares
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.modular_sum import (
+from shuffledp.protocol.mechanisms.modular_sum import (
     MAX_MODULUS,
     FixedPoint,
     centered,
@@ -28,7 +28,7 @@ from shuffledp.protocol.modular_sum import (
     split,
     wraparound_bound,
 )
-from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.protocol.mechanisms.randomness import SeededSource, SystemSource
 
 ALPHA = 1e-3  # significance level of every chi-square test
 Z = 4.0  # z-tests at 4 standard errors (two-sided level ~6e-5)

@@ -13,7 +13,7 @@ import paho.mqtt.client as paho
 from paho.mqtt import __version__ as paho_version
 import pytest
 
-from shuffledp.protocol.mqtt_channel import handle_completed_packets
+from shuffledp.protocol.transport.mqtt_channel import handle_completed_packets
 
 CHUNK = 1000
 TOPIC = b"t"

@@ -1,4 +1,4 @@
-"""Tests for shuffledp.protocol.randomness.
+"""Tests for shuffledp.protocol.mechanisms.randomness.
 
 Statistical tests are goodness-of-fit / two-sample chi-square tests at a stated
 significance level ALPHA with fixed seeds, so they are deterministic: with a
@@ -21,7 +21,7 @@ import pytest
 from scipy import stats
 
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.randomness import RandomSource, SeededSource, SystemSource
+from shuffledp.protocol.mechanisms.randomness import RandomSource, SeededSource, SystemSource
 
 ALPHA = 1e-3  # significance level of every seeded statistical test
 ALPHA_OS = 1e-6  # significance level of the (unseedable) real-CSPRNG smoke tests

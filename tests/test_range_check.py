@@ -13,11 +13,11 @@ from shuffledp.analyzer.decoders import announce_range, hadamard_frequencies
 from shuffledp.analyzer.range_check import check_range_round, detection_threshold, users_needed
 from shuffledp.cli import main
 from shuffledp.client.range_randomizer import randomize_range
-from shuffledp.population import Population
+from shuffledp.simulation.population import Population
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import HadamardRangeParams
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.range_check_study import range_study
+from shuffledp.protocol.wire.messages import HadamardRangeParams
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.studies.range_check import range_study
 from shuffledp.simulation import SimulationConfig
 
 PARAMS = HadamardRangeParams(-16.0, 16.0, 0.5)  # 32 bins

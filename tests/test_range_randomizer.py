@@ -39,8 +39,8 @@ from shuffledp.analyzer.decoders import (
 )
 from shuffledp.client.range_randomizer import bin_index, keep_probability, randomize_range
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.messages import HadamardRangeParams
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.wire.messages import HadamardRangeParams
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 ALPHA = 1e-3
 EPSILONS = [0.1, 0.5, 1.0, 3.0, 5.0]
@@ -150,7 +150,7 @@ def test_device_keep_probability_never_exceeds_e_eps_exactly():
 def test_large_epsilon_still_randomizes():
     """Past MAX_EPSILON the keep probability would round to 1 (no privacy): refused. At the
     limit every output still has positive probability and the ratio is at most e^eps."""
-    from shuffledp.protocol.messages import MAX_EPSILON
+    from shuffledp.protocol.wire.messages import MAX_EPSILON
 
     with pytest.raises(InvalidParameter):
         keep_probability(40.0)

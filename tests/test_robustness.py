@@ -1,4 +1,4 @@
-"""Corrupted users (``shuffledp/robustness.py``) and the analyzer's robust decoding (``analyzer/robust.py``).
+"""Corrupted users (``shuffledp/studies/robustness.py``) and the analyzer's robust decoding (``analyzer/robust.py``).
 
 Every tolerance below comes from the analysis it checks: a standard deviation computed from the
 mechanism's exact variance, or a bound whose failure probability is stated (Hoeffding, union bound).
@@ -28,12 +28,12 @@ from shuffledp.analyzer.vector_mean import VectorMeanConfig, VectorMeanProtocol
 from shuffledp.analyzer.protocols import RoundPlan
 from shuffledp.client.mean_randomizer import laplace_scale, noise_variance, report_range, rounding_variance, randomize_mean
 from shuffledp.client.range_randomizer import bin_index
-from shuffledp.engine import run_fast
+from shuffledp.simulation.engine import run_fast
 from shuffledp.protocol.errors import ValueOutOfRange
-from shuffledp.protocol.messages import ProjectedMeanParams
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.summation_params import choose_scalar_sum, scalar_sum_variance
-from shuffledp.robustness import Adversary, check_well_formed, run_attacked
+from shuffledp.protocol.wire.messages import ProjectedMeanParams
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, scalar_sum_variance
+from shuffledp.studies.robustness import Adversary, check_well_formed, run_attacked
 
 N = 20_000
 # 40 bins of width 1 over [-20, 20]; bin 20 is [0, 1), centre 0.5: every user sits in it.

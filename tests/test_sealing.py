@@ -1,4 +1,4 @@
-"""Tests for HPKE sealing and Ed25519 signing (shuffledp.protocol.sealing)."""
+"""Tests for HPKE sealing and Ed25519 signing (shuffledp.protocol.wire.sealing)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shuffledp.protocol import codec
+from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import BadSignature, InvalidParameter, SealingError
-from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec
-from shuffledp.protocol.sealing import (
+from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec
+from shuffledp.protocol.wire.sealing import (
     INFO_LABEL,
     AnalyzerKeys,
     Sealer,

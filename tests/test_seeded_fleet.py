@@ -20,13 +20,13 @@ from shuffledp.analyzer.protocols import RoundPlan, drive
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
 from shuffledp.cli import build_parser
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
+from shuffledp.deploy.deployment import Deployment
 from shuffledp.analyzer.decoders import mean_from_reports
-from shuffledp.engine import draw_round, seeded_draw
-from shuffledp.fleet import Fleet
-from shuffledp.population import Population, local_means
-from shuffledp.protocol.channel import InProcessChannel
-from shuffledp.protocol.randomness import SeededSource, SystemSource
+from shuffledp.simulation.engine import draw_round, seeded_draw
+from shuffledp.deploy.fleet import Fleet
+from shuffledp.simulation.population import Population, local_means
+from shuffledp.protocol.transport.channel import InProcessChannel
+from shuffledp.protocol.mechanisms.randomness import SeededSource, SystemSource
 from shuffledp.simulation import SimulationConfig, run_simulation
 
 

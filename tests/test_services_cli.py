@@ -20,9 +20,9 @@ from parties import make_spec
 
 from shuffledp.cli import build_parser, main
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.fleet import Fleet, cancel_and_wait
-from shuffledp.keys import (
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.deploy.fleet import Fleet, cancel_and_wait
+from shuffledp.deploy.keys import (
     ANALYZER_KEY,
     CREDENTIALS_JSON,
     ISSUER_KEY,
@@ -36,10 +36,10 @@ from shuffledp.keys import (
     init_keys,
     load_deployment,
 )
-from shuffledp.protocol.channel import InProcessChannel, announce_topic, receipts_topic, spec_topic
-from shuffledp.protocol.credentials import CREDENTIAL_BYTES
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.services_cli import UsageError, parse_address
+from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, receipts_topic, spec_topic
+from shuffledp.protocol.wire.credentials import CREDENTIAL_BYTES
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.cli.services import UsageError, parse_address
 from shuffledp.shuffler.metrics import MetricsServer, render_metrics
 
 # --------------------------------------------------------------------------- files opened, for real
@@ -402,7 +402,7 @@ def test_configuration_errors_are_one_line_and_status_2(keys_dir, tmp_path, caps
 
 
 def test_an_unreachable_broker_is_one_line_and_status_1(keys_dir, tmp_path, capsys):
-    from shuffledp.broker import free_port
+    from shuffledp.deploy.broker import free_port
 
     status = main(["shuffler", "serve", "--keys", str(keys_dir), "--broker", f"127.0.0.1:{free_port()}",
                    "--spool", str(tmp_path / "s.db")])

@@ -22,9 +22,9 @@ from scipy import stats
 
 from shuffledp.analyzer.service import Analyzer
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import (
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import (
     InProcessChannel,
     acks_topic,
     announce_topic,
@@ -34,9 +34,9 @@ from shuffledp.protocol.channel import (
     reports_topic,
     spec_topic,
 )
-from shuffledp.protocol.credentials import CredentialIssuer
+from shuffledp.protocol.wire.credentials import CredentialIssuer
 from shuffledp.protocol.errors import BatchTooSmall
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     AdmissionReceipts,
     Report,
     RoundOutcome,
@@ -44,9 +44,9 @@ from shuffledp.protocol.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
-from shuffledp.protocol.onion import ShufflerKeys, decode_verified, verify_signed
-from shuffledp.protocol.report_format import report_format
-from shuffledp.protocol.sealing import SUITE, open_sealed
+from shuffledp.protocol.wire.onion import ShufflerKeys, decode_verified, verify_signed
+from shuffledp.protocol.wire.report_format import report_format
+from shuffledp.protocol.wire.sealing import SUITE, open_sealed
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, batch_chunks
 
@@ -152,7 +152,7 @@ def test_revoked_credentials_are_refused():
 
 
 def test_admit_raises_typed_errors():
-    from shuffledp.protocol.credentials import BadCredential
+    from shuffledp.protocol.wire.credentials import BadCredential
     from shuffledp.protocol.errors import MalformedMessage, QuotaExceeded, ReplayedReport, RoundFull, UnknownRound
 
     spec = make_spec(max_batch=3)
@@ -299,7 +299,7 @@ async def answer_round(channel, session_id, clients, inject, batch_junk=()):
 
 def sealed_reports(deployment: Deployment, spec: RoundSpec, answers: list[bytes]) -> list[bytes]:
     """The inner sealed reports of encoded envelopes (opening their outer layers as the shuffler does)."""
-    from shuffledp.protocol.onion import EnvelopeOpener
+    from shuffledp.protocol.wire.onion import EnvelopeOpener
 
     opener = EnvelopeOpener(deployment.shuffler_keys.hpke_private, spec)
     return [opener.open(a).sealed for a in answers]
@@ -380,7 +380,7 @@ async def test_round_forwards_exactly_the_valid_reports():
     assert Counter(map(tuple, record.opened.values.tolist())) == Counter(reports)
     assert record.spec == spec
     # the record keeps the exact signed spec announced (the session file's proof for an auditor)
-    from shuffledp.protocol.onion import verified_spec
+    from shuffledp.protocol.wire.onion import verified_spec
 
     assert verified_spec(record.signed_spec, deployment.analyzer_signing_key) == spec
 
@@ -515,7 +515,7 @@ def _outcome(fn):
 @given(position=st.integers(0, 400), value=st.integers(0, 255), cut=st.integers(0, 3))
 def test_fixed_layout_reader_accepts_exactly_what_the_general_decoder_accepts(position, value, cut):
     """The shuffler's fast envelope reader agrees with the general decoder on mutated envelopes."""
-    from shuffledp.protocol.onion import EnvelopeOpener
+    from shuffledp.protocol.wire.onion import EnvelopeOpener
 
     spec = make_spec()
     opener = EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec)
@@ -536,7 +536,7 @@ async def test_a_flood_of_refusable_envelopes_cannot_fail_the_round():
     """Threat-model finding: a burst of more envelopes than one receipts message can name
     (forged credentials cost the attacker nothing) once made the round fail and delete
     its honest reports. Receipts are now split, bursts bounded, and publishing them is never fatal."""
-    from shuffledp.protocol.messages import MAX_RECEIPTS
+    from shuffledp.protocol.wire.messages import MAX_RECEIPTS
     from shuffledp.shuffler.service import Receipts
 
     deployment = Deployment()

@@ -21,18 +21,18 @@ import numpy as np
 import pytest
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel, announce_topic, outcome_topic
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, outcome_topic
 from shuffledp.protocol.errors import BatchTooSmall, MalformedMessage, UnknownRound
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     HadamardRangeParams,
     RoundOutcome,
     RoundSpec,
     SignedRoundSpec,
     spec_digest_of,
 )
-from shuffledp.protocol.onion import signed
+from shuffledp.protocol.wire.onion import signed
 from shuffledp.shuffler.service import RoundAdmission, batch_chunks
 from shuffledp.shuffler.spool import SqliteSpool
 
@@ -159,7 +159,7 @@ def test_the_instance_a_client_is_sent_to_is_fresh_in_every_round():
     client's index in one round says nothing of its index in another. Over 400 clients and
     8 instances, the number keeping their index between two rounds is Binomial(400, 1/8):
     mean 50, standard deviation 6.6; a fixed assignment would keep all 400."""
-    from shuffledp.protocol.credentials import assigned_instance
+    from shuffledp.protocol.wire.credentials import assigned_instance
 
     deployment = Deployment()
     first, _ = _specs(deployment)
@@ -178,8 +178,8 @@ def test_a_signature_the_analyzer_made_on_another_message_is_not_a_spec_signatur
     import hashlib
 
     from shuffledp.protocol.errors import BadSignature
-    from shuffledp.protocol.messages import BatchAck
-    from shuffledp.protocol.onion import SIGNED_LABEL, verified_spec
+    from shuffledp.protocol.wire.messages import BatchAck
+    from shuffledp.protocol.wire.onion import SIGNED_LABEL, verified_spec
 
     deployment = Deployment()
     first, _ = _specs(deployment)
@@ -197,7 +197,7 @@ def test_a_spec_built_from_integers_is_signed_and_bound_in_the_form_every_party_
     analyzer signs (and the round is bound to) the encoding the devices and the shuffler re-create
     from the decoded spec, so the round completes; bytes signed in another form are refused."""
     from shuffledp.protocol.errors import MalformedMessage
-    from shuffledp.protocol.onion import sign_spec_bytes, verified_spec
+    from shuffledp.protocol.wire.onion import sign_spec_bytes, verified_spec
 
     deployment = Deployment()
     built = RoundSpec(

@@ -18,11 +18,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel, announce_topic, batch_topic, reports_topic
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, batch_topic, reports_topic
 from shuffledp.protocol.errors import DuplicateReport, QuotaExceeded, ReplayedReport
-from shuffledp.protocol.messages import RoundSpec, ShuffledBatch
-from shuffledp.protocol.onion import EnvelopeOpener
+from shuffledp.protocol.wire.messages import RoundSpec, ShuffledBatch
+from shuffledp.protocol.wire.onion import EnvelopeOpener
 from shuffledp.shuffler.service import RoundAdmission, Shuffler
 from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool
 
@@ -187,13 +187,13 @@ async def test_policy_admits_until_max_or_deadline_not_until_min(tmp_path):
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from shuffledp.protocol.credentials import CredentialIssuer
-    from shuffledp.protocol.messages import RoundSpec
-    from shuffledp.protocol.onion import ShufflerKeys
+    from shuffledp.protocol.wire.credentials import CredentialIssuer
+    from shuffledp.protocol.wire.messages import RoundSpec
+    from shuffledp.protocol.wire.onion import ShufflerKeys
     from shuffledp.shuffler.service import RoundAdmission
     from shuffledp.shuffler.spool import SqliteSpool
     spec_path, spool_path, env_path, keys_path = sys.argv[1:5]
-    from shuffledp.protocol import codec
+    from shuffledp.protocol.wire import codec
     spec = codec.decode(open(spec_path, "rb").read(), RoundSpec)
     keys = open(keys_path, "rb").read()
     shuffler_keys = ShufflerKeys.from_bytes(keys[:32], keys[32:64])

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel, acks_topic, announce_topic, batch_topic, reports_topic
-from shuffledp.protocol.messages import ShuffledBatch
-from shuffledp.protocol.onion import EnvelopeOpener
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import InProcessChannel, acks_topic, announce_topic, batch_topic, reports_topic
+from shuffledp.protocol.wire.messages import ShuffledBatch
+from shuffledp.protocol.wire.onion import EnvelopeOpener
 from shuffledp.shuffler.spool import AdmittedEnvelope, SpoolAccessError, SqliteSpool
 
 import parties

@@ -18,8 +18,8 @@ from collections import Counter
 
 import pytest
 
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import (
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import (
     InProcessChannel,
     acks_topic,
     announce_topic,
@@ -28,8 +28,8 @@ from shuffledp.protocol.channel import (
     receipts_topic,
     reports_topic,
 )
-from shuffledp.protocol.messages import AdmissionReceipts, RoundOutcome, ShuffledBatch
-from shuffledp.protocol.report_format import report_format
+from shuffledp.protocol.wire.messages import AdmissionReceipts, RoundOutcome, ShuffledBatch
+from shuffledp.protocol.wire.report_format import report_format
 from shuffledp.shuffler.metrics import render_metrics
 from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission
 from shuffledp.shuffler.spool import AdmittedEnvelope, SpoolStorageError, SqliteSpool
@@ -203,7 +203,7 @@ async def test_the_service_keeps_serving_through_a_full_disk_and_its_round_keeps
 
 
 def parties_sealed(spec, data):
-    from shuffledp.protocol.onion import EnvelopeOpener
+    from shuffledp.protocol.wire.onion import EnvelopeOpener
 
     opener = EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec)
     return [opener.open(d).sealed for d in data]

@@ -14,10 +14,10 @@ import hashlib
 import os
 import time
 
-from shuffledp.protocol.channel import InProcessChannel, acks_topic, announce_topic, batch_topic, outcome_topic
-from shuffledp.protocol.messages import RoundOutcome
-from shuffledp.protocol.onion import decode_verified
-from shuffledp.protocol.report_format import report_format
+from shuffledp.protocol.transport.channel import InProcessChannel, acks_topic, announce_topic, batch_topic, outcome_topic
+from shuffledp.protocol.wire.messages import RoundOutcome
+from shuffledp.protocol.wire.onion import decode_verified
+from shuffledp.protocol.wire.report_format import report_format
 from shuffledp.shuffler.service import NOT_ACKNOWLEDGED, batch_chunks
 from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool
 

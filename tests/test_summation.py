@@ -29,13 +29,13 @@ from shuffledp.analyzer.summation import (
 from shuffledp.client.client import UntrustedRound
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.summation import randomize_modular_sum, randomize_vector_sum
-from shuffledp.deployment import Deployment
-from shuffledp.engine import run_fast
-from shuffledp.protocol.channel import InProcessChannel
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.simulation.engine import run_fast
+from shuffledp.protocol.transport.channel import InProcessChannel
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.onion import EnvelopeOpener
-from shuffledp.protocol.randomness import SeededSource, SystemSource
-from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum, scalar_sum_variance
+from shuffledp.protocol.wire.onion import EnvelopeOpener
+from shuffledp.protocol.mechanisms.randomness import SeededSource, SystemSource
+from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, choose_vector_sum, scalar_sum_variance
 from shuffledp.shuffler.service import RoundAdmission
 
 EPS, DELTA = 1.0, 1e-6
@@ -168,7 +168,7 @@ def test_envelopes_of_a_summation_round_on_the_wire_have_one_size():
     """Over the message engine: every byte count on the reports topic is one envelope size."""
     import asyncio
 
-    from shuffledp.engine import run_messages_on
+    from shuffledp.simulation.engine import run_messages_on
 
     n = 60
     params = choose_scalar_sum(n, EPS, DELTA, 0.0, 1.0).params

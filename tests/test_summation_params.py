@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shuffledp.protocol import codec
+from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import InvalidParameter, MalformedMessage
-from shuffledp.protocol.messages import ModularSumParams, VectorSumParams
-from shuffledp.protocol.summation_params import (
+from shuffledp.protocol.wire.messages import ModularSumParams, VectorSumParams
+from shuffledp.protocol.mechanisms.summation_params import (
     check_scalar_sum,
     choose_scalar_sum,
     choose_vector_sum,
@@ -191,7 +191,7 @@ def test_vector_chooser_coarsens_the_grid_for_few_users_rather_than_refuse():
     ``levels`` (mu falls as levels^2) until that fits the exact sampler's budget, and the
     parameters still pass the budget check. At n = 1,000, d = 64, eps = 0.5 the default grid
     (800 levels) would need ~7e6."""
-    from shuffledp.protocol.summation_params import DEVICE_MAX_TOTAL_MEAN, check_vector_sum, choose_vector_sum
+    from shuffledp.protocol.mechanisms.summation_params import DEVICE_MAX_TOTAL_MEAN, check_vector_sum, choose_vector_sum
 
     choice = choose_vector_sum(1000, 0.5, 5e-7, 64, 1.0, 0)
     p = choice.params

@@ -11,11 +11,11 @@ import math
 import numpy as np
 import pytest
 
-from shuffledp.learning_data import breast_cancer_users, real_dataset_available, synthetic_logistic
+from shuffledp.learning.data import breast_cancer_users, real_dataset_available, synthetic_logistic
 from shuffledp.protocol.accounting import SessionAccountant, generic_guarantee, laplace_mean_guarantee
 from shuffledp.protocol.accounting.steps import SubsampledStepAccountant
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.uldp_sgd import (
+from shuffledp.learning.uldp_sgd import (
     TrainingConfig,
     calibrate_epsilon0,
     calibrate_noise_multiplier,

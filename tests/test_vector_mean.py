@@ -11,10 +11,10 @@ from scipy import stats
 from shuffledp.analyzer.vector_mean import VectorMeanAccumulator, VectorMeanConfig, VectorRangeAccumulator
 from shuffledp.client.vector_randomizer import randomize_vector_mean, randomize_vector_range
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.rotation import RandomRotation, linf_radius
-from shuffledp.vector_population import VectorPopulation
-from shuffledp.vector_simulation import VectorSimulationConfig, run_vector_simulation
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.mechanisms.rotation import RandomRotation, linf_radius
+from shuffledp.simulation.vector_population import VectorPopulation
+from shuffledp.simulation.vector import VectorSimulationConfig, run_vector_simulation
 
 
 @pytest.mark.parametrize("dim", [1, 2, 5, 16, 100, 256])

@@ -11,11 +11,11 @@ import pytest
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from shuffledp.protocol import codec
-from shuffledp.protocol.credentials import CredentialIssuer
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.wire.credentials import CredentialIssuer
 from shuffledp.protocol.errors import BadSignature, MalformedMessage, SealingError
-from shuffledp.protocol.messages import Admission, Envelope, Report, RoundSpec, ShuffledBatch, SignedRoundSpec
-from shuffledp.protocol.onion import (
+from shuffledp.protocol.wire.messages import Admission, Envelope, Report, RoundSpec, ShuffledBatch, SignedRoundSpec
+from shuffledp.protocol.wire.onion import (
     SIGNED_LABEL,
     EnvelopeOpener,
     envelope_format,
@@ -24,8 +24,8 @@ from shuffledp.protocol.onion import (
     verify_encoded,
     verify_signed,
 )
-from shuffledp.protocol.report_format import read_batch_chunk, report_format
-from shuffledp.protocol.sealing import SUITE, open_sealed, report_info, verify
+from shuffledp.protocol.wire.report_format import read_batch_chunk, report_format
+from shuffledp.protocol.wire.sealing import SUITE, open_sealed, report_info, verify
 
 VECTORS = Path(__file__).parent / "vectors"
 CODEC = json.loads((VECTORS / "codec.json").read_text())
@@ -220,7 +220,7 @@ def test_batch_chunk_vector_is_read_in_place_by_the_fast_reader(vector):
 
 
 def test_every_mechanism_has_a_spec_and_a_report_vector():
-    from shuffledp.protocol.messages import MECHANISMS
+    from shuffledp.protocol.wire.messages import MECHANISMS
 
     spec_mechanisms = {v["fields"]["params"]["mechanism"] for v in CODEC if v["type"] == "round-spec"}
     report_mechanisms = {v["fields"]["mechanism"] for v in CODEC if v["type"] == "report"}

@@ -9,8 +9,8 @@ keyed on
   so equal only when bit-for-bit equal), and
 * a fingerprint of everything else the answer depends on (:func:`fingerprint`): a digest of
   the accountant's own source (every ``.py`` file of this package, and the block Hadamard
-  response parameters it shares with the client, ``protocol/hadamard_response_params.py``
-  and ``protocol/local_params.py``) and the versions of Python, numpy, scipy, dp-accounting
+  response parameters it shares with the client, ``protocol/mechanisms/hadamard_response_params.py``
+  and ``protocol/mechanisms/local_params.py``) and the versions of Python, numpy, scipy, dp-accounting
   and shuffledp. Any change to the code that computed an answer makes every stored answer
   unreachable, so a stale bound is never served.
 
@@ -91,7 +91,7 @@ def source_digest() -> str:
     """SHA-256 of the accountant's Python sources (this package's and :data:`EXTRA_SOURCES`; names and
     bytes, in name order)."""
     here = Path(__file__).parent
-    paths = sorted(here.glob("*.py")) + [here.parent / name for name in EXTRA_SOURCES]
+    paths = sorted(here.glob("*.py")) + [here.parent / "mechanisms" / name for name in EXTRA_SOURCES]
     digest = hashlib.sha256()
     for path in paths:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")

@@ -199,7 +199,7 @@ def block_hadamard_response_guarantee(epsilon0: float, k: int, num_blocks: int |
     (:func:`shuffledp.client.hadamard_response.optimal_blocks`), resolved here and
     stored in the guarantee so the accountant and the devices use the same B.
     """
-    from shuffledp.protocol.hadamard_response_params import HadamardResponseParams
+    from shuffledp.protocol.mechanisms.hadamard_response_params import HadamardResponseParams
 
     _check_epsilon0(epsilon0)  # before the client's parameters, whose arithmetic needs the range
     if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k > MAX_DOMAIN_SIZE:
@@ -270,7 +270,7 @@ def variation_ratio_parameters(local: LocalGuarantee) -> VariationRatio:
 # ------------------------------------------------------ block Hadamard response
 def _block_hr_params(local: LocalGuarantee):
     """The client's :class:`HadamardResponseParams` (B, b, s) of a block-HR guarantee."""
-    from shuffledp.protocol.hadamard_response_params import HadamardResponseParams
+    from shuffledp.protocol.mechanisms.hadamard_response_params import HadamardResponseParams
 
     return HadamardResponseParams(int(local.k), float(local.epsilon0), int(local.num_blocks))
 

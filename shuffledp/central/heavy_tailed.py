@@ -13,8 +13,8 @@ every direction and known exactly:
   ``E[W^(k/2)] = alpha / (alpha - k/2)`` and ``E|N|^k = 2^(k/2) Gamma((k+1)/2) / sqrt(pi)``,
   so the k-th moment is finite exactly for k < 2 alpha; projections have tails ~ t^(-2 alpha).
 
-The mean is ``mu_j = mu * sin(j + 1)`` (as in :mod:`shuffledp.vector_population`), so it is
-not a multiple of the all-ones vector. Unlike :mod:`shuffledp.vector_population` these
+The mean is ``mu_j = mu * sin(j + 1)`` (as in :mod:`shuffledp.simulation.vector_population`), so it is
+not a multiple of the all-ones vector. Unlike :mod:`shuffledp.simulation.vector_population` these
 laws are unbounded by design.
 """
 

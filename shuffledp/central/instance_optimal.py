@@ -40,7 +40,7 @@ import numpy as np
 from shuffledp.central._data import check_rng, clip_to_ball, clipped_average, positive, probability, public_seed, user_means
 from shuffledp.central.privacy import ApproxDP, ZCDP, check_privacy
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.rotation import RandomRotation
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 __all__ = [
     "BudgetSplit",

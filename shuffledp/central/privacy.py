@@ -19,7 +19,7 @@ Facts used (Bun & Steinke 2016):
 * Lemma 2.3: rho_i-zCDP mechanisms compose (adaptively) to (sum rho_i)-zCDP.
 
 (epsilon, delta) Gaussian noise is calibrated with the exact analytic Gaussian mechanism
-of :mod:`shuffledp.protocol.gaussian_calibration` (Balle & Wang 2018), not re-derived here.
+of :mod:`shuffledp.protocol.mechanisms.gaussian_calibration` (Balle & Wang 2018), not re-derived here.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from shuffledp.central._data import positive
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.gaussian_calibration import analytic_gaussian_sigma
+from shuffledp.protocol.mechanisms.gaussian_calibration import analytic_gaussian_sigma
 
 __all__ = [
     "ZCDP",

@@ -22,7 +22,7 @@ Corrections to the paper (derived, and checked in tests/test_central.py):
 * The proof of Thm. 2 (App. D.3) writes ``tau' = 10 tau sqrt(log(nd/alpha)) / d``; Alg. 2
   line 3 and Lemma 2 give ``10 tau sqrt(log(dn/gamma) / d)``, i.e. a 1/sqrt(d), not 1/d.
   We use the sharper Hoeffding form of Lemma 2 from
-  :func:`shuffledp.protocol.rotation.linf_radius`:
+  :func:`shuffledp.protocol.mechanisms.rotation.linf_radius`:
   ``tau' = tau sqrt(2 log(2 n D / gamma) / D)`` (it implies the paper's constant 10).
 * Alg. 6 line 2 writes ``X'_i = min_{x in T} |X_i - x|`` (a distance); it means the
   argmin, the bin midpoint nearest to X_i. Footnote 9's last bin has length
@@ -43,7 +43,7 @@ import numpy as np
 from shuffledp.central._data import check_rng, positive, probability, public_seed, user_means
 from shuffledp.central.privacy import ApproxDP, ZCDP, check_privacy, per_coordinate_pure_epsilon
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.rotation import RandomRotation, linf_radius
+from shuffledp.protocol.mechanisms.rotation import RandomRotation, linf_radius
 
 __all__ = [
     "WinsorizedResult",

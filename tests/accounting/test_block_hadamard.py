@@ -39,7 +39,7 @@ from shuffledp.protocol.accounting import (
 )
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.accounting.shuffle_round import blanket_laws, blanket_round_delta
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 from .brute import add_user, clone_pair_delta, histogram_distribution, hockey
 

@@ -153,7 +153,7 @@ def test_the_key_moves_with_the_libraries_and_the_shared_parameters(cache_file, 
 
 
 def test_the_source_digest_covers_the_block_hadamard_parameters(monkeypatch):
-    """``protocol/hadamard_response_params.py`` sets the block count and ``t`` the bounds use: a change to it
+    """``protocol/mechanisms/hadamard_response_params.py`` sets the block count and ``t`` the bounds use: a change to it
     must change the key."""
     before = cache.source_digest()
     real = Path.read_bytes

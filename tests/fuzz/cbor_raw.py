@@ -5,7 +5,7 @@ argument widths, unsorted or duplicate map keys, declared lengths longer than th
 data, bare break bytes, reserved additional-information values. This module writes
 any of them. Plain Python values encode deterministically (RFC 8949 §4.2.1: shortest
 integers, lengths and floats, map keys sorted bytewise by their encodings), which is
-exactly the subset ``shuffledp.protocol.cbor_strict`` accepts; the node classes
+exactly the subset ``shuffledp.protocol.wire.cbor_strict`` accepts; the node classes
 below encode everything else.
 
 Plain values: ``int`` (outside 64 bits: a tag 2/3 bignum), ``float`` (shortest exact

@@ -43,10 +43,10 @@ from hypothesis import strategies as st
 import cbor_raw as raw
 from cbor_raw import Array, Bytes, Float, FloatBits, Head, IndefString, Int, Map, Raw, Simple, Tag, Text
 
-from shuffledp.protocol import cbor_strict, codec
-from shuffledp.protocol.credentials import CredentialIssuer
+from shuffledp.protocol.wire import cbor_strict, codec
+from shuffledp.protocol.wire.credentials import CredentialIssuer
 from shuffledp.protocol.errors import InvalidParameter, MalformedMessage
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     MAX_BATCH,
     MAX_BINS,
     MAX_EPSILON,
@@ -67,8 +67,8 @@ from shuffledp.protocol.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
-from shuffledp.protocol.messages import MECHANISMS as MESSAGE_MECHANISMS
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import MECHANISMS as MESSAGE_MECHANISMS
+from shuffledp.protocol.wire.messages import (
     CoordinateTreeParams,
     LocalVectorParams,
     ShiftedNormParams,
@@ -77,10 +77,10 @@ from shuffledp.protocol.messages import (
     VectorRangeParams,
     messages_per_user,
 )
-from shuffledp.protocol.onion import ShufflerKeys, envelope_format, signed
-from shuffledp.protocol.summation_params import choose_scalar_sum, choose_vector_sum
-from shuffledp.protocol.report_format import VALUE_LIMIT, report_format
-from shuffledp.protocol.sealing import AnalyzerKeys
+from shuffledp.protocol.wire.onion import ShufflerKeys, envelope_format, signed
+from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, choose_vector_sum
+from shuffledp.protocol.wire.report_format import VALUE_LIMIT, report_format
+from shuffledp.protocol.wire.sealing import AnalyzerKeys
 
 MECHANISMS = tuple(MESSAGE_MECHANISMS)
 WIDTH = {name: cls.VALUES_PER_REPORT for name, cls in MESSAGE_MECHANISMS.items()}

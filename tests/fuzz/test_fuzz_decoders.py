@@ -39,9 +39,9 @@ from hypothesis import strategies as st
 import cbor_raw as raw
 import strategies as S
 from fuzz_stats import FUZZ, count_case, timed
-from shuffledp.protocol import cbor_strict, codec
+from shuffledp.protocol.wire import cbor_strict, codec
 from shuffledp.protocol.errors import BadSignature, MalformedMessage, ShuffleDPError
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     MAX_BATCH,
     Admission,
     Envelope,
@@ -49,9 +49,9 @@ from shuffledp.protocol.messages import (
     RoundSpec,
     ShuffledBatch,
 )
-from shuffledp.protocol.onion import EnvelopeOpener, envelope_format, envelope_info, verify_encoded, verify_signed
-from shuffledp.protocol.report_format import read_batch_chunk, report_format
-from shuffledp.protocol.sealing import SUITE
+from shuffledp.protocol.wire.onion import EnvelopeOpener, envelope_format, envelope_info, verify_encoded, verify_signed
+from shuffledp.protocol.wire.report_format import read_batch_chunk, report_format
+from shuffledp.protocol.wire.sealing import SUITE
 
 #: Every wire message class (the codec's table: a new type is fuzzed as soon as it exists).
 MESSAGE_CLASSES = tuple(cls for cls, _ in codec.MESSAGE_TYPES.values())

@@ -60,11 +60,11 @@ from shuffledp.analyzer.service import INTERNAL_ERROR, Analyzer
 from shuffledp.client.client import Client, verified_spec
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mechanisms import report_ranges
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import InProcessChannel
-from shuffledp.protocol.credentials import assigned_instance
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import InProcessChannel
+from shuffledp.protocol.wire.credentials import assigned_instance
 from shuffledp.protocol.errors import MessageTooLarge, ShuffleDPError
-from shuffledp.protocol.messages import (
+from shuffledp.protocol.wire.messages import (
     MAX_OUTER_BYTES,
     Admission,
     AdmissionReceipts,
@@ -78,7 +78,7 @@ from shuffledp.protocol.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
-from shuffledp.protocol.onion import (
+from shuffledp.protocol.wire.onion import (
     SIGNED_LABEL,
     EnvelopeOpener,
     envelope_format,
@@ -87,9 +87,9 @@ from shuffledp.protocol.onion import (
     signed,
     wrap,
 )
-from shuffledp.protocol.randomness import SeededSource
-from shuffledp.protocol.report_format import read_batch_chunk, report_format
-from shuffledp.protocol.sealing import SUITE, AnalyzerKeys, Sealer, open_sealed
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.wire.report_format import read_batch_chunk, report_format
+from shuffledp.protocol.wire.sealing import SUITE, AnalyzerKeys, Sealer, open_sealed
 from shuffledp.shuffler.service import INTERNAL_ERROR as SHUFFLER_INTERNAL_ERROR
 from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, Shuffler, batch_chunks
 from shuffledp.shuffler.spool import SqliteSpool, StoredRound

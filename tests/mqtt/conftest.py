@@ -1,6 +1,6 @@
 """Fixtures for the MQTT tests: real mosquitto brokers.
 
-``broker`` is an authenticated TLS broker made by :class:`shuffledp.broker.Broker`
+``broker`` is an authenticated TLS broker made by :class:`shuffledp.deploy.broker.Broker`
 (ACL from TOPIC_ACCESS) shared by a module's tests; ``fresh_broker`` is a private one
 for tests that stop and restart it. No test uses an anonymous broker: every party
 connects with its role's password over TLS.
@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from shuffledp.broker import Broker, BrokerError, BrokerUsers, find_binary
+from shuffledp.deploy.broker import Broker, BrokerError, BrokerUsers, find_binary
 
 #: Accounts of the test brokers: the three roles, and two more client devices.
 CLIENT_USERS = ("client", "device-2")

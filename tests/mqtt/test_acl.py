@@ -15,10 +15,10 @@ import os
 import pytest
 from aiomqtt import Topic
 
-from shuffledp.broker import Broker, BrokerUsers
-from shuffledp.protocol import channel as ch
-from shuffledp.protocol.channel import TOPIC_ACCESS
-from shuffledp.protocol.mqtt_channel import MqttChannel
+from shuffledp.deploy.broker import Broker, BrokerUsers
+from shuffledp.protocol.transport import channel as ch
+from shuffledp.protocol.transport.channel import TOPIC_ACCESS
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 
 pytestmark = pytest.mark.mqtt
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from shuffledp.protocol.errors import TransportError
-from shuffledp.protocol.mqtt_channel import MqttChannel
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 
 pytestmark = pytest.mark.mqtt
 
@@ -49,7 +49,7 @@ async def test_plaintext_client_on_the_tls_port_fails(broker):
 
 
 async def test_broker_not_signed_by_our_ca_is_refused(broker, tmp_path):
-    from shuffledp.broker import generate_tls
+    from shuffledp.deploy.broker import generate_tls
 
     other = generate_tls(tmp_path)  # a different CA
     options = broker.channel_options("client") | {"tls_ca_file": other.ca_file}

@@ -1,4 +1,4 @@
-"""shuffledp.broker: the files it writes and the broker it runs."""
+"""shuffledp.deploy.broker: the files it writes and the broker it runs."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from shuffledp.broker import Broker, BrokerError, BrokerUsers, mosquitto_conf
-from shuffledp.protocol.channel import TOPIC_ACCESS
+from shuffledp.deploy.broker import Broker, BrokerError, BrokerUsers, mosquitto_conf
+from shuffledp.protocol.transport.channel import TOPIC_ACCESS
 
 pytestmark = pytest.mark.mqtt
 
@@ -171,7 +171,7 @@ async def test_async_context_manager_removes_its_temporary_directory():
 
 
 def test_conf_function_is_pure():
-    from shuffledp.broker import TlsFiles
+    from shuffledp.deploy.broker import TlsFiles
     from pathlib import Path
 
     tls = TlsFiles(Path("/x/ca.crt"), Path("/x/ca.key"), Path("/x/s.crt"), Path("/x/s.key"))
@@ -181,7 +181,7 @@ def test_conf_function_is_pure():
 
 
 def test_command_line_writes_a_deployment(tmp_path, capsys):
-    from shuffledp.broker import main
+    from shuffledp.deploy.broker import main
 
     assert main([str(tmp_path / "d"), "--bind", "0.0.0.0", "--port", "8883", "--client", "dev-1", "--client", "dev-2"]) == 0
     assert "mosquitto -c" in capsys.readouterr().out

@@ -17,14 +17,14 @@ import ssl
 import aiomqtt
 import pytest
 
-import shuffledp.broker as broker_module
-from shuffledp.broker import ROLE_CONNECTIONS, Broker, BrokerError, BrokerUsers, default_role_limits, find_binary
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import announce_topic, batch_topic, reports_topic
+import shuffledp.deploy.broker as broker_module
+from shuffledp.deploy.broker import ROLE_CONNECTIONS, Broker, BrokerError, BrokerUsers, default_role_limits, find_binary
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import announce_topic, batch_topic, reports_topic
 from shuffledp.protocol.errors import TransportError
-from shuffledp.protocol.mqtt_channel import MqttChannel
-from shuffledp.protocol.onion import envelope_format
-from shuffledp.protocol.report_format import MECHANISMS
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
+from shuffledp.protocol.wire.onion import envelope_format
+from shuffledp.protocol.wire.report_format import MECHANISMS
 from shuffledp.shuffler.service import DEFAULT_CHUNK_SIZE
 
 pytestmark = pytest.mark.mqtt

@@ -2,7 +2,7 @@
 
 ``shuffledp up`` runs as printed. A command that names a broker directory (``--broker
 broker/``) runs where ``broker/`` is a running broker's directory, as the README says
-(made by :class:`shuffledp.broker.Broker`, on a free port). The services walkthrough runs
+(made by :class:`shuffledp.deploy.broker.Broker`, on a free port). The services walkthrough runs
 as one bash script exactly as printed, background jobs and all, with ``set -e``; it uses
 the fixed ports it prints (8883, 9464), so runs of it take turns (a lock file) and a port
 some other program holds fails the test with that reason. Whatever a command leaves
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from shuffledp.broker import Broker
+from shuffledp.deploy.broker import Broker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from test_docs_run import commands_of, run_doc_command, workdir  # noqa: E402
@@ -60,7 +60,7 @@ def test_broker_command_runs_as_written(command, tmp_path, mosquitto):
     cwd = workdir(tmp_path)
     named = re.search(r"--broker\s+([\w./-]+/)(?:\s|$)", command.code)
     if named and not command.script:
-        # `--broker DIR/`: the directory of a running broker, as `python -m shuffledp.broker DIR` makes it
+        # `--broker DIR/`: the directory of a running broker, as `python -m shuffledp.deploy.broker DIR` makes it
         broker = Broker(cwd / named.group(1))
         broker.start()
         try:

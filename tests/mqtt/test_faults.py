@@ -3,7 +3,7 @@ and the broker restarted mid-round, under load.
 
 The shuffler runs as its own OS process (the library's Shuffler over MqttChannel, on a
 file-backed SQLite spool); the analyzer's coordinator and a fleet of enrolled clients
-(:class:`shuffledp.fleet.Fleet`) run here, each on its own authenticated TLS
+(:class:`shuffledp.deploy.fleet.Fleet`) run here, each on its own authenticated TLS
 connection. The fleet keeps each envelope until a signed receipt names it and sends
 lost ones again, byte for byte, as devices do. What must
 hold afterwards: every admitted report is delivered, in exactly one batch, none twice;
@@ -25,12 +25,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.fleet import Fleet
-from shuffledp.protocol.channel import receipts_topic
-from shuffledp.protocol.messages import HadamardRangeParams
-from shuffledp.protocol.mqtt_channel import MqttChannel
-from shuffledp.protocol.randomness import SeededSource
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.deploy.fleet import Fleet
+from shuffledp.protocol.transport.channel import receipts_topic
+from shuffledp.protocol.wire.messages import HadamardRangeParams
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
+from shuffledp.protocol.mechanisms.randomness import SeededSource
 from shuffledp.shuffler.spool import SqliteSpool
 
 pytestmark = pytest.mark.mqtt
@@ -41,9 +41,9 @@ EPSILON0 = 0.5
 _SHUFFLER = textwrap.dedent(
     """
     import asyncio, json, sys
-    from shuffledp.protocol.credentials import CredentialIssuer
-    from shuffledp.protocol.mqtt_channel import MqttChannel
-    from shuffledp.protocol.onion import ShufflerKeys
+    from shuffledp.protocol.wire.credentials import CredentialIssuer
+    from shuffledp.protocol.transport.mqtt_channel import MqttChannel
+    from shuffledp.protocol.wire.onion import ShufflerKeys
     from shuffledp.shuffler.service import Shuffler
     from shuffledp.shuffler.spool import SqliteSpool
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
-from shuffledp.engine import run_fast, run_messages
+from shuffledp.simulation.engine import run_fast, run_messages
 
 
 def test_instance_optimal_shuffle_over_mqtt_matches_the_fast_engine(broker):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shuffledp.audit_faults import planted_fault
-from shuffledp.audit_mechanics import CHECKS, audit_mechanics
+from shuffledp.audit.faults import planted_fault
+from shuffledp.audit.mechanics import CHECKS, audit_mechanics
 
 
 def test_a_correct_shuffler_passes_over_mqtt(broker):

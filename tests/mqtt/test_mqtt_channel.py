@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from shuffledp.population import Population
-from shuffledp.protocol.channel import InProcessChannel, batch_topic, outcome_topic, spec_topic
+from shuffledp.simulation.population import Population
+from shuffledp.protocol.transport.channel import InProcessChannel, batch_topic, outcome_topic, spec_topic
 from shuffledp.protocol.errors import TransportError
-from shuffledp.protocol.mqtt_channel import MqttChannel
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 from shuffledp.simulation import SimulationConfig, run_simulation
 
 pytestmark = pytest.mark.mqtt

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shuffledp.protocol.channel import InProcessChannel, QueueSubscription
+from shuffledp.protocol.transport.channel import InProcessChannel, QueueSubscription
 from shuffledp.protocol.errors import TransportError
 
 

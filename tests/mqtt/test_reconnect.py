@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from shuffledp.protocol.channel import batch_topic, outcome_topic
+from shuffledp.protocol.transport.channel import batch_topic, outcome_topic
 from shuffledp.protocol.errors import TransportError
-from shuffledp.protocol.mqtt_channel import MqttChannel
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 
 pytestmark = pytest.mark.mqtt
 

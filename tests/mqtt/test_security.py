@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deployment import Deployment
-from shuffledp.protocol import codec
-from shuffledp.protocol.channel import batch_topic, reports_topic, spec_topic
-from shuffledp.protocol.messages import HadamardRangeParams, RoundSpec, ShuffledBatch, SignedRoundSpec
-from shuffledp.protocol.mqtt_channel import MqttChannel
-from shuffledp.protocol.onion import EnvelopeOpener, ShufflerKeys, wrap
-from shuffledp.protocol.report_format import report_format
+from shuffledp.deploy.deployment import Deployment
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.transport.channel import batch_topic, reports_topic, spec_topic
+from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec, ShuffledBatch, SignedRoundSpec
+from shuffledp.protocol.transport.mqtt_channel import MqttChannel
+from shuffledp.protocol.wire.onion import EnvelopeOpener, ShufflerKeys, wrap
+from shuffledp.protocol.wire.report_format import report_format
 from shuffledp.shuffler.service import batch_chunks
 
 pytestmark = pytest.mark.mqtt

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from shuffledp.audit_claim import claim_report, load_session
-from shuffledp.keys import init_keys, load_public
-from shuffledp.protocol.onion import verified_spec
+from shuffledp.audit.claim import claim_report, load_session
+from shuffledp.deploy.keys import init_keys, load_public
+from shuffledp.protocol.wire.onion import verified_spec
 
 pytestmark = pytest.mark.mqtt
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol
-from shuffledp.engine import run_messages
+from shuffledp.simulation.engine import run_messages
 
 pytestmark = pytest.mark.mqtt
 

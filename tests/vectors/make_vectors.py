@@ -39,10 +39,10 @@ import cbor2
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from shuffledp.protocol import codec
-from shuffledp.protocol import messages as m
-from shuffledp.protocol.credentials import CredentialIssuer
-from shuffledp.protocol.onion import (
+from shuffledp.protocol.wire import codec
+from shuffledp.protocol.wire import messages as m
+from shuffledp.protocol.wire.credentials import CredentialIssuer
+from shuffledp.protocol.wire.onion import (
     SIGNED_LABEL,
     ShufflerKeys,
     envelope_info,
@@ -51,8 +51,8 @@ from shuffledp.protocol.onion import (
     spec_signing_string,
     wrap,
 )
-from shuffledp.protocol.report_format import report_format
-from shuffledp.protocol.sealing import Sealer, public_bytes, report_info
+from shuffledp.protocol.wire.report_format import report_format
+from shuffledp.protocol.wire.sealing import Sealer, public_bytes, report_info
 
 HERE = Path(__file__).parent
 SESSION = bytes(range(16))

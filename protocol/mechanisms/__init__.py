@@ -1,0 +1,1 @@
+"""Noise and parameters: randomness, Hadamard transforms, rotations, noise samplers and the parameter choices of every mechanism."""

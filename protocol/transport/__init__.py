@@ -1,0 +1,1 @@
+"""Transport: the channel interface, in-process channels and the MQTT channel."""

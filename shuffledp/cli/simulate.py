@@ -1,0 +1,324 @@
+"""``shuffledp simulate``: the scalar range -> mean protocol on synthetic users.
+
+Prints the true mean, the estimate, its error beside the theoretical RMSE and
+Theorem 1's bound, the range found, messages and bytes per round, and the local
+and central privacy spent. ``--json`` prints the same as one JSON document;
+``--plot`` draws where the estimate fell against the truth and the theory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from shuffledp.simulation.population import DISTRIBUTIONS, Population
+from shuffledp.cli.run_info import with_run_info
+from shuffledp.progress import progress_bar, pyplot, save_figure
+from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
+from shuffledp.simulation import SimulationConfig, SimulationResult, run_simulation
+from shuffledp.simulation.summation import SUM_PROTOCOLS, SummationConfig, format_summation, plot_summation, run_summation
+
+#: Protocols run by ``shuffledp vector`` (Algorithm 5), reachable here too: the vector mean on
+#: Gaussian data, and distribution estimation as the mean of one-hot vectors (categorical data).
+VECTOR_PROTOCOLS = ("vector-mean", "distribution")
+PROTOCOLS = ("mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS + ("instance-optimal",)
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="run a protocol (scalar mean, summation, vector summation) on simulated users",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--protocol", choices=PROTOCOLS, default="mean",
+        help="mean: range -> mean, local eps0 (Girgis et al. Alg. 1); sum: scalar multi-message summation; "
+        "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central (eps, delta); "
+        "vector-mean, distribution: Algorithm 5 (as `shuffledp vector`), local eps0; "
+        "instance-optimal: Huang-Liang-Yi shifted clipped mean (3 rounds) at the session's central (eps, delta)",
+    )
+    p.add_argument("--users", "-n", type=int, default=20_000, help="number of users n")
+    p.add_argument("--samples", "-m", type=int, default=50, help="samples per user m")
+    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="gaussian", help="data distribution")
+    p.add_argument("--mu", type=float, default=1.7, help="distribution mean parameter")
+    p.add_argument("--sigma", type=float, default=1.0, help="distribution spread parameter")
+    p.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B: samples lie in [-B, B]")
+    p.add_argument(
+        "--epsilon", "-e", type=float, default=1.0,
+        help="mean: local user-level budget eps0 (both rounds); sum, vector-sum: the central epsilon",
+    )
+    p.add_argument("--dim", "-d", type=int, default=16, help="vector protocols: dimension (distribution: symbols)")
+    p.add_argument("--model", choices=("shuffle", "local"), default="shuffle", help="instance-optimal: trust model")
+    p.add_argument("--radius", type=float, default=None, help="vector-sum: l2 clipping radius (default: the data bound B)")
+    p.add_argument("--noise", choices=("laplace", "gaussian"), default="laplace", help="mean-round noise")
+    p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
+    p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from the data model)")
+    p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
+    p.add_argument("--delta", type=float, default=None, help="central delta (default 1/n^1.1)")
+    p.add_argument("--seed", type=int, default=0, help="simulation seed")
+    p.add_argument("--seeds", type=int, default=None, metavar="K",
+                   help="mean: run K seeds (from --seed) on the fast engine and report how often the range round "
+                   "failed and how often the analyzer's check warned or missed it")
+    add_engine_arguments(p, default="messages")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, default: str) -> None:
+    """``--fast`` / ``--messages`` (which engine, ``shuffledp/simulation/engine.py``) and ``--broker``."""
+    path = p.add_mutually_exclusive_group()
+    path.add_argument("--fast", dest="path", action="store_const", const="fast", help="vectorized engine, no messages")
+    path.add_argument(
+        "--messages", dest="path", action="store_const", const="messages",
+        help="message engine: real clients, sealing, shuffler and analyzer (in-process, or over --broker)",
+    )
+    p.set_defaults(path=default)
+    p.add_argument(
+        "--broker", metavar="HOST[:PORT]|DIR", default=None,
+        help="carry the messages over this MQTT broker (each party its own connection) instead of in-process: "
+        "HOST[:PORT] for an anonymous plaintext broker, or the directory of a broker made by "
+        "'python -m shuffledp.deploy.broker DIR --run' (TLS, one password per role, ACLs)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.protocol in SUM_PROTOCOLS:
+        return _run_summation(args)
+    if args.protocol in VECTOR_PROTOCOLS:
+        return _run_vector(args)
+    if args.protocol == "instance-optimal":
+        return _run_instance_optimal(args)
+    try:
+        population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
+        config = SimulationConfig(
+            population=population,
+            n=args.users,
+            epsilon0=args.epsilon,
+            delta0=args.delta0,
+            noise=args.noise,
+            tau=args.tau,
+            gamma=args.gamma,
+            central_delta=args.delta,
+            seed=args.seed,
+            path=args.path,
+            broker=args.broker,
+        )
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    if args.seeds is not None:
+        return _run_range_study(args, config)
+    units = (5 if config.path == "messages" else 3) * config.n  # generate, then per round: seal+open or randomize
+    try:
+        with progress_bar(units, quiet=args.quiet, unit="user-step") as step:
+            result = run_simulation(config, progress=step)
+    except ShuffleDPError as exc:  # e.g. the broker is unreachable, or a round missed its batch
+        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        _print_and_plot(args, result)
+    except BrokenPipeError:  # e.g. piped into `head`
+        sys.stderr.close()
+    return 0
+
+
+def _run_range_study(args: argparse.Namespace, config: SimulationConfig) -> int:
+    """``--seeds K``: the range round's failures against the analyzer's warnings (``shuffledp/studies/range_check.py``)."""
+    import json
+
+    from shuffledp.studies.range_check import format_study, range_study
+
+    try:
+        with progress_bar(args.seeds, quiet=args.quiet, unit="seed") as step:
+            study = range_study(config, args.seeds, args.seed, progress=step)
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(with_run_info(study.as_dict(), args), indent=2, default=float) if args.json else format_study(study))
+    return 0
+
+
+def _run_vector(args: argparse.Namespace) -> int:
+    """``--protocol vector-mean|distribution``: ``shuffledp vector`` with this command's options
+    (``--dim`` symbols for distribution; categorical data are Zipf(1.1) over them)."""
+    from shuffledp.cli import vector as vector_cli
+
+    vector_args = argparse.Namespace(
+        users=args.users, sweep=None, dim=args.dim, samples=args.samples,
+        kind="gaussian" if args.protocol == "vector-mean" else "categorical",
+        mu=args.mu if abs(args.mu) < args.bound else 0.5, sigma=args.sigma, bound=args.bound, zipf=1.1,
+        epsilon=args.epsilon, mode="sampled", gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker,
+        json=args.json, output=None, plot=args.plot, quiet=args.quiet,
+    )
+    return vector_cli.run(vector_args)
+
+
+def _run_instance_optimal(args: argparse.Namespace) -> int:
+    """``--protocol instance-optimal``: three rounds at the session's central (eps, delta), local or shuffle."""
+    from shuffledp.simulation.instance_optimal import (
+        InstanceOptimalSimulation,
+        format_instance_optimal,
+        plot_instance_optimal,
+        run_instance_optimal,
+    )
+    from shuffledp.simulation.vector_population import VectorPopulation
+
+    try:
+        population = VectorPopulation("gaussian", args.dim, args.samples, args.mu, args.sigma, args.bound)
+        delta = args.delta if args.delta is not None else 1.0 / args.users**1.1
+        config = InstanceOptimalSimulation(
+            population, args.users, args.epsilon, delta, args.model, args.seed, args.path, args.broker
+        )
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    return _run_and_report(args, lambda step: run_instance_optimal(config, progress=step), format_instance_optimal, plot_instance_optimal)
+
+
+def _run_and_report(args: argparse.Namespace, run_with, format_result_dict, plot_result_dict) -> int:
+    """Run (``run_with(progress_step)`` returns a JSON-ready dict), print it and plot it; typed errors
+    become exit codes (2: invalid parameter, 1: a protocol or transport failure)."""
+    try:
+        with progress_bar(None, quiet=args.quiet, unit="step") as step:  # totals depend on chosen parameters
+            result = run_with(step)
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    except ShuffleDPError as exc:
+        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_result_dict(result))
+    if args.plot:
+        plot_result_dict(result, args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def _run_summation(args: argparse.Namespace) -> int:
+    """``--protocol sum|vector-sum``: the chooser's parameters at the central (eps, delta), on either engine."""
+    from shuffledp.simulation.vector_population import VectorPopulation
+
+    try:
+        if args.protocol == "sum":
+            population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
+        else:
+            population = VectorPopulation("gaussian", args.dim, args.samples, args.mu, args.sigma, args.bound)
+        delta = args.delta if args.delta is not None else 1.0 / args.users**1.1
+        config = SummationConfig(
+            args.protocol, population, args.users, args.epsilon, delta, radius=args.radius,
+            seed=args.seed, path=args.path, broker=args.broker,
+        )
+    except InvalidParameter as exc:
+        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
+        return 2
+    return _run_and_report(args, lambda step: run_summation(config, progress=step), format_summation, plot_summation)
+
+
+def _print_and_plot(args: argparse.Namespace, result: SimulationResult) -> None:
+    if args.json:
+        print(json.dumps(with_run_info(result.as_dict(), args), indent=2, default=float))
+    else:
+        print(format_result(result))
+    if args.plot:
+        plot_result(result, args.plot)
+        if not args.json:
+            print(f"plot written to {args.plot}")
+
+
+def _fmt_bytes(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
+
+
+def format_result(result: SimulationResult) -> str:
+    from shuffledp.analyzer.range_check import format_range_check
+
+    c = result.config
+    pop = c["population"]
+    lines = [
+        f"shuffledp simulate: scalar range -> mean (Girgis et al. 2022, Algorithm 1), {c['path']} path",
+        f"  users n = {c['n']:,}, samples per user m = {pop['m']}, {pop['distribution']} data "
+        f"(mu={pop['mu']}, sigma={pop['sigma']}) in [-{pop['bound']}, {pop['bound']}], tau = {c['tau']:.4g}",
+        "",
+        f"  true mean (all n*m samples)  {result.true_mean:.6f}",
+        f"  estimate                     {result.estimate:.6f}",
+        f"  error                        {result.error:+.6f}   ({result.error / result.rmse_theory:+.2f} x theoretical RMSE)",
+        f"  theoretical RMSE             {result.rmse_theory:.6f}   (exact: noise + rounding + clipping, given the range)",
+        f"  Theorem 1 bound (RMSE)       {result.theorem1_rmse_bound:.6f}   "
+        + ("(the paper's noise term; Lap(12 tau/eps0) is exactly our noise, so it matches)"
+           if c["noise"] == "laplace" else "(the paper's noise term, classical Gaussian calibration)"),
+        f"  empirical standard error     {result.standard_error:.6f}",
+        f"  vs population mean {result.population_mean:.6f}: error {result.estimate - result.population_mean:+.6f}, "
+        f"RMSE with sampling {result.rmse_theory_population:.6f}",
+        "",
+        f"  range found                  [{result.range_found[0]:.4f}, {result.range_found[1]:.4f}]"
+        f"   contains true mean: {'yes' if result.range_contains_true_mean else 'NO'};"
+        f" users inside: {100 * result.fraction_users_in_range:.2f}%",
+        f"  range check (analyzer's own)  {format_range_check(result.range_check)}",
+    ]
+    for i, r in enumerate(result.rounds, 1):
+        lines.append(
+            f"  round {i}: {r['mechanism']:<15} eps0 = {r['epsilon0']:.4g}   {r['messages']:,} messages, "
+            f"{_fmt_bytes(r['envelope_bytes'])} of envelopes"
+            + (f", batch {_fmt_bytes(r['batch_bytes'])}" if "batch_bytes" in r else " (computed; fast path sends none)")
+        )
+    lines.append("")
+    lines.append(f"  local privacy (user-level LDP)   eps0 = {result.local_epsilon:g}, delta0 = {result.local_delta:g}")
+    central = result.central
+    if central.get("epsilon") is None:
+        lines.append(f"  central privacy after shuffling  {central.get('method')}")
+    else:
+        lines.append(
+            f"  central privacy after shuffling  eps = {central['epsilon']:.4f}, delta = {central['delta']:.3g}"
+            f"   ({central['method']})"
+        )
+    lines.append(f"  randomness: {result.randomness};  {result.seconds:.2f} s")
+    return "\n".join(lines)
+
+
+def plot_result(result: SimulationResult, path: str) -> None:
+    """Two panels: round 1's Hadamard frequency estimates against the true bin fractions,
+    with the range it announced; and round 2's estimate against the truth, with bands of
+    1 and 2 theoretical RMSEs and the Theorem 1 bound."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    hist = result.extra["round1_histogram"]
+    centers = hist["bin_centers"]
+    width = (centers[1] - centers[0]) * 0.8 if len(centers) > 1 else 1.0
+    left.bar(centers, hist["true_fractions"], width=width, color="lightgray", label="true fraction of users")
+    left.plot(centers, hist["estimated_fractions"], "o-", color="tab:purple", ms=3, label="Hadamard estimate")
+    lo, hi = result.range_found
+    left.axvspan(lo, hi, color="tab:green", alpha=0.15, label="range announced")
+    left.set_xlabel("bin centre")
+    left.set_ylabel("fraction of users")
+    left.set_title("round 1: private range (ε0/2)")
+    left.legend(fontsize=7)
+
+    t, rmse = result.true_mean, result.rmse_theory
+    right.axvspan(t - 2 * rmse, t + 2 * rmse, color="tab:blue", alpha=0.12, label="±2 theoretical RMSE")
+    right.axvspan(t - rmse, t + rmse, color="tab:blue", alpha=0.25, label="±1 theoretical RMSE")
+    bound = result.theorem1_rmse_bound
+    right.axvline(t - bound, color="tab:gray", ls=":", label="±Theorem 1 bound")
+    right.axvline(t + bound, color="tab:gray", ls=":")
+    right.axvline(t, color="black", lw=2, label=f"true mean {t:.4f}")
+    right.plot([result.estimate], [0.5], "o", color="tab:red", ms=10, label=f"estimate {result.estimate:.4f}")
+    span = max(3 * rmse, abs(result.estimate - t) * 1.3, bound * 1.3)
+    right.set_xlim(t - span, t + span)
+    right.set_ylim(0, 1)
+    right.set_yticks([])
+    eps = result.central.get("epsilon")
+    priv = f"central ε = {eps:.3g}" if eps is not None else "no central claim"
+    right.set_title(f"round 2: mean (ε0/2); {priv}")
+    right.set_xlabel("mean")
+    right.legend(loc="upper left", fontsize=7)
+    c = result.config
+    fig.suptitle(f"shuffledp simulate: n = {c['n']:,}, m = {c['population']['m']}, ε0 = {result.local_epsilon:g}, {c['path']} path")
+    save_figure(fig, path)

@@ -1,0 +1,1 @@
+"""Private learning: user-level private SGD on user-partitioned data."""

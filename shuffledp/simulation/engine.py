@@ -1,0 +1,255 @@
+"""The two engines that run any protocol described as rounds (``analyzer/protocols.py``).
+
+* :func:`run_fast`, the vectorized engine: each round's randomizer
+  (:func:`shuffledp.client.mechanisms.randomize_round`) runs on blocks of users'
+  arrays, and the shuffle is a uniformly random permutation of the rows. No
+  serialization, no sealing: millions of users in seconds.
+* :func:`run_messages`, the message engine: the coordinator announces each round as
+  a signed spec; every user is a real :class:`~shuffledp.client.Client` that checks
+  it, charges its ledger, randomizes, pads, seals every message on its own and wraps
+  it for the shuffler; the real :class:`~shuffledp.shuffler.Shuffler` admits (with a
+  quota of the round's messages per user), permutes and signs; the analyzer opens.
+  Over the in-process channel by default, or an MQTT broker. The simulated users
+  (:class:`~shuffledp.client.pool.ClientPool`, a :class:`~shuffledp.deploy.fleet.Fleet`) keep
+  each envelope until the shuffler's signed receipt names it and send it again, byte
+  for byte, if it seems lost, so a run over a broker survives a broker restart
+  (the in-process channel loses nothing, and nothing is sent twice there).
+
+Randomness: round ``r``'s draws for users ``[b B, (b+1) B)`` come from the seed
+``(seed, 0x5EED, r, b)`` on both engines (:func:`draw_round`), so at any n the two
+engines' rounds are the *same multiset* of reports, and a protocol's result is the
+same up to the permutation (``tests/test_engine.py``). The fast engine's permutation uses
+its own seed; the shuffler's comes from the OS CSPRNG. The scalar mean's decoder sums with
+correct rounding, so its result is the same to the last bit whatever the order. A seeded
+fleet of separate processes (``shuffledp up --seed``) draws through the same function
+(:func:`seeded_draw`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from shuffledp.analyzer.protocols import Protocol, RoundPlan, drive
+from shuffledp.client.ledger import PrivacyLedger
+from shuffledp.client.mechanisms import randomize_round
+from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.wire.messages import RoundSpec
+from shuffledp.protocol.mechanisms.randomness import SeededSource
+
+Progress = Callable[[str, int], None]
+#: Users per randomizer call on the fast engine (bounds memory with millions of users).
+FAST_BLOCK = 1 << 16
+
+
+def round_source(seed: int, round_index: int, block: int = 0) -> SeededSource:
+    """The seeded source of one round's block of users, the same on both engines."""
+    return SeededSource(np.random.SeedSequence([seed, 0x5EED, round_index, block]))
+
+
+@dataclass
+class RoundRun:
+    """One executed round: its plan, what the analyzer opened, and what it cost on the wire.
+
+    ``messages`` counts envelopes (fast engine: those the users would have sent;
+    message engine: those the shuffler forwarded); ``envelope_bytes`` (the users'
+    envelopes, each once) is exact on both, since every envelope of a round has one
+    size. ``retransmitted`` counts the copies the message engine's users sent again for
+    want of a receipt (over a broker that lost messages), not in ``envelope_bytes``.
+    ``batch_bytes`` exists only where a batch was really sent."""
+
+    plan: RoundPlan
+    reports: int
+    messages: int
+    envelope_bytes: int
+    batch_bytes: int | None = None
+    batch_sizes: tuple[int, ...] = ()
+    rejected_at_shuffler: dict[str, int] = field(default_factory=dict)
+    rejected_at_analyzer: dict[str, int] = field(default_factory=dict)
+    retransmitted: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mechanism": self.plan.params.MECHANISM,
+            "epsilon0": self.plan.epsilon0,
+            "delta0": self.plan.delta0,
+            "messages_per_user": self.plan.messages_per_user,
+            "messages": self.messages,
+            "reports_opened": self.reports,
+            "envelope_bytes": self.envelope_bytes,
+            "rejected_at_shuffler": dict(self.rejected_at_shuffler),
+            "rejected_at_analyzer": dict(self.rejected_at_analyzer),
+        }
+        if self.batch_bytes is not None:
+            out["batch_bytes"] = self.batch_bytes
+        if self.retransmitted:
+            out["retransmitted_envelopes"] = self.retransmitted
+        return out
+
+
+@dataclass
+class EngineRun:
+    """A protocol's result and its rounds, from one engine."""
+
+    result: Any
+    rounds: list[RoundRun]
+    engine: str
+    transport: str = ""
+
+
+def _check_data(protocol: Protocol, local_data: np.ndarray) -> np.ndarray:
+    data = np.asarray(local_data, dtype=np.float64)
+    if data.ndim != protocol.data_rank or data.shape[0] < 2:
+        shape = "(n,)" if protocol.data_rank == 1 else "(n, d)"
+        raise InvalidParameter("local_data", f"protocol {protocol.name!r} takes {shape} data for n >= 2 users, got {data.shape}")
+    return data
+
+
+def draw_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
+    """Every user's reports for one round, user by user: int64 ``(n, messages per user, width)``.
+
+    Users are drawn in blocks of :data:`FAST_BLOCK`, block ``b`` from ``round_source(seed,
+    round_index, b)``; both engines call this, so they draw the same reports at any n."""
+    n = local_data.shape[0]
+    parts = []
+    for block, start in enumerate(range(0, n, FAST_BLOCK)):
+        chunk = local_data[start : start + FAST_BLOCK]
+        parts.append(randomize_round(plan.params, plan.epsilon0, plan.delta0, chunk, round_source(seed, round_index, block)))
+        if progress:
+            progress(f"round {round_index} ({plan.params.MECHANISM})", len(chunk))
+    return np.concatenate(parts)
+
+
+def seeded_draw(seed: int) -> Callable[[RoundSpec, np.ndarray], np.ndarray]:
+    """How simulated devices draw a signed round's reports with ``seed``: :func:`draw_round` at the
+    spec's round id. The message engine's client pool and a seeded :class:`~shuffledp.deploy.fleet.Fleet`
+    (``shuffledp clients run --seed``, ``shuffledp up --seed``) both use it, so with the same seed
+    and data they draw the same reports as each other and as the fast engine."""
+
+    def draw(spec: RoundSpec, local_data: np.ndarray) -> np.ndarray:
+        return draw_round(RoundPlan(spec.params, spec.epsilon0, spec.delta0), local_data, seed, spec.round_id)
+
+    return draw
+
+
+def fast_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
+    """Every user's reports for one round, as the shuffler would forward them (rows permuted)."""
+    values = draw_round(plan, local_data, seed, round_index, progress)
+    rows = values.reshape(-1, values.shape[-1])
+    permutation = np.random.default_rng(np.random.SeedSequence([seed, 0x5F, round_index])).permutation(len(rows))
+    return rows[permutation]
+
+
+def run_fast(protocol: Protocol, local_data: np.ndarray, seed: int = 0, progress: Progress | None = None) -> EngineRun:
+    """Run ``protocol`` on the vectorized engine."""
+    data = _check_data(protocol, local_data)
+    runs: list[RoundRun] = []
+
+    def execute(plan: RoundPlan) -> np.ndarray:
+        rows = fast_round(plan, data, seed, len(runs), progress)
+        runs.append(RoundRun(plan, len(rows), len(rows), len(rows) * _envelope_bytes(plan, len(runs))))
+        return rows
+
+    return EngineRun(drive(protocol, execute), runs, "fast", "none (vectorized)")
+
+
+def _envelope_bytes(plan: RoundPlan, round_id: int) -> int:
+    """Size of every envelope of the round (``protocol/wire/wire_size.py``)."""
+    from shuffledp.protocol.wire.wire_size import envelope_bytes
+
+    return envelope_bytes(plan.params.MECHANISM, round_id)
+
+
+async def run_messages_on(
+    protocol: Protocol,
+    local_data: np.ndarray,
+    channels: tuple,
+    seed: int = 0,
+    progress: Progress | None = None,
+    round_timeout: float = 3600.0,
+) -> EngineRun:
+    """Run ``protocol`` on the message engine over ``(coordinator, shuffler, clients)`` channels."""
+    from shuffledp.client.pool import ClientPool
+    from shuffledp.deploy.deployment import Deployment
+    from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
+
+    data = _check_data(protocol, local_data)
+    coordinator_channel, shuffler_channel, pool_channel = channels
+    deployment = Deployment()
+    on_open = (lambda k: progress("opened reports", k)) if progress else None
+    coordinator = deployment.coordinator(coordinator_channel, round_timeout=round_timeout, on_progress=on_open)
+    epsilon, delta = protocol.budget
+    central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public,
+               "shuffler_key": deployment.shuffler_keys.hpke_public}
+    clients = [deployment.client(row[None], PrivacyLedger(epsilon, delta), **central) for row in data]
+    on_sealed = (lambda k: progress("sealed users", k)) if progress else None
+    # Over a broker, an envelope without a receipt is sent again (a restarted broker drops
+    # what it had not delivered); the in-process channel loses nothing, so nothing is.
+    retry_interval = math.inf if isinstance(pool_channel, InProcessChannel) else 2.0
+    pool = ClientPool(pool_channel, coordinator.session_id, clients, None, draw=seeded_draw(seed),
+                      on_progress=on_sealed, retry_interval=retry_interval)
+    shuffler = deployment.shuffler(shuffler_channel)
+    shuffler_task = asyncio.create_task(shuffler.serve())
+    pool_task = asyncio.create_task(pool.serve(rounds=1 << 30))
+    protocol_task = asyncio.create_task(coordinator.run_protocol(protocol, len(clients)))
+    try:
+        # The pool answers every round until cancelled: if it ends first, it failed; say why
+        # at once rather than let the coordinator wait out the round's deadline.
+        await asyncio.wait({protocol_task, pool_task}, return_when=asyncio.FIRST_COMPLETED)
+        if pool_task.done() and not protocol_task.done():
+            protocol_task.cancel()
+            pool_task.result()
+            raise RuntimeError("the client pool stopped answering rounds")  # pragma: no cover - it serves until cancelled
+        result, records = protocol_task.result()
+    finally:
+        protocol_task.cancel()
+        shuffler_task.cancel()
+        pool_task.cancel()
+        await asyncio.gather(shuffler_task, pool_task, protocol_task, return_exceptions=True)
+    runs = []
+    for record in records:
+        spec = record.spec
+        stats = shuffler.rounds[spec.round_id]
+        sent = pool.rounds[spec.round_id]
+        topic = reports_topic(spec.session_id, spec.round_id)
+        # Every envelope of a round has one size: the bytes of the users' envelopes, each
+        # once, are the first transmissions at the size measured on the wire.
+        copies_on_wire = pool_channel.messages_by_topic.get(topic, 0)
+        wire_bytes = pool_channel.bytes_by_topic.get(topic, 0)
+        envelope_bytes = wire_bytes // copies_on_wire * sent.sent if copies_on_wire else 0
+        runs.append(
+            RoundRun(
+                RoundPlan(spec.params, spec.epsilon0, spec.delta0),
+                record.opened.size,
+                stats.forwarded,
+                envelope_bytes,
+                record.batch_bytes,
+                record.batch_sizes,
+                dict(stats.rejected),
+                dict(record.opened.rejected),
+                sent.retransmitted,
+            )
+        )
+    return EngineRun(result, runs, "messages")
+
+
+def run_messages(
+    protocol: Protocol, local_data: np.ndarray, seed: int = 0, broker: str | None = None, progress: Progress | None = None
+) -> EngineRun:
+    """Run ``protocol`` on the message engine, in-process or over the MQTT ``broker``."""
+    from shuffledp.simulation import party_channels
+
+    async def main() -> EngineRun:
+        async with party_channels(broker) as channels:
+            run = await run_messages_on(protocol, local_data, channels, seed, progress)
+        run.transport = f"mqtt {broker}" if broker else "in-process"
+        return run
+
+    return asyncio.run(main())
+
+
+ENGINES = {"fast": run_fast, "messages": run_messages}

@@ -1,0 +1,335 @@
+"""The simulation runner: synthetic users through the scalar range -> mean protocol.
+
+The protocol is :class:`~shuffledp.analyzer.scalar_mean.ScalarMeanProtocol`, run by
+either engine of :mod:`shuffledp.simulation.engine`:
+
+* ``fast``: vectorized over blocks of users, no serialization or sealing. Users'
+  data are generated block by block (see :mod:`shuffledp.simulation.population`); the engine
+  keeps one float per user.
+* ``messages``: every user is a real :class:`~shuffledp.client.Client`; reports are
+  encoded, HPKE-sealed, enveloped, admitted and permuted by the real
+  :class:`~shuffledp.shuffler.Shuffler`, and opened by the
+  :class:`~shuffledp.analyzer.Analyzer`, over the in-process channel or MQTT.
+
+This module adds what a user of the scalar mean wants beside the estimate: the
+exact error model, Theorem 1's bound, the range round's histogram and the central
+guarantee.
+
+Randomness here is a seeded ``numpy`` generator, for reproducibility; it is
+labelled as simulation randomness in the result. Devices use the OS CSPRNG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from shuffledp.analyzer.scalar_mean import (
+    ScalarMeanConfig,
+    ScalarMeanProtocol,
+    concentration_radius,
+    theorem1_mse_bound,
+)
+from shuffledp.simulation.engine import run_fast, run_messages
+from shuffledp.client.mean_randomizer import noise_variance, rounding_variance
+from shuffledp.client.range_randomizer import bin_index
+from shuffledp.simulation.population import Population, local_means
+from shuffledp.protocol.transport.channel import InProcessChannel
+from shuffledp.protocol.errors import InvalidParameter
+
+PATHS = ("fast", "messages")
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """One simulated run. ``tau=None`` derives the radius from the population (corrected Theorem 1 form)."""
+
+    population: Population
+    n: int
+    epsilon0: float
+    delta0: float = 0.0
+    noise: str = "laplace"
+    tau: float | None = None
+    gamma: float = 0.01
+    grid_levels: int = 4096
+    central_delta: float | None = None
+    seed: int = 0
+    path: str = "fast"
+    broker: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.n, int) and self.n >= 2):
+            raise InvalidParameter("n", f"must be an integer >= 2, got {self.n}")
+        if self.path not in PATHS:
+            raise InvalidParameter("path", f"must be one of {PATHS}, got {self.path!r}")
+        if self.broker is not None:
+            if self.path != "messages":
+                raise InvalidParameter("broker", "a broker carries messages: use the messages path")
+            parse_broker(self.broker)
+        self.protocol_config()  # validates epsilon0, delta0, noise, tau
+
+    @property
+    def radius(self) -> float:
+        if self.tau is not None:
+            return self.tau
+        p = self.population
+        return min(p.bound, concentration_radius(p.proxy_sigma, self.n, p.m, self.gamma))
+
+    @property
+    def delta(self) -> float:
+        """Central delta for the shuffled accounting: given, or 1/n^1.1 (below 1/n)."""
+        return self.central_delta if self.central_delta is not None else 1.0 / self.n**1.1
+
+    def protocol_config(self) -> ScalarMeanConfig:
+        return ScalarMeanConfig(
+            bound=self.population.bound,
+            tau=self.radius,
+            epsilon0=self.epsilon0,
+            delta0=self.delta0,
+            noise=self.noise,
+            grid_levels=self.grid_levels,
+        )
+
+
+@dataclass
+class SimulationResult:
+    """Everything a run reports; :meth:`as_dict` is the ``--json`` output."""
+
+    config: dict[str, Any]
+    true_mean: float
+    population_mean: float
+    estimate: float
+    error: float
+    standard_error: float
+    rmse_theory: float
+    rmse_theory_population: float
+    theorem1_rmse_bound: float
+    range_found: tuple[float, float]
+    range_contains_true_mean: bool
+    fraction_users_in_range: float
+    #: The analyzer's own check of the range round (``analyzer/range_check.py``): what it
+    #: can tell without the truth. ``range_contains_true_mean`` is what only a simulation knows.
+    range_check: dict[str, Any]
+    rounds: list[dict[str, Any]]
+    local_epsilon: float
+    local_delta: float
+    central: dict[str, Any]
+    seconds: float
+    randomness: str = "seeded numpy PCG64 (simulation; devices use the OS CSPRNG)"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _local_means(config: SimulationConfig, progress: Progress | None) -> tuple[np.ndarray, float]:
+    """Local means of all users (one float each) and the exact mean of all n*m samples."""
+    return local_means(config.population, config.n, config.seed, progress)
+
+
+def parse_broker(address: str) -> tuple[str, int]:
+    """``host:port`` (port defaults to 1883)."""
+    host, _, port = address.rpartition(":") if ":" in address else (address, "", "1883")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidParameter("broker", f"must be HOST or HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+@contextlib.asynccontextmanager
+async def party_channels(broker: str | None):
+    """Channels for (coordinator, shuffler, client pool): one shared in-process channel,
+    or three separate connections to an MQTT broker."""
+    if broker is None:
+        channel = InProcessChannel()
+        yield channel, channel, channel
+        return
+    from shuffledp.protocol.transport.mqtt_channel import MqttChannel
+
+    host, port, options = broker_connection(broker)
+    async with contextlib.AsyncExitStack() as stack:
+        channels = [
+            await stack.enter_async_context(MqttChannel(host, port, **options.get(role, {})))
+            for role in ("analyzer", "shuffler", "client")
+        ]
+        yield tuple(channels)
+
+
+def broker_connection(broker: str) -> tuple[str, int, dict[str, dict[str, Any]]]:
+    """Where and how each role connects: ``HOST[:PORT]`` (anonymous, plaintext), or the directory
+    of a broker made by :mod:`shuffledp.deploy.broker` (its ``credentials.json``: host, port, CA file and
+    one account per role; TLS and passwords)."""
+    import json
+    import os
+
+    if os.path.isdir(broker):
+        path = os.path.join(broker, "credentials.json")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            options: dict[str, dict[str, Any]] = {}
+            for user in doc["users"]:
+                options.setdefault(
+                    user["role"], {"username": user["username"], "password": user["password"], "tls_ca_file": doc["ca_file"]}
+                )
+            return doc["host"], int(doc["port"]), options
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidParameter("broker", f"{path} is not a broker credentials file ({exc})") from None
+    host, port = parse_broker(broker)
+    return host, port, {}
+
+
+def central_guarantee(config: SimulationConfig) -> dict[str, Any]:
+    """Central (eps, delta) of the two shuffled rounds, from the amplification accountant.
+
+    Each round is pure eps0/2-LDP (Hadamard response with K bins, then the discrete-Laplace
+    mean report); both are upper bounds: the session composition (dp-accounting PLD/RDP of
+    the rounds' curves) and the basic composition of per-round bounds at delta/2 each, and
+    the smaller is reported. Gaussian reports are (eps0, delta0)-LDP: no amplification is
+    claimed. Results are memoized on the parameters they depend on (one call costs
+    seconds; repeated simulations of one configuration pay it once).
+    """
+    protocol = config.protocol_config()
+    if protocol.noise == "gaussian":
+        return {
+            "epsilon": None,
+            "delta": None,
+            "method": "none: Gaussian reports are (eps0, delta0)-LDP; no amplification is claimed",
+        }
+    return central_guarantee_at(protocol, config.n, config.delta)
+
+
+def central_guarantee_at(protocol, n: int, delta: float) -> dict[str, Any]:
+    """Central (eps, delta) of the scalar protocol's two shuffled rounds with ``n`` reports per batch.
+
+    Deployed runs pass the smallest batch any round had (``RoundRecord.smallest_batch``):
+    a report hides only among its own batch. See :func:`central_guarantee`."""
+    if protocol.noise == "gaussian":
+        return {
+            "epsilon": None,
+            "delta": None,
+            "method": "none: Gaussian reports are (eps0, delta0)-LDP; no amplification is claimed",
+        }
+    return dict(_central_for(protocol.round_epsilon, protocol.range_params().padded_bins, n, delta, protocol.grid_levels))
+
+
+@functools.lru_cache(maxsize=32)
+def _central_for(round_epsilon: float, padded_bins: int, n: int, delta: float, grid_levels: int | None = None) -> dict[str, Any]:
+    from shuffledp.protocol.accounting import (
+        SessionAccountant,
+        hadamard_response_guarantee,
+        laplace_mean_guarantee,
+        shuffled_round,
+    )
+    from shuffledp.protocol.errors import ShuffleDPError
+
+    guarantees = [hadamard_response_guarantee(round_epsilon, max(2, padded_bins)), laplace_mean_guarantee(round_epsilon, grid_levels)]
+    try:
+        per_round = [shuffled_round(g, n, delta / 2) for g in guarantees]
+        session = SessionAccountant()
+        for g in guarantees:
+            session.add_round(g, n)
+        session_eps = session.epsilon(delta)
+    except ShuffleDPError as exc:
+        return {"epsilon": None, "delta": delta, "method": f"none: {exc}"}
+    basic = sum(r.epsilon for r in per_round)
+    return {
+        "epsilon": min(session_eps, basic),
+        "delta": delta,
+        "method": "min(session composition, basic composition of per-round bounds at delta/2 each)",
+        "session_composition_epsilon": session_eps,
+        "basic_composition_epsilon": basic,
+        "per_round": [{"epsilon": r.epsilon, "delta": r.delta, "method": r.method} for r in per_round],
+    }
+
+
+def _load_accountant_in_background() -> threading.Thread:
+    """Import the accountant's libraries (scipy's special functions and FFT, dp-accounting:
+    1-2 s, far more than the accounting's own computation) on a thread while the protocol
+    runs, so the "privacy accounting" step at the end costs only its computation. A failed
+    import here is ignored: the accounting step imports them again and reports it."""
+
+    def load() -> None:
+        try:
+            import dp_accounting.pld.privacy_loss_distribution  # noqa: F401
+            import shuffledp.protocol.accounting  # noqa: F401
+        except Exception:  # noqa: BLE001 - reported by the accounting step's own import
+            pass
+
+    # Not a daemon: a process that ends early waits for the import rather than being
+    # torn down in the middle of one. The accounting step joins it before importing the same
+    # modules itself, so the two threads never import them at once.
+    thread = threading.Thread(target=load, name="shuffledp-accountant-imports")
+    thread.start()
+    return thread
+
+
+def run_simulation(config: SimulationConfig, progress: Progress | None = None) -> SimulationResult:
+    """Run one simulation end to end and report estimate, error, theory and privacy."""
+    started = time.perf_counter()
+    accountant_imports = _load_accountant_in_background()
+    protocol = config.protocol_config()
+    means, true_mean = _local_means(config, progress)
+    scalar_mean = ScalarMeanProtocol(protocol)
+    if config.path == "fast":
+        run = run_fast(scalar_mean, means, config.seed, progress)
+        extra = {}
+    else:
+        run = run_messages(scalar_mean, means, config.seed, config.broker, progress)
+        extra = {"transport": run.transport}
+    found, mean, mean_params = run.result.found_range, run.result.mean, run.result.mean_params
+    rounds = [r.as_dict() for r in run.rounds]
+    n, pop = config.n, config.population
+    # Exact error model of round 2 given the range announced in round 1: clipping bias
+    # plus (noise + randomized-rounding) variance over n.
+    bias = float(np.clip(means, mean_params.lower, mean_params.upper).mean() - true_mean)
+    variance = (
+        noise_variance(mean_params, protocol.round_epsilon, protocol.delta0)
+        + float(rounding_variance(means, mean_params).mean())
+    ) / n
+    rmse = math.sqrt(bias**2 + variance)
+    rmse_population = math.sqrt(bias**2 + variance + pop.variance / (n * pop.m))
+    if progress:
+        progress("privacy accounting", 0)
+    accounting_started = time.perf_counter()
+    accountant_imports.join()  # what is left of the imports counts as accounting time
+    central = central_guarantee(config)
+    extra["accounting_seconds"] = time.perf_counter() - accounting_started
+    in_range = float(np.mean((means >= found.lower) & (means <= found.upper)))
+    range_params = protocol.range_params()
+    true_bins = np.bincount(bin_index(means, range_params), minlength=range_params.num_bins) / n
+    extra["round1_histogram"] = {
+        "bin_centers": [range_params.bin_center(i) for i in range(range_params.num_bins)],
+        "estimated_fractions": found.frequencies.tolist(),
+        "true_fractions": true_bins.tolist(),
+    }
+    config_dict = asdict(config)
+    config_dict["tau"] = config.radius
+    return SimulationResult(
+        config=config_dict,
+        true_mean=true_mean,
+        population_mean=pop.mean,
+        estimate=mean.estimate,
+        error=mean.estimate - true_mean,
+        standard_error=mean.standard_error,
+        rmse_theory=rmse,
+        rmse_theory_population=rmse_population,
+        theorem1_rmse_bound=math.sqrt(theorem1_mse_bound(protocol, n)),
+        range_found=(found.lower, found.upper),
+        range_contains_true_mean=bool(found.lower <= true_mean <= found.upper),
+        fraction_users_in_range=in_range,
+        range_check=run.result.range_check.as_dict(),
+        rounds=rounds,
+        local_epsilon=config.epsilon0,
+        local_delta=config.delta0,
+        central=central,
+        seconds=time.perf_counter() - started,
+        extra=extra,
+    )

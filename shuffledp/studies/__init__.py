@@ -1,0 +1,1 @@
+"""Studies of the protocols: robustness to corrupted users, the range check's failure rate."""

@@ -1,0 +1,110 @@
+"""How often the range round fails, and how often the analyzer's own check says so, over many seeds.
+
+A simulation knows what the analyzer cannot: whether the announced range holds the
+true mean. Over ``seeds`` runs of the scalar range -> mean protocol on the vectorized
+engine (the engines see the same reports, ``tests/test_engine.py``), each run is
+classified by the truth (*failed*: the announced range misses the true mean) and by
+the analyzer's check (:mod:`shuffledp.analyzer.range_check`: *warned* or not):
+
+* ``missed``: failed and not warned. The check bounds this by its ``alpha`` for an
+  announced bin holding no user (Hoeffding and a union bound: the module's docstring);
+* ``false warnings``: warned though the range held the mean: the price of a check
+  that only passes a bin shown to hold users.
+
+Rates carry Clopper–Pearson 95 % intervals. ``shuffledp simulate --seeds K`` prints
+one study; ``benchmarks/bench_range_check.py`` sweeps n and plots them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from shuffledp.protocol.errors import InvalidParameter
+
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class RangeStudy:
+    """Counts over ``runs`` seeds, and the errors of the estimates in standard errors."""
+
+    runs: int
+    failed: int
+    held_none: int
+    warned: int
+    missed: int
+    false_warnings: int
+    #: Largest |error| / reported standard error among runs not warned, and among warned ones.
+    worst_unwarned_z: float
+    worst_warned_z: float
+    config: dict[str, Any]
+
+    def rate(self, count: int) -> tuple[float, float, float]:
+        """``(rate, low, high)``: the fraction of runs and its Clopper–Pearson 95 % interval."""
+        from shuffledp.audit.local import clopper_pearson
+
+        low, high = clopper_pearson(count, self.runs, 0.95)
+        return count / self.runs, low, high
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for name in ("failed", "held_none", "warned", "missed", "false_warnings"):
+            rate, low, high = self.rate(getattr(self, name))
+            out[f"{name}_rate"] = {"rate": rate, "ci95": [low, high]}
+        return out
+
+
+def range_study(config, seeds: int, first_seed: int = 0, progress: Progress | None = None) -> RangeStudy:
+    """Run ``config`` (a :class:`~shuffledp.simulation.SimulationConfig`, fast path) with ``seeds``
+    seeds and classify every run (module docstring). No accounting is run: only the estimates."""
+    from shuffledp.analyzer.scalar_mean import ScalarMeanProtocol
+    from shuffledp.simulation.engine import run_fast
+    from shuffledp.simulation.scalar import _local_means
+
+    if not (isinstance(seeds, int) and seeds >= 1):
+        raise InvalidParameter("seeds", f"must be an integer >= 1, got {seeds!r}")
+    protocol = ScalarMeanProtocol(config.protocol_config())
+    failed = held_none = warned = missed = false_warnings = 0
+    worst = {True: 0.0, False: 0.0}
+    for seed in range(first_seed, first_seed + seeds):
+        run_config = dataclasses.replace(config, seed=seed, path="fast", broker=None)
+        means, true_mean = _local_means(run_config, None)
+        outcome = run_fast(protocol, means, seed).result
+        found = outcome.found_range
+        is_failed = not (found.lower <= true_mean <= found.upper)
+        is_warned = not outcome.range_check.ok
+        failed += is_failed
+        held_none += not np.any((means >= found.lower) & (means <= found.upper))
+        warned += is_warned
+        missed += is_failed and not is_warned
+        false_warnings += is_warned and not is_failed
+        z = abs(outcome.mean.estimate - true_mean) / outcome.mean.standard_error
+        worst[is_warned] = max(worst[is_warned], z if math.isfinite(z) else math.inf)
+        if progress:
+            progress("seeds", 1)
+    summary = {"n": config.n, "epsilon0": config.epsilon0, "bound": config.population.bound,
+               "tau": config.radius, "m": config.population.m, "first_seed": first_seed}
+    return RangeStudy(seeds, failed, held_none, warned, missed, false_warnings, worst[False], worst[True], summary)
+
+
+def format_study(study: RangeStudy) -> str:
+    c = study.config
+    lines = [f"range round over {study.runs} seeds (n = {c['n']:,}, eps0 = {c['epsilon0']:g}, B = {c['bound']:g}, "
+             f"tau = {c['tau']:.4g}, m = {c['m']}; fast engine)"]
+    for label, name in (("range missed the true mean", "failed"), ("range held no user", "held_none"),
+                        ("analyzer warned", "warned"), ("missed (failed, no warning)", "missed"),
+                        ("false warnings (held, warned)", "false_warnings")):
+        count = getattr(study, name)
+        rate, low, high = study.rate(count)
+        lines.append(f"  {label:<32} {count:>6} / {study.runs}  ({100 * rate:5.1f} %, 95 % CI {100 * low:.1f}-{100 * high:.1f} %)")
+    lines.append(f"  worst |error| / standard error: {study.worst_unwarned_z:.1f} without a warning, "
+                 f"{study.worst_warned_z:.1f} with one")
+    return "\n".join(lines)
+
+
+__all__ = ["RangeStudy", "format_study", "range_study"]
