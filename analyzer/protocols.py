@@ -14,7 +14,7 @@ plan as a signed round spec through the real coordinator, clients, sealing,
 shuffler and analyzer (:meth:`shuffledp.analyzer.coordinator.Coordinator.run_protocol`).
 Because both draw every report from the same function, and a shuffled batch is a
 uniformly permuted multiset either way, the two give the same output distribution
-(``tests/test_engine.py`` checks identical multisets under one seed).
+(``tests/simulation/test_engine.py`` checks identical multisets under one seed).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ which needs ``n >= 8 c^2 ln((K + 1) / beta)`` users (:func:`users_needed`): the
 split over two neighbouring bins (``f >= 1/2`` in one) need four times as many.
 
 Both are reported with the estimate, in the human output and the JSON;
-``tests/test_range_check.py`` checks the missed-failure rate and the warnings on runs
+``tests/analyzer/test_range_check.py`` checks the missed-failure rate and the warnings on runs
 that fail, and ``benchmarks/bench_range_check.py`` measures both rates over many seeds.
 """
 

@@ -9,7 +9,7 @@ flags and every other parameter stay as typed; one line on stderr says what was
 capped. Unset (or empty), nothing changes.
 
 It exists so that a test can run every command of the README exactly as a reader
-types it, in seconds rather than hours (``tests/test_docs_run.py``). Estimates made
+types it, in seconds rather than hours (``tests/docs/test_docs_run.py``). Estimates made
 under a cap are those of the smaller run, not of the documented size.
 
 Standard library only: the example scripts call it too, the device one included.

@@ -49,7 +49,7 @@ convex, so the bound for that comonotone law holds for every pair.
   vector protocol's report ``(j, u_j + N)`` with ``j`` uniform and the same ``G`` on
   every coordinate has the same law of ``A`` (a mixture over ``j`` of laws each
   ``<=_cx A_0``), so the bound covers it too.
-  ``tests/accounting/test_blanket.py`` checks the lemma's consequence by brute force:
+  ``tests/protocol/accounting/test_blanket.py`` checks the lemma's consequence by brute force:
   every input pair's exact blanket divergence at small ``G`` and ``n`` is at most the
   extreme pair's, and the bound is above the exact shuffled divergence maximised over
   every dataset and pair.
@@ -185,7 +185,7 @@ def hadamard_response_law(epsilon0: float, K: int) -> BlanketLaw:
     Two distinct columns agree on ``K/2`` rows, row 0 among them: on the ``K/2 - 1`` others the
     pair's outputs are ``(e^eps0, e^eps0)`` and ``(1, 1)``; on the ``K/2`` rows where they differ,
     ``(e^eps0, 1)`` and ``(1, e^eps0)``; row 0 gives ``(1, 1)``. The weights depend only on ``K``,
-    so every pair has this law (``tests/accounting/test_blanket_mechanisms.py`` rebuilds it from
+    so every pair has this law (``tests/protocol/accounting/test_blanket_mechanisms.py`` rebuilds it from
     the randomizer matrix for every pair, K <= 16).
     """
     K = int(K)

@@ -62,7 +62,7 @@ and :func:`block_coins` takes the largest ``w`` whose Chernoff tail is at most
 ``delta - 1e-6 delta``. The coins restore ``q/(4 r rho)`` of the removed users'
 variance (``q = 2r``: 68 % at eps0 = 1, 51 % at eps0 = 4), so a block of width ``b``
 costs about ``(1 - q/(4 r rho)) b / (2n)`` instead of ``b / (2n)``.
-``tests/test_rr_exact_any_n.py`` checks the inequality against every dataset of small
+``tests/protocol/test_rr_exact_any_n.py`` checks the inequality against every dataset of small
 blocks in 40-digit arithmetic. A fair coin is a sum of independent Bernoullis too, so
 Step 2's threshold sets still apply.
 

@@ -13,7 +13,7 @@ same sum mod ``q`` the shuffled multisets are within statistical distance
 arXiv:1909.11225, Thm. 1; the analysis is reused in their CCS 2020 paper,
 arXiv:2002.00817, Sec. 4). Check: their example, 32-bit inputs from ``n = 10^4``
 parties (``q = n 2^32``) with 12 messages for ``sigma = 40``, is what
-:func:`messages_needed` returns (``tests/test_summation_params.py``). This bound is
+:func:`messages_needed` returns (``tests/protocol/test_summation_params.py``). This bound is
 the one constant here we could not re-derive; it is applied as the note states it.
 The chooser takes a prime ``q`` so that the field version of the same analysis
 (Ghazi, Manurangsi, Pagh & Velingker, Eurocrypt 2020) applies as well.

@@ -4,7 +4,7 @@ Every message is one CBOR map (RFC 8949, deterministic encoding) with two fixed
 keys, ``"v"`` (wire version) and ``"t"`` (message type), plus one key per dataclass
 field of :mod:`shuffledp.protocol.wire.messages`. Mechanism parameters are a nested
 map whose ``"mechanism"`` key selects the parameter type. The schema, in CDDL, is
-in ``docs/wire-format.md``; JSON test vectors are in ``tests/vectors/``.
+in ``docs/wire-format.md``; JSON test vectors are in ``tests/protocol/vectors/``.
 
 Decoding is total and bounded: the size limit is checked before parsing; the bytes
 are read by :mod:`shuffledp.protocol.wire.cbor_strict`, which accepts only the

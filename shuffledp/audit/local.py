@@ -131,9 +131,9 @@ idea of auditing a Gaussian mechanism by its shift and scale:
   here) and the clamp's effect ``(1 + e^eps) 2^-40`` subtracted (total variation
   ``<= 2^-40`` per side), found by a bracketing search keeping the lower end. The divergence
   grows with ``Delta`` and falls with ``sigma`` (checked numerically at small scales
-  in ``tests/test_gaussian_calibration.py``; at these scales it is the continuous
+  in ``tests/protocol/test_gaussian_calibration.py``; at these scales it is the continuous
   Gaussian's, a monotone function of ``Delta/sigma`` (Balle & Wang 2018), and
-  ``tests/test_audit_local.py`` checks the resulting epsilon around the audited
+  ``tests/audit/test_audit_local.py`` checks the resulting epsilon around the audited
   points), so when both intervals hold,
   ``epsilon_param <= eps(Delta, sigma) <= eps0`` for a correct randomizer: a lower
   bound at the row's confidence *given the model* (the assumption-free bound needs

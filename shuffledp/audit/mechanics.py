@@ -54,7 +54,7 @@ false-alarm rate :data:`STATISTICAL_ALPHA` (Bonferroni); every other check is
 deterministic (a uniform shuffler passes it with probability 1, or ``1 - 2/B!`` per
 batch). Planted faults (:mod:`shuffledp.audit.faults`: ``shuffler-arrival-order``,
 ``small-batch-release``, ``padding-off``, ``analyzer-gets-credentials``) each fail the
-check named for them; ``tests/test_audit_mechanics.py`` shows it.
+check named for them; ``tests/audit/test_audit_mechanics.py`` shows it.
 """
 
 from __future__ import annotations

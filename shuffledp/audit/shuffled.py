@@ -14,9 +14,9 @@ datasets (one user's whole contribution changed), run many times:
 * Counts are sampled directly from these laws (exact, and a million rounds take a
   second), with ``a`` and ``b`` taken from the shipped randomizer's own parameter
   (:func:`shuffledp.client.range_randomizer.keep_probability`), so a randomizer that
-  keeps too often is audited as it runs. ``tests/test_audit_shuffled.py`` checks the
+  keeps too often is audited as it runs. ``tests/audit/test_audit_shuffled.py`` checks the
   real randomizer's report frequencies against ``a`` and ``b``, and the engines are
-  shown equal in distribution by ``tests/test_engine.py``.
+  shown equal in distribution by ``tests/simulation/test_engine.py``.
 * The event is a tail ``{C >= k}`` (favours ``D1``) or ``{C <= k}`` (favours ``D0``),
   chosen on one sample of rounds and evaluated on a fresh one, so the choice costs
   no confidence. With ``p`` and ``q`` the event's probabilities under the two datasets,

@@ -83,7 +83,7 @@ Paths: the real client code runs on :class:`~shuffledp.protocol.mechanisms.rando
 (numpy's negative binomial), vectorized over users and rounds in chunks. The device
 path (:class:`~shuffledp.protocol.mechanisms.randomness.SystemSource`) draws every NB in Python
 and is far too slow for ``10^4`` rounds of ``10^3`` users; its NB law is checked in
-``tests/test_distributed_noise.py``. Functions are looked up at call time through
+``tests/protocol/test_distributed_noise.py``. Functions are looked up at call time through
 their modules, so a planted fault (:mod:`shuffledp.audit.faults`, ``nbinom-reversed``)
 is audited as it runs.
 

@@ -20,7 +20,7 @@ The distribution assumption (Def. 2.4): ``sigma_k(D) = sup_{||v||=1} E|<X - mu, 
 <= moment_bound``; the paper normalises it to 1, and every radius here scales with it.
 A user's mean of m samples has ``sigma_k <= O(moment_bound / sqrt(m))`` (Lemma 2.7).
 
-Corrections and notes (derived; checked in tests/test_central.py):
+Corrections and notes (derived; checked in tests/central/test_central.py):
 
 * Alg. 2's noise ``2 rho sqrt(2 ln(4/delta)) / (n eps)`` is the classical Gaussian
   mechanism (Lemma 2.4 prints ln(2/delta); both exceed the ln(1.25/delta) of Dwork & Roth

@@ -22,7 +22,7 @@ is first projected onto the public l2 ball of radius R (the statistical setting'
 halvings, which is the paper's binary search over a universe of size u = 2^T (its
 ``log u`` noisy counts of variance ``log u / (2 rho)``).
 
-Correction to the paper (derived; checked in tests/test_central.py): Sec. 3.2 sets the
+Correction to the paper (derived; checked in tests/central/test_central.py): Sec. 3.2 sets the
 threshold's rank to ``n - sqrt(2d/rho)`` with rho the budget of Theorem 2's whole
 estimator, but Lemma 3's error ``E(C) = (1/n) sum (||x_i|| - C)_+ + C sqrt(2d/rho_noise)/n``
 is minimised where ``|{i : ||x_i|| > C}| = sqrt(2d / rho_noise)``, rho_noise the budget of

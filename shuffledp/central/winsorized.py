@@ -14,7 +14,7 @@ through the mean of its m samples (Corollary 1 / Appendix D.4), so replacing all
 user's data changes one row; every count below moves by at most 1 and every clipped
 mean by at most (range width)/n under such a replacement.
 
-Corrections to the paper (derived, and checked in tests/test_central.py):
+Corrections to the paper (derived, and checked in tests/central/test_central.py):
 
 * Alg. 2 line 3 passes ``\\sqrt{dB}`` as the range of a rotated coordinate. The bound is
   ``sqrt(d) * B``: ``|(U x)_j| <= ||U x||_2 = ||x||_2 <= sqrt(d) B`` for ``x in [-B, B]^d``.

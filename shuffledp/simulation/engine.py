@@ -18,7 +18,7 @@
 Randomness: round ``r``'s draws for users ``[b B, (b+1) B)`` come from the seed
 ``(seed, 0x5EED, r, b)`` on both engines (:func:`draw_round`), so at any n the two
 engines' rounds are the *same multiset* of reports, and a protocol's result is the
-same up to the permutation (``tests/test_engine.py``). The fast engine's permutation uses
+same up to the permutation (``tests/simulation/test_engine.py``). The fast engine's permutation uses
 its own seed; the shuffler's comes from the OS CSPRNG. The scalar mean's decoder sums with
 correct rounding, so its result is the same to the last bit whatever the order. A seeded
 fleet of separate processes (``shuffledp up --seed``) draws through the same function

@@ -2,7 +2,7 @@
 
 A simulation knows what the analyzer cannot: whether the announced range holds the
 true mean. Over ``seeds`` runs of the scalar range -> mean protocol on the vectorized
-engine (the engines see the same reports, ``tests/test_engine.py``), each run is
+engine (the engines see the same reports, ``tests/simulation/test_engine.py``), each run is
 classified by the truth (*failed*: the announced range misses the true mean) and by
 the analyzer's check (:mod:`shuffledp.analyzer.range_check`: *warned* or not):
 

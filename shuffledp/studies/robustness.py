@@ -9,7 +9,7 @@ nothing is rejected or counted. The honest users' reports are exactly those of
 the same :func:`~shuffledp.client.mechanisms.randomize_round` and seeds), the mixed
 batch is permuted as the fast engine permutes it, and the protocol's own decoder
 runs on it through :func:`~shuffledp.analyzer.protocols.drive`. With ``f = 0`` the
-run *is* ``run_fast``'s (``tests/test_robustness.py``).
+run *is* ``run_fast``'s (``tests/studies/test_robustness.py``).
 
 The attacks, per mechanism (``direction`` +1 pushes up, -1 down):
 

@@ -1,4 +1,4 @@
-"""The README's commands that need a broker, run as written (the rest: tests/test_docs_run.py).
+"""The README's commands that need a broker, run as written (the rest: tests/docs/test_docs_run.py).
 
 ``shuffledp up`` runs as printed. A command that names a broker directory (``--broker
 broker/``) runs where ``broker/`` is a running broker's directory, as the README says
@@ -23,7 +23,7 @@ import pytest
 
 from shuffledp.deploy.broker import Broker
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 from test_docs_run import commands_of, run_doc_command, workdir  # noqa: E402
 
 pytestmark = pytest.mark.mqtt

@@ -1,5 +1,5 @@
 """The MQTT examples run as examples/README.md shows them: a session with the real services,
-and the audit of a session (see tests/test_examples.py for the others)."""
+and the audit of a session (see tests/docs/test_examples.py for the others)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 from test_docs_run import SIZE_CAP, commands_of, run_doc_command, workdir  # noqa: E402
 
 pytestmark = pytest.mark.mqtt

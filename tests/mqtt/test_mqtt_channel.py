@@ -51,7 +51,7 @@ async def test_a_batch_chunk_of_several_mib_passes(broker):
     chunk = bytes(range(256)) * (8 * 4096)
     async with channel(broker, "shuffler") as a, channel(broker, "analyzer") as b:
         # The receiver's read loop hands over a packet completed by paho's 100th read
-        # (tests/test_mqtt_packet_read.py; without it, 1 in ~40 deliveries under load
+        # (tests/protocol/test_mqtt_packet_read.py; without it, 1 in ~40 deliveries under load
         # waited for the 60 s keepalive).
         assert hasattr(b._conn.client._client.loop_read, "__wrapped__")
         sub = await b.subscribe(BATCH)

@@ -21,7 +21,7 @@ import pytest
 
 import shuffledp
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name != "_common.py")
 #: Seconds a quick run may take before the case fails (quick runs take a few seconds alone;

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "api_docs.sh"
 GUIDES = ROOT / "docs" / "api"
 GUIDE_NAMES = ("simulate", "embed", "audit", "account")

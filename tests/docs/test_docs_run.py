@@ -15,7 +15,7 @@ Where each command runs (:func:`classify`):
 * here: every command that needs no broker, and every python block;
 * ``tests/mqtt/test_docs_run_mqtt.py``: the commands that need mosquitto (``shuffledp
   up``, ``--broker``, the services walkthrough);
-* ``tests/test_examples.py`` / ``tests/mqtt/test_examples_mqtt.py``: the lines of
+* ``tests/docs/test_examples.py`` / ``tests/mqtt/test_examples_mqtt.py``: the lines of
   examples/README.md, which also check what each example prints;
 * nowhere: the short list :data:`NOT_RUN`, each with its reason and a check that does run.
 
@@ -41,7 +41,7 @@ from typing import Callable
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "examples/README.md")
 #: ``SHUFFLEDP_SIZE_CAP`` for every documented command: users, lists of n and m, steps.
 SIZE_CAP = 2000
@@ -247,19 +247,19 @@ def check_benchmark(command: DocCommand) -> None:
     """The benchmark script exists, and the quick-mode benchmark test runs it."""
     name = re.search(r"benchmarks/(\w+\.py)", command.code).group(1)
     assert (ROOT / "benchmarks" / name).is_file(), f"benchmarks/{name} does not exist"
-    quick = ROOT / "tests" / "test_benchmarks_quick.py"
-    assert quick.is_file(), "tests/test_benchmarks_quick.py (which runs the benchmarks in --quick mode) is missing"
+    quick = ROOT / "tests" / "docs" / "test_benchmarks_quick.py"
+    assert quick.is_file(), "tests/docs/test_benchmarks_quick.py (which runs the benchmarks in --quick mode) is missing"
     text = quick.read_text()
-    assert name in text or name[:-3] in text or "glob(" in text, f"tests/test_benchmarks_quick.py does not run {name}"
+    assert name in text or name[:-3] in text or "glob(" in text, f"tests/docs/test_benchmarks_quick.py does not run {name}"
     if command.code.startswith("pip install"):
         check_pip_install(command)
 
 
 def check_api_docs(command: DocCommand) -> None:
-    """The build script exists and tests/test_api_docs.py builds the reference with it."""
+    """The build script exists and tests/docs/test_api_docs.py builds the reference with it."""
     assert (ROOT / "scripts" / "api_docs.sh").is_file(), "scripts/api_docs.sh does not exist"
-    test = ROOT / "tests" / "test_api_docs.py"
-    assert test.is_file() and "api_docs.sh" in test.read_text(), "tests/test_api_docs.py does not build the reference"
+    test = ROOT / "tests" / "docs" / "test_api_docs.py"
+    assert test.is_file() and "api_docs.sh" in test.read_text(), "tests/docs/test_api_docs.py does not build the reference"
     if command.code.startswith("pip install"):
         check_pip_install(command)
 
@@ -278,8 +278,8 @@ NOT_RUN = (
     NotRun(r"scripts/test\.sh\b", "the test suite itself, which runs this test (its options are checked)", check_test_script),
     NotRun(r"scripts/fuzz\.sh\b", "about 10^6 fuzz cases, hours; the suite runs tests/fuzz at 10^4", check_executable),
     NotRun(r"(pip install [^&]+ && )?python benchmarks/\w+\.py",
-           "a full benchmark run; tests/test_benchmarks_quick.py runs each benchmark in --quick mode", check_benchmark),
-    NotRun(r"(pip install [^&]+ && )?scripts/api_docs\.sh\b", "the API reference build, which tests/test_api_docs.py runs and checks", check_api_docs),
+           "a full benchmark run; tests/docs/test_benchmarks_quick.py runs each benchmark in --quick mode", check_benchmark),
+    NotRun(r"(pip install [^&]+ && )?scripts/api_docs\.sh\b", "the API reference build, which tests/docs/test_api_docs.py runs and checks", check_api_docs),
 )
 
 #: ``pip install ARGS && REST``: the install is checked, not run; REST is classified (and run) on its own.
@@ -446,7 +446,7 @@ def test_the_docs_have_commands_and_every_one_is_run_or_listed():
     for doc in DOCS:
         for block in doc_blocks(doc):
             assert block.language in SHELL_LANGUAGES + ("python",), (
-                f"{doc}:{block.line}: a ```{block.language} block: tests/test_docs_run.py runs sh and python blocks only")
+                f"{doc}:{block.line}: a ```{block.language} block: tests/docs/test_docs_run.py runs sh and python blocks only")
 
 
 @pytest.mark.parametrize("command", [c for c in doc_commands() if classify(c) == "not-run"], ids=lambda c: c.id)

@@ -2,7 +2,7 @@
 
 The commands are the lines of examples/README.md's shell block, run as written (bash, a
 fresh directory linking the repository, ``SHUFFLEDP_SIZE_CAP`` set: see
-tests/test_docs_run.py); the two that start a broker are in
+tests/docs/test_docs_run.py); the two that start a broker are in
 tests/mqtt/test_examples_mqtt.py. A documented example without a check here fails.
 """
 

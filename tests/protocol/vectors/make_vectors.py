@@ -1,4 +1,4 @@
-"""Regenerate the JSON test vectors in this folder: ``python tests/vectors/make_vectors.py``.
+"""Regenerate the JSON test vectors in this folder: ``python tests/protocol/vectors/make_vectors.py``.
 
 The vectors pin the wire format for implementations in other languages:
 

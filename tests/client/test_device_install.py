@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: What the core install may hold: the three device dependencies, what they need, and
 #: the installer itself.
 DEVICE_PACKAGES = {"shuffledp", "numpy", "cbor2", "cryptography", "cffi", "pycparser", "pip", "setuptools"}

@@ -32,7 +32,7 @@ def test_every_protocol_runs_on_both_paths(protocol, extra, path, capsys, tmp_pa
     assert out["central"]["split_delta"] + out["central"]["noise_delta"] <= out["central"]["delta"]
     assert out["messages"] == int(n) * out["messages_per_user"]
     assert out["rejected_at_shuffler"] == {} and out["rejected_at_analyzer"] == {}
-    # within 6 exact RMSEs (a fixed seed; the distribution is checked in tests/test_summation.py)
+    # within 6 exact RMSEs (a fixed seed; the distribution is checked in tests/analyzer/test_summation.py)
     assert out["error_l2"] <= 6 * out["rmse_theory"]
 
 

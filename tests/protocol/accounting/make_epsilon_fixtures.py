@@ -5,7 +5,7 @@ in place of the working tree's; ``OLD_COMMIT`` names it), so that ``test_epsilon
 reported epsilon stays at or below its old value (``new <= old * (1 + 1e-9)``: faster must never
 mean looser).
 
-Run: ``SHUFFLEDP_ACCOUNTING_CACHE=off python tests/accounting/make_epsilon_fixtures.py --commit 4a4e458``
+Run: ``SHUFFLEDP_ACCOUNTING_CACHE=off python tests/protocol/accounting/make_epsilon_fixtures.py --commit 4a4e458``
 (``--commit ''`` uses the working tree's accountant).
 """
 
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 OUT = Path(__file__).with_name("epsilon_fixtures.json")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OLD_COMMIT = "4a4e458"
 
 

@@ -606,7 +606,7 @@ def test_local_vector_params_refuse_a_mu_too_small_for_the_budget():
 
 def test_local_mean_decode_takes_each_coordinates_own_count_and_refuses_an_empty_one():
     """Unequal counts are decoded, each coordinate by its own reports (refusing them let one client
-    fail the round: ``tests/test_instance_optimal_hostile.py``); a coordinate with none is refused."""
+    fail the round: ``tests/analyzer/test_instance_optimal_hostile.py``); a coordinate with none is refused."""
     params = LocalVectorParams(3, 2.0, 200, 1, 50.0, (1.0, 2.0, 3.0))
     reports = randomize_local_vector(np.zeros((20, 3)), params, SeededSource(1)).reshape(-1, 2)
     estimate, users = local_mean_decode(reports, params)
