@@ -2,7 +2,7 @@
 range of values an honest randomizer of that round can report.
 
 The device :class:`~shuffledp.client.Client`, the simulated
-:class:`~shuffledp.client.pool.ClientPool` and the analyzer all go through these
+:class:`~shuffledp.simulation.client_pool.ClientPool` and the analyzer all go through these
 two functions, so what a client may send and what the analyzer accepts are one
 definition: the analyzer refuses (and counts) any value outside
 :func:`report_ranges`, which an honest client never produces.

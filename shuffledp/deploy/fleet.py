@@ -3,7 +3,7 @@
 :class:`Fleet` keeps each envelope until the shuffler's signed receipt names it and
 sends the *same bytes* again if it seems lost, as a real device does, so a fleet
 outlives a shuffler crash or a broker restart (the simulation's
-:class:`~shuffledp.client.pool.ClientPool` is a ``Fleet`` too). Every
+:class:`~shuffledp.simulation.client_pool.ClientPool` is a ``Fleet`` too). Every
 :class:`~shuffledp.client.Client` verifies, budget-checks, seals and wraps its own
 report with ``answer_verified``:
 

@@ -10,7 +10,7 @@
   it for the shuffler; the real :class:`~shuffledp.shuffler.Shuffler` admits (with a
   quota of the round's messages per user), permutes and signs; the analyzer opens.
   Over the in-process channel by default, or an MQTT broker. The simulated users
-  (:class:`~shuffledp.client.pool.ClientPool`, a :class:`~shuffledp.deploy.fleet.Fleet`) keep
+  (:class:`~shuffledp.simulation.client_pool.ClientPool`, a :class:`~shuffledp.deploy.fleet.Fleet`) keep
   each envelope until the shuffler's signed receipt names it and send it again, byte
   for byte, if it seems lost, so a run over a broker survives a broker restart
   (the in-process channel loses nothing, and nothing is sent twice there).
@@ -173,7 +173,7 @@ async def run_messages_on(
     round_timeout: float = 3600.0,
 ) -> EngineRun:
     """Run ``protocol`` on the message engine over ``(coordinator, shuffler, clients)`` channels."""
-    from shuffledp.client.pool import ClientPool
+    from shuffledp.simulation.client_pool import ClientPool
     from shuffledp.deploy.deployment import Deployment
     from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
 

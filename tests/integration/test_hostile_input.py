@@ -41,7 +41,7 @@ from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mean_randomizer import decode_values, noise_tail_bound, randomize_mean, report_range
 from shuffledp.client.mechanisms import report_ranges
-from shuffledp.client.pool import ClientPool
+from shuffledp.simulation.client_pool import ClientPool
 from shuffledp.client.range_randomizer import bin_index, randomize_range
 from shuffledp.protocol.wire import codec
 from shuffledp.protocol.wire import messages as m
