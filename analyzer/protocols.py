@@ -15,12 +15,22 @@ shuffler and analyzer (:meth:`shuffledp.analyzer.coordinator.Coordinator.run_pro
 Because both draw every report from the same function, and a shuffled batch is a
 uniformly permuted multiset either way, the two give the same output distribution
 (``tests/simulation/test_engine.py`` checks identical multisets under one seed).
+
+Sufficient statistics. A plan may name a *collector* (``RoundPlan.collect``): a factory of
+an object whose ``add_rows(rows)`` folds any block of the round's reports, in any order,
+into the statistics the decoder needs (a histogram, per-coordinate sums). A protocol that
+names one reads its round through :func:`collected`, so an engine may send it either the
+opened rows (the message engine, and the fast engine when it holds a round's reports) or
+a collector it already fed block by block (the fast engine streaming millions of users
+in bounded memory). Collectors keep exact sums (integers: counts, signed bits, grid
+values), so the decoder's result is the same to the last bit either way, whatever the
+blocks and their order.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Generator
 
 import numpy as np
@@ -35,10 +45,32 @@ class RoundPlan:
     params: MechanismParams
     epsilon0: float
     delta0: float = 0.0
+    #: Factory of the round's collector (see the module docstring), or ``None``: the protocol reads the rows.
+    collect: Callable[[], "Collector"] | None = field(default=None, compare=False, repr=False)
 
     @property
     def messages_per_user(self) -> int:
         return messages_per_user(self.params)
+
+
+class Collector(ABC):
+    """The sufficient statistics of one round's reports, folded block by block (exactly, in any order)."""
+
+    @abstractmethod
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in a block of reports: int64 ``(N, width)`` rows."""
+
+
+def collected(plan: RoundPlan, reports: "np.ndarray | Collector") -> Any:
+    """The round's collector filled with its reports, from what an engine sent: the opened rows
+    (folded into a fresh ``plan.collect()`` here) or a collector the engine already fed."""
+    if plan.collect is None:
+        raise ValueError("this round's plan names no collector")
+    if isinstance(reports, np.ndarray):
+        collector = plan.collect()
+        collector.add_rows(reports.reshape(-1, reports.shape[-1]) if reports.ndim != 2 else reports)
+        return collector
+    return reports
 
 
 #: What a protocol's ``rounds`` generator is: yields plans, is sent each round's reports, returns a result.
@@ -55,7 +87,8 @@ class Protocol(ABC):
 
     @abstractmethod
     def rounds(self) -> Rounds:
-        """Yield each round's plan, receive its opened reports, return the protocol's result."""
+        """Yield each round's plan, receive its opened reports (or, for a plan with a collector, that
+        collector filled: read it through :func:`collected`), return the protocol's result."""
 
     @property
     @abstractmethod

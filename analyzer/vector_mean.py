@@ -1,13 +1,17 @@
 """The vector mean protocol's analyzer side (Girgis, Data & Diggavi 2022, Algorithm 5).
 
-Streaming accumulators, so reports can arrive block by block with bounded memory:
+The two rounds' collectors (``analyzer/protocols.py``): reports arrive block by block, in
+any order, and only the sufficient statistics are kept, as exact integers, so the result
+does not depend on the blocks or their order (memory O(D K) whatever n is):
 
 * :class:`VectorRangeAccumulator` keeps the signed row histogram per coordinate,
   ``S[l, j]``, and the report count per coordinate; one FWHT per coordinate gives the
   frequency estimates, and each coordinate's range is its arg-max bin ± 3 tau'.
-* :class:`VectorMeanAccumulator` keeps per-coordinate sums of decoded reports. The
-  estimate is ``z_hat = (D / n) sum_i z_i e_{l_i}`` (Algorithm 5 line 15: each user's
-  report scaled by D in its sampled coordinate), then ``x_hat = U^{-1} z_hat``.
+* :class:`VectorMeanAccumulator` keeps per coordinate the report count and the sum of
+  the reported grid integers, from which the sum of decoded reports is
+  ``count lower + step sum``. The estimate is ``z_hat = (D / n) sum_i z_i e_{l_i}``
+  (Algorithm 5 line 15: each user's report scaled by D in its sampled coordinate), then
+  ``x_hat = U^{-1} z_hat``.
 
 Exact error model (fixed data, the ranges given). With ``y~_i`` the projected rotated
 mean of user i, ``s_l^2`` the noise variance in coordinate l and ``r_il`` the
@@ -27,11 +31,11 @@ import numpy as np
 from shuffledp.analyzer.range_check import CoordinateRangeCheck, check_coordinate_ranges
 from shuffledp.analyzer.decoders import hadamard_scale
 from shuffledp.analyzer.scalar_mean import paper_noise_variance
-from shuffledp.client.mean_randomizer import PerUserGrid, decode_values, noise_variance, rounding_variance
+from shuffledp.client.mean_randomizer import PerUserGrid, noise_variance, rounding_variance
 from shuffledp.client.vector_randomizer import VECTOR_MODES, CoordinateReports, rotation_of
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.hadamard import fwht
-from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
+from shuffledp.analyzer.protocols import Collector, Protocol, RoundPlan, Rounds, collected
 from shuffledp.protocol.wire.messages import HadamardRangeParams, VectorMeanParams, VectorRangeParams, check_local_budget
 from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
@@ -98,7 +102,7 @@ class VectorMeanConfig:
         return HadamardRangeParams(-self.rotated_bound, self.rotated_bound, tau)
 
 
-class VectorRangeAccumulator:
+class VectorRangeAccumulator(Collector):
     """Per-coordinate signed histograms of range reports; :meth:`ranges` decodes them."""
 
     def __init__(self, config: VectorMeanConfig) -> None:
@@ -114,6 +118,10 @@ class VectorRangeAccumulator:
         flat = reports.coords * k + rows
         self.histogram += np.bincount(flat, weights=bits.astype(np.float64), minlength=dim * k).reshape(dim, k)
         self.counts += np.bincount(reports.coords, minlength=dim)
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``vector-range`` report rows ``(coord, row, bit)``."""
+        self.add(CoordinateReports(rows[:, 0], (rows[:, 1], rows[:, 2])))
 
     def frequencies(self) -> np.ndarray:
         """``(D, K)`` unbiased frequency estimates, one FWHT per coordinate."""
@@ -139,27 +147,48 @@ class VectorRangeAccumulator:
 
 
 @dataclass
-class VectorMeanAccumulator:
-    """Sums of decoded mean reports per coordinate, and the exact error-model terms."""
+class VectorMeanAccumulator(Collector):
+    """Per-coordinate report counts and sums of reported grid integers (exact), and the
+    exact error-model terms (:meth:`add_truth`, simulation only)."""
 
     config: VectorMeanConfig
     ranges: np.ndarray
     n: int = 0
-    sums: np.ndarray = field(init=False)
+    counts: np.ndarray = field(init=False)
+    grid_sums: np.ndarray = field(init=False)
     a_total: float = 0.0
     w_squared: np.ndarray = field(init=False)
     w_sum: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         dim = self.config.padded_dim
-        self.sums = np.zeros(dim)
+        self.ranges = np.asarray(self.ranges, dtype=np.float64)
+        self.counts = np.zeros(dim, dtype=np.int64)
+        self.grid_sums = np.zeros(dim, dtype=np.int64)
         self.w_squared = np.zeros(dim)
         self.w_sum = np.zeros(dim)
 
-    def add(self, reports: CoordinateReports, grid: PerUserGrid) -> None:
-        decoded = decode_values(reports.values[0], grid)
-        self.sums += np.bincount(reports.coords, weights=decoded, minlength=self.config.padded_dim)
-        self.n += len(reports.coords)
+    def add(self, reports: CoordinateReports, grid: PerUserGrid | None = None) -> None:
+        """Fold in mean reports. Each report's grid is its coordinate's announced range
+        (``grid``, if given, must be that per-user grid: it is not read)."""
+        self._add(np.asarray(reports.coords), np.asarray(reports.values[0]))
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``vector-mean`` report rows ``(coord, grid value)``."""
+        self._add(rows[:, 0], rows[:, 1])
+
+    def _add(self, coords: np.ndarray, values: np.ndarray) -> None:
+        dim = self.config.padded_dim
+        # Integer sums: exact in float64 below 2^53 within one block, exact in int64 across blocks.
+        self.grid_sums += np.bincount(coords, weights=values.astype(np.float64), minlength=dim).astype(np.int64)
+        self.counts += np.bincount(coords, minlength=dim)
+        self.n += len(coords)
+
+    @property
+    def sums(self) -> np.ndarray:
+        """Per rotated coordinate, the sum of the decoded reports: ``count lower + step sum(grid values)``."""
+        lower, upper = self.ranges[:, 0], self.ranges[:, 1]
+        return self.counts * lower + (upper - lower) / self.config.grid_levels * self.grid_sums
 
     def add_truth(self, rotated: np.ndarray) -> None:
         """Accumulate the exact error model from the users' true rotated means (simulation only)."""
@@ -235,9 +264,8 @@ class VectorMeanProtocol(Protocol):
         if c.range_round:
             scalar = c.range_params()
             range_params = VectorRangeParams(scalar.low, scalar.high, scalar.tau, c.dim, c.rotation_seed, c.mode)
-            first = yield RoundPlan(range_params, c.epsilon0 / 2.0)
-            ranges = VectorRangeAccumulator(c)
-            ranges.add(CoordinateReports(first[:, 0], (first[:, 1], first[:, 2])))
+            plan = RoundPlan(range_params, c.epsilon0 / 2.0, collect=lambda: VectorRangeAccumulator(c))
+            ranges = collected(plan, (yield plan))
             announced = ranges.ranges()
             check = ranges.check()
         else:
@@ -245,9 +273,6 @@ class VectorMeanProtocol(Protocol):
         mean_params = VectorMeanParams(
             c.dim, c.rotation_seed, tuple(announced[:, 0].tolist()), tuple(announced[:, 1].tolist()), c.noise, c.grid_levels
         )
-        second = yield RoundPlan(mean_params, c.mean_epsilon, c.delta0)
-        accumulator = VectorMeanAccumulator(c, announced)
-        coords = second[:, 0]
-        grid = PerUserGrid(announced[coords, 0], announced[coords, 1], c.noise, c.grid_levels)
-        accumulator.add(CoordinateReports(coords, (second[:, 1],)), grid)
-        return VectorMeanOutcome(announced, accumulator.estimate(), len(second), accumulator.sums, check)
+        plan = RoundPlan(mean_params, c.mean_epsilon, c.delta0, collect=lambda: VectorMeanAccumulator(c, announced))
+        accumulator = collected(plan, (yield plan))
+        return VectorMeanOutcome(announced, accumulator.estimate(), accumulator.n, accumulator.sums, check)

@@ -9,7 +9,11 @@ Each user holds m samples over k symbols. Two estimators, both user-level ``eps0
 * ``vector``: the vector mean protocol (Algorithm 5, sampled mode) on the user's
   empirical distribution (d = k). Rotated coordinates of one-hot vectors are
   ``±1/sqrt(D)``, so the concentration radius shrinks like ``1/sqrt(m)`` and so does the
-  error.
+  error. It runs as :class:`~shuffledp.analyzer.vector_mean.VectorMeanProtocol` on the
+  configured engine (:func:`~shuffledp.simulation.vector.run_vector_simulation`): ``fast``
+  streams the users block by block, ``messages`` runs real clients, shuffler and analyzer;
+  with one seed both give the same estimate. The ``oracle`` baseline is computed directly
+  (vectorized, not as shuffled rounds: the wire format has no Hadamard-response round).
 
 Errors are measured against the population distribution ``p``; the theory adds the
 sampling variance (``p(1-p)/n`` for one sample per user, ``p(1-p)/(nm)`` for all
@@ -30,6 +34,7 @@ from shuffledp.analyzer.frequency import decode_hadamard_response, hadamard_resp
 from shuffledp.client.hadamard_response import choose_hadamard_response, randomize_hadamard_response
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.simulation.engine import ENGINES
 from shuffledp.simulation.vector_population import VectorPopulation
 from shuffledp.simulation.vector import VectorSimulationConfig, run_vector_simulation
 
@@ -45,11 +50,24 @@ class DistributionConfig:
     zipf: float = 1.1
     gamma: float = 0.01
     seed: int = 0
+    #: Engine of the vector estimator: ``fast`` or ``messages`` (and the ``broker`` it may use).
+    path: str = "fast"
+    broker: str | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.n, int) and self.n >= 2):
             raise InvalidParameter("n", f"must be an integer >= 2, got {self.n}")
+        if self.path not in ENGINES:
+            raise InvalidParameter("path", f"must be one of {tuple(ENGINES)}, got {self.path!r}")
+        if self.broker is not None and self.path != "messages":
+            raise InvalidParameter("broker", "a broker carries messages: use the messages path")
         self.population()
+
+    def vector_config(self) -> VectorSimulationConfig:
+        """The vector estimator's run: Algorithm 5 on the users' empirical distributions."""
+        return VectorSimulationConfig(
+            self.population(), self.n, self.epsilon0, gamma=self.gamma, seed=self.seed, path=self.path, broker=self.broker
+        )
 
     def population(self) -> VectorPopulation:
         return VectorPopulation("categorical", self.k, self.m, zipf=self.zipf)
@@ -87,10 +105,7 @@ def run_distribution(config: DistributionConfig, progress: Progress | None = Non
     """Both estimators on the same population; errors against p with their theory."""
     p = config.population().probabilities
     oracle, oracle_var = oracle_estimate(config, progress)
-    vector = run_vector_simulation(
-        VectorSimulationConfig(config.population(), config.n, config.epsilon0, gamma=config.gamma, seed=config.seed),
-        progress=progress,
-    )
+    vector = run_vector_simulation(config.vector_config(), progress=progress)
     vector_var = vector.variance_per_coordinate + p * (1 - p) / (config.n * config.m)
     rows = []
     for name, estimate, variance in (("oracle", oracle, oracle_var), ("vector", vector.estimate, vector_var)):

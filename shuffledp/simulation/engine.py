@@ -15,14 +15,26 @@
   for byte, if it seems lost, so a run over a broker survives a broker restart
   (the in-process channel loses nothing, and nothing is sent twice there).
 
-Randomness: round ``r``'s draws for users ``[b B, (b+1) B)`` come from the seed
-``(seed, 0x5EED, r, b)`` on both engines (:func:`draw_round`), so at any n the two
-engines' rounds are the *same multiset* of reports, and a protocol's result is the
-same up to the permutation (``tests/simulation/test_engine.py``). The fast engine's permutation uses
-its own seed; the shuffler's comes from the OS CSPRNG. The scalar mean's decoder sums with
-correct rounding, so its result is the same to the last bit whatever the order. A seeded
-fleet of separate processes (``shuffledp up --seed``) draws through the same function
-(:func:`seeded_draw`).
+Randomness: round ``r``'s draws for the users of block ``b`` (users ``[b B, (b+1) B)``,
+``B`` = :func:`draw_block_users`: :data:`FAST_BLOCK`, or fewer for wide vectors so a block
+holds about :data:`DRAW_VALUES` values) come from the seed ``(seed, 0x5EED, r, b)`` on both
+engines (:func:`draw_round`), so at any n the two engines' rounds are the *same multiset* of
+reports, and a protocol's result is the same up to the permutation
+(``tests/simulation/test_engine.py``). The block size is part of what a seed means: another
+``B`` draws other reports. The fast engine's permutation uses its own seed; the shuffler's
+comes from the OS CSPRNG. The decoders sum with correct rounding or in integers, so a
+protocol's result is the same to the last bit whatever the order. A seeded fleet of separate
+processes (``shuffledp up --seed``) draws through the same function (:func:`seeded_draw`).
+
+Millions of users in bounded memory. The fast engine runs every protocol block by block:
+a block's users' data (an array, or :class:`~shuffledp.simulation.population.GeneratedUsers`
+made block by block from the population's seed), then its reports. For a round whose plan
+names a collector (``analyzer/protocols.py``: the analyzer's sufficient statistics, exact
+integer sums), each block's reports are folded into it and dropped (``stream``): memory is
+one block plus the statistics, whatever n is. A round without one is held whole and
+permuted. Streaming or holding, the protocol receives the same statistics, so its result is
+the same to the last bit (``stream`` changes memory, never a result); the message engine
+sends the opened rows, which the protocol folds into the same collector.
 """
 
 from __future__ import annotations
@@ -34,16 +46,26 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shuffledp.analyzer.protocols import Protocol, RoundPlan, drive
+from shuffledp.analyzer.protocols import Collector, Protocol, RoundPlan, drive
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mechanisms import randomize_round
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.wire.messages import RoundSpec
 from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.simulation.population import GeneratedUsers
 
 Progress = Callable[[str, int], None]
-#: Users per randomizer call on the fast engine (bounds memory with millions of users).
+#: Most users per seeded draw block (one randomizer call; bounds memory with millions of users).
 FAST_BLOCK = 1 << 16
+#: Values of local data a draw block holds at most, once its users' vectors are wide (2^20: 8 MiB).
+DRAW_VALUES = 1 << 20
+
+
+def draw_block_users(width: int) -> int:
+    """Users per draw block for data of ``width`` values per user: :data:`FAST_BLOCK`, or the
+    largest power of two with ``users * width <= DRAW_VALUES`` if smaller (at least one)."""
+    fit = max(1, DRAW_VALUES // max(1, width))
+    return max(1, min(FAST_BLOCK, 1 << (fit.bit_length() - 1)))
 
 
 def round_source(seed: int, round_index: int, block: int = 0) -> SeededSource:
@@ -101,27 +123,39 @@ class EngineRun:
     transport: str = ""
 
 
-def _check_data(protocol: Protocol, local_data: np.ndarray) -> np.ndarray:
-    data = np.asarray(local_data, dtype=np.float64)
+def _check_data(protocol: Protocol, local_data: Any, materialize: bool = True) -> Any:
+    data = local_data
+    if materialize or not isinstance(local_data, GeneratedUsers):
+        data = np.asarray(local_data, dtype=np.float64)
     if data.ndim != protocol.data_rank or data.shape[0] < 2:
         shape = "(n,)" if protocol.data_rank == 1 else "(n, d)"
         raise InvalidParameter("local_data", f"protocol {protocol.name!r} takes {shape} data for n >= 2 users, got {data.shape}")
     return data
 
 
+def _width(local_data: Any) -> int:
+    return 1 if local_data.ndim == 1 else int(np.prod(local_data.shape[1:]))
+
+
+def draw_blocks(plan: RoundPlan, local_data: Any, seed: int, round_index: int, progress: Progress | None = None):
+    """Every user's reports for one round, block by block: int64 ``(users, messages per user, width)``
+    per block of :func:`draw_block_users` users, block ``b`` from ``round_source(seed, round_index, b)``.
+    ``local_data``: an array, or any object sliced into a block's array (``GeneratedUsers``)."""
+    n = local_data.shape[0]
+    size = draw_block_users(_width(local_data))
+    for block, start in enumerate(range(0, n, size)):
+        chunk = np.asarray(local_data[start : start + size], dtype=np.float64)
+        yield randomize_round(plan.params, plan.epsilon0, plan.delta0, chunk, round_source(seed, round_index, block))
+        if progress:
+            progress(f"round {round_index} ({plan.params.MECHANISM})", len(chunk))
+
+
 def draw_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
     """Every user's reports for one round, user by user: int64 ``(n, messages per user, width)``.
 
-    Users are drawn in blocks of :data:`FAST_BLOCK`, block ``b`` from ``round_source(seed,
-    round_index, b)``; both engines call this, so they draw the same reports at any n."""
-    n = local_data.shape[0]
-    parts = []
-    for block, start in enumerate(range(0, n, FAST_BLOCK)):
-        chunk = local_data[start : start + FAST_BLOCK]
-        parts.append(randomize_round(plan.params, plan.epsilon0, plan.delta0, chunk, round_source(seed, round_index, block)))
-        if progress:
-            progress(f"round {round_index} ({plan.params.MECHANISM})", len(chunk))
-    return np.concatenate(parts)
+    The blocks of :func:`draw_blocks`, joined; both engines draw this way, so they draw the
+    same reports at any n."""
+    return np.concatenate(list(draw_blocks(plan, local_data, seed, round_index, progress)))
 
 
 def seeded_draw(seed: int) -> Callable[[RoundSpec, np.ndarray], np.ndarray]:
@@ -144,15 +178,42 @@ def fast_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: 
     return rows[permutation]
 
 
-def run_fast(protocol: Protocol, local_data: np.ndarray, seed: int = 0, progress: Progress | None = None) -> EngineRun:
-    """Run ``protocol`` on the vectorized engine."""
-    data = _check_data(protocol, local_data)
+def streamed_round(plan: RoundPlan, local_data: Any, seed: int, round_index: int, progress: Progress | None = None) -> tuple[Collector, int]:
+    """One round folded block by block into the plan's collector: ``(collector, reports)``.
+    The reports of :func:`draw_round`, never all held at once (no permutation: a collector's
+    statistics do not depend on the order)."""
+    collector = plan.collect()
+    count = 0
+    for values in draw_blocks(plan, local_data, seed, round_index, progress):
+        rows = values.reshape(-1, values.shape[-1])
+        collector.add_rows(rows)
+        count += len(rows)
+    return collector, count
+
+
+def run_fast(
+    protocol: Protocol, local_data: Any, seed: int = 0, progress: Progress | None = None, *, stream: bool | None = None
+) -> EngineRun:
+    """Run ``protocol`` on the vectorized engine.
+
+    ``local_data``: an ``(n,)`` or ``(n, d)`` array, or :class:`GeneratedUsers` (made block by
+    block, never held whole). ``stream``: fold the rounds whose plan names a collector block by
+    block instead of holding their reports (``None``: when the users span more than one draw
+    block, or come as ``GeneratedUsers``). The result is the same either way."""
+    data = _check_data(protocol, local_data, materialize=False)
+    if stream is None:
+        stream = isinstance(data, GeneratedUsers) or data.shape[0] > draw_block_users(_width(data))
     runs: list[RoundRun] = []
 
-    def execute(plan: RoundPlan) -> np.ndarray:
-        rows = fast_round(plan, data, seed, len(runs), progress)
-        runs.append(RoundRun(plan, len(rows), len(rows), len(rows) * _envelope_bytes(plan, len(runs))))
-        return rows
+    def execute(plan: RoundPlan) -> Any:
+        index = len(runs)
+        if stream and plan.collect is not None:
+            answer, count = streamed_round(plan, data, seed, index, progress)
+        else:
+            answer = fast_round(plan, data, seed, index, progress)
+            count = len(answer)
+        runs.append(RoundRun(plan, count, count, count * _envelope_bytes(plan, index)))
+        return answer
 
     return EngineRun(drive(protocol, execute), runs, "fast", "none (vectorized)")
 

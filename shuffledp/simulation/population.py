@@ -12,7 +12,8 @@ Documented distributions (``mu`` the mean, ``sigma`` the spread parameter):
 
 Users are generated in fixed blocks of :data:`BLOCK_USERS`, block ``b`` from the
 ``b``-th child of the seed's SeedSequence, so user ``i``'s data does not depend on
-how a simulation chunks its work.
+how a simulation chunks its work. :class:`GeneratedUsers` makes any range of users on
+demand from those blocks, so the fast engine runs millions of users holding one block.
 """
 
 from __future__ import annotations
@@ -111,6 +112,50 @@ def fixed_blocks(n: int, size: int, seed: int, tag: int) -> "list[tuple[int, int
     count = math.ceil(n / size)
     children = np.random.SeedSequence([seed, tag]).spawn(count)
     return [(b * size, min(size, n - b * size), children[b]) for b in range(count)]
+
+
+class GeneratedUsers:
+    """``n`` users' local data, made on demand from fixed seeded blocks and never held whole.
+
+    ``blocks``: ``(start, count, seed)`` as :func:`fixed_blocks` makes them; ``make(count, seed)``
+    returns that block's ``(count, *tail)`` array. Slicing ``users[a:b]`` makes the blocks that
+    cover users ``a..b-1`` (the last one is kept for the next slice); ``np.asarray(users)``
+    makes all of them."""
+
+    def __init__(self, blocks, tail: tuple[int, ...], make: "Callable[[int, np.random.SeedSequence], np.ndarray]") -> None:
+        self.blocks = list(blocks)
+        self.n = sum(count for _, count, _ in self.blocks)
+        self.shape = (self.n, *tail)
+        self.ndim = len(self.shape)
+        self._make = make
+        self._cached: "tuple[int, np.ndarray] | None" = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _block(self, index: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != index:
+            _, count, seed = self.blocks[index]
+            self._cached = (index, np.asarray(self._make(count, seed), dtype=np.float64))
+        return self._cached[1]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("GeneratedUsers takes a contiguous slice of users")
+        start, stop, _ = key.indices(self.n)
+        parts = []
+        for index, (first, count, _) in enumerate(self.blocks):
+            if first + count <= start or first >= stop:
+                continue
+            block = self._block(index)
+            parts.append(block[max(start, first) - first : min(stop, first + count) - first])
+        if not parts:
+            return np.empty((0, *self.shape[1:]))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self[0 : self.n]
+        return out if dtype is None else out.astype(dtype, copy=False)
 
 
 def user_blocks(population: Population, n: int, seed: int) -> "list[tuple[int, int, np.random.SeedSequence]]":

@@ -20,7 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
-from shuffledp.simulation.population import Population, fixed_blocks
+from shuffledp.simulation.population import GeneratedUsers, Population, fixed_blocks
 from shuffledp.protocol.errors import InvalidParameter
 
 VECTOR_KINDS = ("gaussian", "categorical")
@@ -106,6 +106,11 @@ class VectorPopulation:
 
     def blocks(self, n: int, seed: int) -> list[tuple[int, int, np.random.SeedSequence]]:
         return fixed_blocks(n, self.block_users, seed, 0x7EC7)
+
+    def users(self, n: int, seed: int) -> GeneratedUsers:
+        """Users ``0..n-1``'s ``(n, d)`` local means, made block by block on demand (the same
+        values as :meth:`block_local_means` of :meth:`blocks`)."""
+        return GeneratedUsers(self.blocks(n, seed), (self.dim,), lambda count, s: self.local_means(np.random.default_rng(s), count)[0])
 
     def rotated_bound(self, padded_dim: int) -> float:
         """Bound on ``|(U y)_l|`` for every admissible local mean y (``|U_lk| = 1/sqrt(D)``)."""

@@ -109,16 +109,24 @@ def test_range_round_finds_each_coordinates_bin(mode):
     assert acc.counts.sum() == (20000 if mode == "sampled" else 20000 * config.padded_dim)
 
 
-def test_streaming_gives_the_same_result_as_one_batch():
+def test_streaming_gives_the_same_result_as_one_batch(monkeypatch):
+    """The fast engine folds each draw block's reports into the analyzer's collectors, or holds
+    the round whole; the message engine opens real envelopes: one estimate, bit for bit."""
+    import shuffledp.simulation.engine as engine
+    from shuffledp.analyzer.vector_mean import VectorMeanProtocol
+    from shuffledp.simulation.engine import run_fast
+
+    monkeypatch.setattr(engine, "FAST_BLOCK", 512)  # 5000 users: ten draw blocks
     population = VectorPopulation("gaussian", 40, 20)
-    assert population.block_users * 2 < 5000  # several blocks, so chunking really changes the work
-    results = [
-        run_vector_simulation(VectorSimulationConfig(population, 5000, 4.0, seed=8, chunk_blocks=c))
-        for c in (1, 3, 10_000)
-    ]
-    for other in results[1:]:
-        assert np.array_equal(other.estimate, results[0].estimate)
-        assert other.mse_theory == pytest.approx(results[0].mse_theory, rel=1e-12)
+    assert population.block_users * 2 < 5000  # several population blocks too
+    config = VectorSimulationConfig(population, 5000, 4.0, seed=8)
+    protocol = VectorMeanProtocol(config.protocol_config())
+    users = population.users(5000, 8)
+    streamed = run_fast(protocol, users, 8, stream=True).result
+    held = run_fast(protocol, np.asarray(users), 8, stream=False).result
+    assert np.array_equal(streamed.estimate, held.estimate)
+    assert np.array_equal(streamed.rotated_sums, held.rotated_sums)
+    assert np.array_equal(run_vector_simulation(config).estimate, streamed.estimate)
 
 
 def test_error_stays_within_theory_for_both_data_kinds():
@@ -127,3 +135,16 @@ def test_error_stays_within_theory_for_both_data_kinds():
         result = run_vector_simulation(VectorSimulationConfig(population, 20000, eps, seed=1))
         assert result.fraction_coordinates_ranges_hit == 1.0
         assert result.l2_error < 4 * math.sqrt(result.mse_theory)
+
+
+@pytest.mark.parametrize("kind,mode", [("gaussian", "sampled"), ("gaussian", "paper"), ("categorical", "sampled")])
+def test_the_simulation_gives_one_result_on_both_engines(kind, mode):
+    """``shuffledp vector --fast`` and ``--messages`` with one seed: the same estimate, error and theory."""
+    import dataclasses
+
+    population = VectorPopulation(kind, 4, 30)
+    config = VectorSimulationConfig(population, 300, 8.0, mode=mode, seed=1)
+    fast, messages = run_vector_simulation(config), run_vector_simulation(dataclasses.replace(config, path="messages"))
+    assert np.array_equal(fast.estimate, messages.estimate)
+    for key in ("l2_error", "mse_theory", "theorem2_mse_bound", "fraction_coordinates_ranges_hit", "range_check"):
+        assert getattr(fast, key) == getattr(messages, key), key

@@ -51,3 +51,13 @@ def test_oracle_theory_is_exact_variance_plus_sampling():
     p = config.population().probabilities
     assert np.all(variance > p * (1 - p) / config.n)
     assert _expected_tv(variance) > 0
+
+
+def test_both_engines_give_one_distribution_estimate():
+    """The vector estimator is the vector mean protocol on either engine: one seed, one estimate."""
+    import dataclasses
+
+    config = DistributionConfig(k=6, n=200, m=20, epsilon0=4.0, seed=5)
+    fast, messages = run_distribution(config), run_distribution(dataclasses.replace(config, path="messages"))
+    assert fast["estimators"] == messages["estimators"]
+    assert (fast["vector_ranges_hit"], fast["vector_rotated_tau"]) == (messages["vector_ranges_hit"], messages["vector_rotated_tau"])

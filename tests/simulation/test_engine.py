@@ -39,13 +39,40 @@ def _protocols():
     vector = SummationProtocol(choose_vector_sum(n, 1.0, 1e-6, 3, 1.0, rotation_seed=8).params, 1.0, 1e-6)
     vector_mean = VectorMeanProtocol(VectorMeanConfig(3, rotated_bound=2.0, rotated_tau=0.4, epsilon0=4.0, rotation_seed=2**64 - 5))
     paper = VectorMeanProtocol(VectorMeanConfig(3, rotated_bound=2.0, rotated_tau=0.4, epsilon0=8.0, mode="paper", rotation_seed=3))
+    # tau' >= bound: one bin, so the range round is skipped and the mean round runs alone.
+    one_bin = VectorMeanProtocol(VectorMeanConfig(3, rotated_bound=2.0, rotated_tau=5.0, epsilon0=4.0, rotation_seed=4))
     return [
         ("mean", mean, scalar),
         ("sum", total, scalar),
         ("vector-sum", vector, vectors),
         ("vector-mean", vector_mean, vectors),
         ("vector-mean-paper", paper, vectors),
+        ("vector-mean-one-bin", one_bin, vectors),
     ]
+
+
+def _every_protocol():
+    """Every protocol the engines run (``analyzer/*``: ``Protocol`` subclasses), at a small size:
+    the scalar mean (plain and robust), summation (scalar, vector), the vector mean (sampled,
+    paper, one bin, and on categorical users: distribution estimation), the instance-optimal
+    mean (shuffle and local model)."""
+    from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
+    from shuffledp.analyzer.instance_optimal_budget import round_budgets
+    from shuffledp.analyzer.robust import RobustOptions
+    from shuffledp.simulation.vector_population import VectorPopulation
+    from shuffledp.simulation.vector import VectorSimulationConfig
+
+    cases = _protocols()
+    name, mean, scalar = cases[0]
+    cases.append(("mean-robust", ScalarMeanProtocol(mean.config, robust=RobustOptions()), scalar))
+    population = VectorPopulation("categorical", 5, 40)
+    distribution = VectorSimulationConfig(population, 150, 4.0, seed=6)
+    cases.append(("distribution", VectorMeanProtocol(distribution.protocol_config()), np.asarray(population.users(150, 6))))
+    vectors = cases[2][2] * 3.0
+    for model in ("shuffle", "local"):
+        config = InstanceOptimalConfig(dim=3, users=150, radius=10.0, epsilon=4.0, delta=1e-6, model=model, leaves=64, rotation_seed=21)
+        cases.append((f"instance-optimal-{model}", InstanceOptimalProtocol(config, round_budgets(config)), vectors))
+    return cases
 
 
 @pytest.mark.parametrize("name,protocol,data", _protocols(), ids=lambda v: v if isinstance(v, str) else "")
@@ -143,3 +170,92 @@ def test_engines_agree_when_users_span_several_blocks(monkeypatch):
     run_fast(fast, data, seed=5)
     run_messages(messages, data, seed=5)
     np.testing.assert_array_equal(fast.seen[0], messages.seen[0])
+
+
+def _assert_identical(a, b) -> None:
+    """Bit-for-bit equal results (every decoder sums exactly: integers, or correctly rounded)."""
+    import dataclasses
+
+    assert type(a) is type(b)
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _assert_identical(getattr(a, f.name), getattr(b, f.name))
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_identical(x, y)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_identical(a[key], b[key])
+    else:
+        assert a == b
+
+
+@pytest.fixture(scope="module")
+def every_protocol():
+    return _every_protocol()
+
+
+@pytest.mark.parametrize("index", range(10), ids=[
+    "mean", "sum", "vector-sum", "vector-mean", "vector-mean-paper", "vector-mean-one-bin",
+    "mean-robust", "distribution", "instance-optimal-shuffle", "instance-optimal-local",
+])
+def test_every_protocol_gives_one_result_on_both_engines_streamed_or_held(index, every_protocol, monkeypatch):
+    """One seed, one result: the message engine (real clients, sealing, shuffler, analyzer), the
+    fast engine holding each round's reports, and the fast engine streaming them block by block
+    into the analyzer's collectors (150 users in three draw blocks) give the same result, bit for bit."""
+    import shuffledp.simulation.engine as engine
+
+    name, protocol, data = every_protocol[index]
+    monkeypatch.setattr(engine, "FAST_BLOCK", 64)
+    streamed = run_fast(protocol, data, seed=13, stream=True)
+    held = run_fast(protocol, data, seed=13, stream=False)
+    messages = run_messages(protocol, data, seed=13)
+    _assert_identical(streamed.result, held.result)
+    _assert_identical(streamed.result, messages.result)
+    for s, h, m in zip(streamed.rounds, held.rounds, messages.rounds):
+        assert (s.reports, s.messages, s.envelope_bytes) == (h.reports, h.messages, h.envelope_bytes) == (m.reports, m.messages, m.envelope_bytes)
+    assert len(streamed.rounds) == len(messages.rounds)
+
+
+def test_every_protocol_of_the_engines_is_in_the_list(every_protocol):
+    """The list above covers every ``Protocol`` the analyzer defines."""
+    import inspect
+    import pkgutil
+    import importlib
+
+    import shuffledp.analyzer as analyzer
+
+    defined = set()
+    for module in pkgutil.iter_modules(analyzer.__path__):
+        for _, cls in inspect.getmembers(importlib.import_module(f"shuffledp.analyzer.{module.name}"), inspect.isclass):
+            if issubclass(cls, Protocol) and cls is not Protocol and cls.__module__.startswith("shuffledp.analyzer"):
+                defined.add(cls)
+    assert defined == {type(protocol) for _, protocol, _ in every_protocol}
+    assert len(every_protocol) == 10
+
+
+def test_the_vector_mean_streams_in_bounded_memory(monkeypatch):
+    """Streaming, the engine never holds a round's reports: the collector sees one draw block at a time."""
+    import shuffledp.simulation.engine as engine
+    from shuffledp.analyzer.vector_mean import VectorMeanAccumulator, VectorRangeAccumulator
+    from shuffledp.simulation.vector_population import VectorPopulation
+
+    monkeypatch.setattr(engine, "FAST_BLOCK", 64)
+    largest = []
+    for cls in (VectorRangeAccumulator, VectorMeanAccumulator):
+        original = cls.add_rows
+
+        def spy(self, rows, original=original):
+            largest.append(len(rows))
+            original(self, rows)
+
+        monkeypatch.setattr(cls, "add_rows", spy)
+    name, protocol, _ = _protocols()[3]
+    users = VectorPopulation("gaussian", 3, 5).users(1000, 2)  # made block by block, never held
+    run = run_fast(protocol, users, seed=1)
+    assert [r.reports for r in run.rounds] == [1000, 1000]
+    assert max(largest) == 64 and len(largest) == 2 * 16
