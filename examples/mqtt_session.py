@@ -2,7 +2,7 @@
 
 ``shuffledp up`` does every step of a deployment and stops everything at the end:
 
-1. ``shuffledp keys init DIR/keys --clients N``: the analyzer's, shuffler's and issuer's
+1. ``shuffledp keys init DIR/keys --users N``: the analyzer's, shuffler's and issuer's
    keys (0600), N enrolled client credentials, and ``public.json`` (what devices pin);
 2. a mosquitto broker (``shuffledp.deploy.broker``): TLS, one password per role, an ACL that lets
    each role publish and read only its own topics;
@@ -39,7 +39,7 @@ def new_directory() -> Path:
 
 def run_session(directory: Path, users: int, epsilon: float = 1.0) -> dict:
     """Run one deployment in ``directory`` (new or empty) and return the analyzer's result."""
-    command = [sys.executable, "-m", "shuffledp.cli", "up", "--users", str(users), "--epsilon", str(epsilon),
+    command = [sys.executable, "-m", "shuffledp.cli", "up", "--users", str(users), "--epsilon0", str(epsilon),
                "--dir", str(directory)]
     subprocess.run(command, check=True)
     return json.loads((directory / "result.json").read_text())

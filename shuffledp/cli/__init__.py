@@ -3,7 +3,12 @@
 Each command module exposes ``add_parser(subparsers)``, which registers its
 sub-command and sets ``func`` (a callable taking the parsed ``argparse.Namespace``
 and returning an exit code). Commands import their heavy dependencies lazily so
-``shuffledp --help`` stays fast.
+``shuffledp --help`` stays fast. What the commands share (the parser class, deprecated
+aliases, the default delta, errors and exit statuses, the services' broker options) is
+in :mod:`shuffledp.cli.common`; the vocabulary is tabled in ``docs/cli.md``.
+
+Errors are one line on stderr, ``shuffledp <command>: <message>``: exit status 2 for bad
+usage or configuration, 1 for a failure of the command itself.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import sys
 from typing import Sequence
 
 from shuffledp import __version__
+from shuffledp.cli.common import Parser, command_name, exit_status, fail
 from shuffledp.cli.extras import MissingExtraError, as_missing_extra, require_extras
 from shuffledp.size_cap import apply_size_cap
 
@@ -24,12 +30,16 @@ COMMAND_MODULES = (
     "shuffledp.cli.distribution",
     "shuffledp.cli.account",
     "shuffledp.cli.audit",
-    "shuffledp.cli.services",
+    "shuffledp.cli.keys",
+    "shuffledp.cli.shuffler",
+    "shuffledp.cli.analyzer",
+    "shuffledp.cli.clients",
+    "shuffledp.cli.up",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="shuffledp",
         description="Differentially private statistics in the local and shuffle models.",
     )
@@ -47,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; a missing optional dependency is one line on stderr and exit status 2."""
+    """Run one command. A usage error, a bad configuration or a missing optional dependency is one
+    line on stderr and exit status 2; a failure of the command (a typed ``ShuffleDPError``) one line
+    and exit status 1."""
     parser = build_parser()
     args = parser.parse_args(argv)
     apply_size_cap(args)  # SHUFFLEDP_SIZE_CAP=N: documented commands at a small size (shuffledp/size_cap.py)
@@ -67,6 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(missing, file=sys.stderr)
         return 2
+    except Exception as exc:
+        status = exit_status(exc)
+        if status is None:
+            raise
+        return fail(command_name(args), exc, status)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,13 +1,15 @@
 """``shuffledp account``: what does a shuffled deployment really give?
 
 For a local guarantee (``--epsilon0`` and ``--mechanism`` with its parameters) and the
-batch size the shuffler delivers (``--n``), prints every amplification bound the
+batch size the shuffler delivers (``--users``, the n users of a round), prints every amplification bound the
 accountant knows (``n/a`` where its theorem does not apply), the exact
 shuffled-randomized-response floor where one exists, and the bound it uses. With
 ``--rounds`` and/or ``--sampling-rate`` it also composes the rounds into a session.
 ``--json`` prints one JSON document; ``--plot FILE.png`` draws epsilon against n.
 
-Every input is answered in bounded time or refused with one line. ``--n`` up to 10^18: above
+The central delta defaults to min(1e-6, n^-1.1).
+
+Every input is answered in bounded time or refused with one line. ``--users`` up to 10^18: above
 10^9 the numerical bounds are evaluated at n' = 10^9 (valid at n: a larger batch is a
 post-processing of a smaller one) and the closed forms at n; the one-dataset lower bound is
 computed up to n = 10^8. ``--epsilon0`` up to 50 (below 1e-6 only the closed forms).
@@ -22,6 +24,15 @@ import math
 import sys
 from typing import Any
 
+from shuffledp.cli.common import (
+    EXIT_USAGE,
+    HelpFormatter,
+    add_json_option,
+    default_delta,
+    delta_help,
+    deprecated_alias,
+    fail,
+)
 from shuffledp.cli.run_info import with_run_info
 
 BOUND_LABELS = {
@@ -93,7 +104,7 @@ def add_parser(subparsers) -> None:
         "account",
         help="central (eps, delta) of shuffled rounds: every bound, the floor, the one used",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--epsilon0", "-e", type=_positive_float, required=True, help="local epsilon of one report")
     p.add_argument(
@@ -106,7 +117,7 @@ def add_parser(subparsers) -> None:
         help="randomizer (generic: any pure eps0-LDP randomizer)",
     )
     p.add_argument("--num-bins", "-K", type=_positive_int, default=None, help="Hadamard size K (hadamard-response)")
-    p.add_argument("--k", type=_positive_int, default=None, help="domain size (k-rr, block-hadamard-response)")
+    p.add_argument("--symbols", "-k", type=_positive_int, default=None, help="domain size k (k-rr, block-hadamard-response)")
     p.add_argument(
         "--blocks", type=_positive_int, default=None,
         help="block count B (block-hadamard-response; default: the client's variance-optimal B)",
@@ -116,15 +127,16 @@ def add_parser(subparsers) -> None:
         help="grid size G of the Laplace report (laplace-mean; enables its privacy-blanket bound)",
     )
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (gaussian-mean)")
-    p.add_argument("--n", "-n", type=_positive_int, required=True, help="reports in the shuffled batch")
-    p.add_argument("--delta", "-d", type=_probability, default=1e-6, help="central delta")
+    p.add_argument("--users", "-n", type=_positive_int, required=True,
+                   help="number of users n: reports in the shuffled batch")
+    p.add_argument("--delta", type=_probability, default=None, help=delta_help())
     p.add_argument("--rounds", "-T", type=_positive_int, default=1, help="number of identical rounds to compose")
     p.add_argument(
         "--sampling-rate", type=_rate, default=None,
         help="per-round sampling probability of each user (n is then the expected batch size)",
     )
     p.add_argument("--sampling", choices=("poisson", "uniform"), default="poisson", help="sampling scheme")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(p)
     p.add_argument("--plot", metavar="PNG", default=None, help="draw epsilon against n (log x) for all bounds")
     p.add_argument("--plot-n-min", type=_positive_int, default=100, help="smallest n in the plot")
     p.add_argument("--plot-n-max", type=_positive_int, default=10_000_000, help="largest n in the plot")
@@ -137,6 +149,9 @@ def add_parser(subparsers) -> None:
              "block-hadamard-response, laplace-mean with --grid-levels; a few seconds at n = 1e8, "
              "not computed above)",
     )
+    deprecated_alias(p, "--n", "--users")
+    deprecated_alias(p, "-d", "--delta")
+    deprecated_alias(p, "--k", "--symbols")
     p.set_defaults(func=run)
 
 
@@ -145,9 +160,9 @@ def _local(args):
     from shuffledp.protocol.errors import InvalidParameter
 
     if args.mechanism == "block-hadamard-response":
-        if args.k is None:
-            raise InvalidParameter("k", "--k (the domain size) is required for block-hadamard-response")
-        return block_hadamard_response_guarantee(args.epsilon0, args.k, args.blocks)
+        if args.symbols is None:
+            raise InvalidParameter("symbols", "--symbols (the domain size k) is required for block-hadamard-response")
+        return block_hadamard_response_guarantee(args.epsilon0, args.symbols, args.blocks)
     if args.blocks is not None:
         raise InvalidParameter("blocks", "--blocks only applies to block-hadamard-response")
     return LocalGuarantee(
@@ -155,7 +170,7 @@ def _local(args):
         args.epsilon0,
         delta0=args.delta0,
         num_bins=args.num_bins if args.mechanism == "hadamard-response" else None,
-        k=args.k if args.mechanism == "k-rr" else None,
+        k=args.symbols if args.mechanism == "k-rr" else None,
         grid_levels=args.grid_levels,
     )
 
@@ -197,18 +212,18 @@ def _report(args) -> dict[str, Any]:
     acc = None
     if args.rounds > 1 or args.sampling_rate is not None:  # checked before any round is computed
         acc = SessionAccountant(reference_delta=args.delta)
-        acc.add_round(local, args.n, sampling_rate=args.sampling_rate, sampling=args.sampling, count=args.rounds)
-    rb = shuffled_round(local, args.n, args.delta)
+        acc.add_round(local, args.users, sampling_rate=args.sampling_rate, sampling=args.sampling, count=args.rounds)
+    rb = shuffled_round(local, args.users, args.delta)
     out: dict[str, Any] = {
         "mechanism": local.mechanism,
         "epsilon0": local.epsilon0,
         "num_bins": local.num_bins,
         "k": local.k,
         "num_blocks": local.num_blocks,
-        "n": args.n,
+        "n": args.users,
         "delta": args.delta,
         "round": rb.as_dict(),
-        "dataset_lower_bound": None if args.no_lower_bound else _dataset_lower_bound(local, args.n, args.delta),
+        "dataset_lower_bound": None if args.no_lower_bound else _dataset_lower_bound(local, args.users, args.delta),
         "session": None,
     }
     if acc is not None:
@@ -324,16 +339,14 @@ def _plot(args, path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from shuffledp.protocol.errors import ShuffleDPError
 
+    if args.delta is None:
+        args.delta = default_delta(args.users)  # recorded with the parameters
     try:
         rep = _report(args)
         if args.plot:
             _plot(args, args.plot)
-    except ShuffleDPError as exc:  # InvalidParameter, AmplificationNotClaimed
-        print(f"shuffledp account: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"shuffledp account: error: {exc}", file=sys.stderr)
-        return 2
+    except (ShuffleDPError, OSError) as exc:  # InvalidParameter, AmplificationNotClaimed: these inputs have no answer
+        return fail("account", exc, EXIT_USAGE)
     if args.json:
         json.dump(with_run_info(rep, args), sys.stdout, indent=2, allow_nan=False)
         print()

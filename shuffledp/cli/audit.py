@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from shuffledp.cli.common import EXIT_USAGE, add_json_option, default_delta, fail
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
@@ -60,9 +61,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--shuffler-service", action="store_true",
                    help="mechanics: audit the shuffler service already serving the session of --keys DIR over --broker "
                    "(an audit deployment: the auditor reads every party's key) instead of starting one")
-    p.add_argument("--delta", type=float, default=1e-6, help="central delta of the shuffled audits")
+    p.add_argument("--delta", type=float, default=None,
+                   help=f"central delta of the shuffled audits (default: min(1e-6, n^-1.1) at the largest n audited, "
+                   f"n = {max(SHUFFLED_NS):,}: {default_delta(max(SHUFFLED_NS)):g})")
     p.add_argument("--seed", type=int, default=0, help="audit seed (reported)")
-    p.add_argument("--json", action="store_true", help="print every row as JSON")
+    add_json_option(p, "every row")
     p.add_argument("--plot", metavar="PNG", default=None, help="plot claimed epsilon and lower bound against n")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -235,16 +238,14 @@ def plot_audit(result: dict, path: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.delta is None:
+        args.delta = default_delta(max(SHUFFLED_NS))  # recorded with the parameters
     try:
         with progress_bar(None, quiet=args.quiet, unit="audit") as step:
             result = run_audit(args.quick, args.part, args.delta, args.seed, progress=step, broker=args.broker,
                                session=args.session, keys=args.keys, service=args.shuffler_service)
-    except InvalidParameter as exc:
-        print(f"shuffledp audit: invalid parameter {exc}", file=sys.stderr)
-        return 2
-    except ShuffleDPError as exc:  # a session file refused (altered, unsigned, unreadable), a key file unreadable
-        print(f"shuffledp audit: {exc.reason}: {exc}", file=sys.stderr)
-        return 2
+    except ShuffleDPError as exc:  # bad parameters; a session file refused (altered, unsigned, unreadable), a key file unreadable
+        return fail("audit", exc, EXIT_USAGE)
     try:
         print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_audit(result))
     except BrokenPipeError:  # e.g. piped into `head`: the verdict is still the exit code

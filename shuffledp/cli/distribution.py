@@ -12,6 +12,7 @@ import json
 import sys
 
 from shuffledp.simulation.distribution import DistributionConfig, run_distribution
+from shuffledp.cli.common import EXIT_USAGE, HelpFormatter, add_json_option, deprecated_alias, fail
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter
@@ -20,15 +21,16 @@ from shuffledp.protocol.errors import InvalidParameter
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "distribution", help="estimate a k-ary distribution from users with m samples each",
-        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__, formatter_class=HelpFormatter,
     )
     p.add_argument("--symbols", "-k", type=int, default=64, help="alphabet size k")
     p.add_argument("--users", "-n", type=int, default=50_000, help="number of users n")
     p.add_argument("--samples", "-m", default="1,10,100,1000,10000", help="comma-separated samples per user")
-    p.add_argument("--epsilon", "-e", type=float, default=4.0, help="local user-level budget eps0")
+    p.add_argument("--epsilon0", "-e", type=float, default=4.0, help="local user-level budget eps0")
+    deprecated_alias(p, "--epsilon", "--epsilon0")
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the true distribution (0 = uniform)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_option(p)
     p.add_argument("--plot", metavar="PNG", default=None, help="plot TV error against m")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -37,10 +39,9 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         ms = [int(x) for x in args.samples.split(",") if x.strip()]
-        configs = [DistributionConfig(args.symbols, args.users, m, args.epsilon, args.zipf, seed=args.seed) for m in ms]
+        configs = [DistributionConfig(args.symbols, args.users, m, args.epsilon0, args.zipf, seed=args.seed) for m in ms]
     except (InvalidParameter, ValueError) as exc:
-        print(f"shuffledp distribution: invalid parameter {exc}", file=sys.stderr)
-        return 2
+        return fail("distribution", exc, EXIT_USAGE)
     results = []
     with progress_bar(3 * args.users * len(configs), quiet=args.quiet) as step:
         for config in configs:
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(with_run_info(results, args), indent=2))
     else:
-        print(f"shuffledp distribution: k = {args.symbols}, n = {args.users:,}, eps0 = {args.epsilon}, Zipf({args.zipf})")
+        print(f"shuffledp distribution: k = {args.symbols}, n = {args.users:,}, eps0 = {args.epsilon0}, Zipf({args.zipf})")
         print(f"{'m':>7} | {'oracle TV':>10} {'theory':>8} | {'vector TV':>10} {'theory':>8} | better")
         for m, r in zip(ms, results):
             o, v = r["estimators"]

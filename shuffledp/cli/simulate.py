@@ -13,6 +13,18 @@ import json
 import sys
 
 from shuffledp.simulation.population import DISTRIBUTIONS, Population
+from shuffledp.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    HelpFormatter,
+    UsageError,
+    add_json_option,
+    default_delta,
+    delta_help,
+    deprecated_alias,
+    fail,
+    used_deprecated,
+)
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
@@ -23,6 +35,12 @@ from shuffledp.simulation.summation import SUM_PROTOCOLS, SummationConfig, forma
 #: Gaussian data, and distribution estimation as the mean of one-hot vectors (categorical data).
 VECTOR_PROTOCOLS = ("vector-mean", "distribution")
 PROTOCOLS = ("mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS + ("instance-optimal",)
+#: Protocols calibrated to a central (eps, delta) (``--central-epsilon``); the others take a local eps0 (``-e``).
+CENTRAL_PROTOCOLS = SUM_PROTOCOLS + ("instance-optimal",)
+#: Protocols that report a central delta (``--delta``).
+DELTA_PROTOCOLS = ("mean",) + CENTRAL_PROTOCOLS
+#: Default budgets (local eps0, or the central target).
+DEFAULT_EPSILON0 = DEFAULT_CENTRAL_EPSILON = 1.0
 
 
 def add_parser(subparsers) -> None:
@@ -30,12 +48,13 @@ def add_parser(subparsers) -> None:
         "simulate",
         help="run a protocol (scalar mean, summation, vector summation) on simulated users",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "--protocol", choices=PROTOCOLS, default="mean",
         help="mean: range -> mean, local eps0 (Girgis et al. Alg. 1); sum: scalar multi-message summation; "
-        "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central (eps, delta); "
+        "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central "
+        "(--central-epsilon, --delta); "
         "vector-mean, distribution: Algorithm 5 (as `shuffledp vector`), local eps0; "
         "instance-optimal: Huang-Liang-Yi shifted clipped mean (3 rounds) at the session's central (eps, delta)",
     )
@@ -46,8 +65,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--sigma", type=float, default=1.0, help="distribution spread parameter")
     p.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B: samples lie in [-B, B]")
     p.add_argument(
-        "--epsilon", "-e", type=float, default=1.0,
-        help="mean: local user-level budget eps0 (both rounds); sum, vector-sum: the central epsilon",
+        "--epsilon0", "-e", type=float, default=None,
+        help=f"mean, vector-mean, distribution: local user-level budget eps0 (default {DEFAULT_EPSILON0:g})",
+    )
+    p.add_argument(
+        "--central-epsilon", type=float, default=None,
+        help=f"sum, vector-sum, instance-optimal: the central epsilon they are calibrated to (default {DEFAULT_CENTRAL_EPSILON:g})",
     )
     p.add_argument("--dim", "-d", type=int, default=16, help="vector protocols: dimension (distribution: symbols)")
     p.add_argument("--model", choices=("shuffle", "local"), default="shuffle", help="instance-optimal: trust model")
@@ -56,15 +79,17 @@ def add_parser(subparsers) -> None:
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
     p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from the data model)")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
-    p.add_argument("--delta", type=float, default=None, help="central delta (default 1/n^1.1)")
+    p.add_argument("--delta", type=float, default=None, help=delta_help("mean, sum, vector-sum, instance-optimal: central delta"))
     p.add_argument("--seed", type=int, default=0, help="simulation seed")
     p.add_argument("--seeds", type=int, default=None, metavar="K",
                    help="mean: run K seeds (from --seed) on the fast engine and report how often the range round "
                    "failed and how often the analyzer's check warned or missed it")
     add_engine_arguments(p, default="messages")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json_option(p)
     p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    deprecated_alias(p, "--epsilon", "--epsilon0", hint=" (a local eps0), or --central-epsilon with --protocol "
+                     + ", ".join(CENTRAL_PROTOCOLS))
     p.set_defaults(func=run)
 
 
@@ -85,7 +110,33 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str) -> None:
     )
 
 
+def resolve_budgets(args: argparse.Namespace) -> None:
+    """Each protocol's budget and delta, defaults filled in (so a JSON result records them).
+
+    A central protocol takes ``--central-epsilon``; ``-e/--epsilon0`` (a local eps0) is refused for it,
+    except through the deprecated ``--epsilon``, which meant the central epsilon there."""
+    if args.protocol in CENTRAL_PROTOCOLS:
+        if args.epsilon0 is not None:
+            if not used_deprecated(args, "--epsilon"):
+                raise UsageError(f"--protocol {args.protocol} is calibrated to a central epsilon: give --central-epsilon, "
+                                 "not -e/--epsilon0 (a local eps0)")
+            if args.central_epsilon is None:
+                args.central_epsilon = args.epsilon0
+            args.epsilon0 = None
+        if args.central_epsilon is None:
+            args.central_epsilon = DEFAULT_CENTRAL_EPSILON
+    else:
+        if args.central_epsilon is not None:
+            raise UsageError(f"--central-epsilon applies to --protocol {', '.join(CENTRAL_PROTOCOLS)}; --protocol "
+                             f"{args.protocol} takes -e/--epsilon0 (a local eps0)")
+        if args.epsilon0 is None:
+            args.epsilon0 = DEFAULT_EPSILON0
+    if args.protocol in DELTA_PROTOCOLS and args.delta is None:
+        args.delta = default_delta(args.users)
+
+
 def run(args: argparse.Namespace) -> int:
+    resolve_budgets(args)
     if args.protocol in SUM_PROTOCOLS:
         return _run_summation(args)
     if args.protocol in VECTOR_PROTOCOLS:
@@ -97,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         config = SimulationConfig(
             population=population,
             n=args.users,
-            epsilon0=args.epsilon,
+            epsilon0=args.epsilon0,
             delta0=args.delta0,
             noise=args.noise,
             tau=args.tau,
@@ -108,8 +159,7 @@ def run(args: argparse.Namespace) -> int:
             broker=args.broker,
         )
     except InvalidParameter as exc:
-        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
-        return 2
+        return fail("simulate", exc, EXIT_USAGE)
     if args.seeds is not None:
         return _run_range_study(args, config)
     units = (5 if config.path == "messages" else 3) * config.n  # generate, then per round: seal+open or randomize
@@ -117,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
         with progress_bar(units, quiet=args.quiet, unit="user-step") as step:
             result = run_simulation(config, progress=step)
     except ShuffleDPError as exc:  # e.g. the broker is unreachable, or a round missed its batch
-        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+        return fail("simulate", exc, EXIT_FAILED)
     try:
         _print_and_plot(args, result)
     except BrokenPipeError:  # e.g. piped into `head`
@@ -136,8 +185,7 @@ def _run_range_study(args: argparse.Namespace, config: SimulationConfig) -> int:
         with progress_bar(args.seeds, quiet=args.quiet, unit="seed") as step:
             study = range_study(config, args.seeds, args.seed, progress=step)
     except InvalidParameter as exc:
-        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
-        return 2
+        return fail("simulate", exc, EXIT_USAGE)
     print(json.dumps(with_run_info(study.as_dict(), args), indent=2, default=float) if args.json else format_study(study))
     return 0
 
@@ -151,7 +199,7 @@ def _run_vector(args: argparse.Namespace) -> int:
         users=args.users, sweep=None, dim=args.dim, samples=args.samples,
         kind="gaussian" if args.protocol == "vector-mean" else "categorical",
         mu=args.mu if abs(args.mu) < args.bound else 0.5, sigma=args.sigma, bound=args.bound, zipf=1.1,
-        epsilon=args.epsilon, mode="sampled", gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker,
+        epsilon0=args.epsilon0, mode="sampled", gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker,
         json=args.json, output=None, plot=args.plot, quiet=args.quiet,
     )
     return vector_cli.run(vector_args)
@@ -169,13 +217,11 @@ def _run_instance_optimal(args: argparse.Namespace) -> int:
 
     try:
         population = VectorPopulation("gaussian", args.dim, args.samples, args.mu, args.sigma, args.bound)
-        delta = args.delta if args.delta is not None else 1.0 / args.users**1.1
         config = InstanceOptimalSimulation(
-            population, args.users, args.epsilon, delta, args.model, args.seed, args.path, args.broker
+            population, args.users, args.central_epsilon, args.delta, args.model, args.seed, args.path, args.broker
         )
     except InvalidParameter as exc:
-        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
-        return 2
+        return fail("simulate", exc, EXIT_USAGE)
     return _run_and_report(args, lambda step: run_instance_optimal(config, progress=step), format_instance_optimal, plot_instance_optimal)
 
 
@@ -186,11 +232,9 @@ def _run_and_report(args: argparse.Namespace, run_with, format_result_dict, plot
         with progress_bar(None, quiet=args.quiet, unit="step") as step:  # totals depend on chosen parameters
             result = run_with(step)
     except InvalidParameter as exc:
-        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
-        return 2
+        return fail("simulate", exc, EXIT_USAGE)
     except ShuffleDPError as exc:
-        print(f"shuffledp simulate: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+        return fail("simulate", exc, EXIT_FAILED)
     print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_result_dict(result))
     if args.plot:
         plot_result_dict(result, args.plot)
@@ -208,14 +252,12 @@ def _run_summation(args: argparse.Namespace) -> int:
             population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
         else:
             population = VectorPopulation("gaussian", args.dim, args.samples, args.mu, args.sigma, args.bound)
-        delta = args.delta if args.delta is not None else 1.0 / args.users**1.1
         config = SummationConfig(
-            args.protocol, population, args.users, args.epsilon, delta, radius=args.radius,
+            args.protocol, population, args.users, args.central_epsilon, args.delta, radius=args.radius,
             seed=args.seed, path=args.path, broker=args.broker,
         )
     except InvalidParameter as exc:
-        print(f"shuffledp simulate: invalid parameter {exc}", file=sys.stderr)
-        return 2
+        return fail("simulate", exc, EXIT_USAGE)
     return _run_and_report(args, lambda step: run_summation(config, progress=step), format_summation, plot_summation)
 
 
@@ -264,9 +306,9 @@ def format_result(result: SimulationResult) -> str:
         f" users inside: {100 * result.fraction_users_in_range:.2f}%",
         f"  range check (analyzer's own)  {format_range_check(result.range_check)}",
     ]
-    for i, r in enumerate(result.rounds, 1):
+    for i, r in enumerate(result.rounds):  # numbered as on the wire: round ids from 0
         lines.append(
-            f"  round {i}: {r['mechanism']:<15} eps0 = {r['epsilon0']:.4g}   {r['messages']:,} messages, "
+            f"  round {r.get('round_id', i)}: {r['mechanism']:<15} eps0 = {r['epsilon0']:.4g}   {r['messages']:,} messages, "
             f"{_fmt_bytes(r['envelope_bytes'])} of envelopes"
             + (f", batch {_fmt_bytes(r['batch_bytes'])}" if "batch_bytes" in r else " (computed; fast path sends none)")
         )
@@ -285,8 +327,8 @@ def format_result(result: SimulationResult) -> str:
 
 
 def plot_result(result: SimulationResult, path: str) -> None:
-    """Two panels: round 1's Hadamard frequency estimates against the true bin fractions,
-    with the range it announced; and round 2's estimate against the truth, with bands of
+    """Two panels: round 0's Hadamard frequency estimates against the true bin fractions,
+    with the range it announced; and round 1's estimate against the truth, with bands of
     1 and 2 theoretical RMSEs and the Theorem 1 bound."""
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
@@ -299,7 +341,7 @@ def plot_result(result: SimulationResult, path: str) -> None:
     left.axvspan(lo, hi, color="tab:green", alpha=0.15, label="range announced")
     left.set_xlabel("bin centre")
     left.set_ylabel("fraction of users")
-    left.set_title("round 1: private range (ε0/2)")
+    left.set_title("round 0: private range (ε0/2)")
     left.legend(fontsize=7)
 
     t, rmse = result.true_mean, result.rmse_theory
@@ -316,7 +358,7 @@ def plot_result(result: SimulationResult, path: str) -> None:
     right.set_yticks([])
     eps = result.central.get("epsilon")
     priv = f"central ε = {eps:.3g}" if eps is not None else "no central claim"
-    right.set_title(f"round 2: mean (ε0/2); {priv}")
+    right.set_title(f"round 1: mean (ε0/2); {priv}")
     right.set_xlabel("mean")
     right.legend(loc="upper left", fontsize=7)
     c = result.config

@@ -1,6 +1,8 @@
-"""``shuffledp vector``: the vector mean protocol (Algorithm 5) on simulated users, streamed.
+"""``shuffledp vector``: the vector mean protocol (Algorithm 5) on simulated users.
 
-Runs the vectorized engine in bounded memory (users in blocks, two passes). With
+Runs the protocol on the chosen engine: ``--fast`` (the default) streams users block by
+block through the rounds' collectors, in bounded memory; ``--messages`` runs real clients,
+shuffler and analyzer. One seed gives one result on both. With
 ``--sweep N1,N2,...`` it runs once per n and, with ``--plot``, draws the error
 against n beside the exact theoretical RMSE and Theorem 2's bound.
 """
@@ -12,6 +14,7 @@ import json
 import sys
 
 from shuffledp.client.vector_randomizer import VECTOR_MODES
+from shuffledp.cli.common import EXIT_FAILED, EXIT_USAGE, HelpFormatter, add_json_option, deprecated_alias, fail
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.cli.simulate import add_engine_arguments
@@ -23,7 +26,7 @@ from shuffledp.simulation.vector import VectorSimulationConfig, run_vector_simul
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "vector", help="run the vector mean protocol (random rotation) on simulated users",
-        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__, formatter_class=HelpFormatter,
     )
     p.add_argument("--users", "-n", type=int, default=100_000, help="number of users n")
     p.add_argument("--sweep", default=None, metavar="N1,N2,...", help="run for each n (overrides --users)")
@@ -34,12 +37,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--sigma", type=float, default=1.0, help="gaussian: per-coordinate sd")
     p.add_argument("--bound", "-B", type=float, default=4.0, help="gaussian: samples lie in [-B, B]^d")
     p.add_argument("--zipf", type=float, default=1.1, help="categorical: Zipf exponent (0 = uniform)")
-    p.add_argument("--epsilon", "-e", type=float, default=4.0, help="local user-level budget eps0")
+    p.add_argument("--epsilon0", "-e", type=float, default=4.0, help="local user-level budget eps0")
+    deprecated_alias(p, "--epsilon", "--epsilon0")
     p.add_argument("--mode", choices=VECTOR_MODES, default="sampled", help="range-round budget mode")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability of the radius")
     p.add_argument("--seed", type=int, default=0)
     add_engine_arguments(p, default="fast")  # --fast streams users block by block
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json_option(p)
     p.add_argument("--output", metavar="JSON", default=None, help="also write the JSON result to this file")
     p.add_argument("--plot", metavar="PNG", default=None, help="plot error against n (with --sweep)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -60,13 +64,12 @@ def run(args: argparse.Namespace) -> int:
         population = VectorPopulation(args.kind, args.dim, args.samples, args.mu, args.sigma, args.bound, args.zipf)
         configs = [
             VectorSimulationConfig(
-                population, n, args.epsilon, mode=args.mode, gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker
+                population, n, args.epsilon0, mode=args.mode, gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker
             )
             for n in _sizes(args)
         ]
     except InvalidParameter as exc:
-        print(f"shuffledp vector: invalid parameter {exc}", file=sys.stderr)
-        return 2
+        return fail("vector", exc, EXIT_USAGE)
     results = []
     total = sum(2 * c.n for c in configs) if args.path == "fast" else None
     try:
@@ -74,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
             for config in configs:
                 results.append(run_vector_simulation(config, progress=step))
     except ShuffleDPError as exc:
-        print(f"shuffledp vector: {exc.reason}: {exc}", file=sys.stderr)
-        return 1
+        return fail("vector", exc, EXIT_FAILED)
     documents = [r.as_dict() for r in results]
     for d in documents:
         for key in ("true_mean", "estimate", "variance_per_coordinate"):
@@ -87,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(with_run_info(documents if len(documents) > 1 else documents[0], args), indent=2))
     else:
         print(f"shuffledp vector: Algorithm 5, {args.mode} mode, d = {args.dim}, m = {args.samples}, "
-              f"{args.kind} data, eps0 = {args.epsilon}, {args.path} path")
+              f"{args.kind} data, eps0 = {args.epsilon0}, {args.path} path")
         print(f"{'n':>10} {'l2 error':>10} {'RMSE theory':>12} {'Thm 2 bound':>12} {'ranges hit':>11} {'seconds':>8}  range check")
         for r in results:
             check = r.range_check

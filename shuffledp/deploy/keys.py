@@ -504,7 +504,7 @@ def load_clients(directory: Path | str, count: int | None = None) -> ClientSide:
         if count > len(credentials):
             raise KeyFileError(
                 f"{directory / CREDENTIALS_JSON}: {len(credentials)} credential(s) enrolled, {count} needed "
-                f"(issue more with `shuffledp keys enroll {directory} --count {count - len(credentials)}`)"
+                f"(issue more with `shuffledp keys enroll {directory} --users {count - len(credentials)}`)"
             )
         credentials = credentials[:count]
     return ClientSide(public, credentials)

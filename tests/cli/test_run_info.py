@@ -12,7 +12,7 @@ from shuffledp.cli import main
 COMMANDS = [
     (["simulate", "--fast", "-n", "2000", "--seed", "3"], "simulate", {"users": 2000, "seed": 3}),
     (["simulate", "--protocol", "sum", "--fast", "-n", "2000"], "simulate", {"protocol": "sum"}),
-    (["account", "--epsilon0", "1", "--n", "1000", "--delta", "1e-6"], "account", {"epsilon0": 1.0, "delta": 1e-6}),
+    (["account", "--epsilon0", "1", "--users", "1000", "--delta", "1e-6"], "account", {"epsilon0": 1.0, "delta": 1e-6}),
     (["vector", "-d", "4", "-n", "2000"], "vector", {"dim": 4}),
     (["distribution", "-k", "8", "-n", "2000", "-m", "1,10"], "distribution", {"symbols": 8}),
 ]

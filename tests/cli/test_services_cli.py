@@ -39,7 +39,7 @@ from shuffledp.deploy.keys import (
 from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, receipts_topic, spec_topic
 from shuffledp.protocol.wire.credentials import CREDENTIAL_BYTES
 from shuffledp.protocol.mechanisms.randomness import SeededSource
-from shuffledp.cli.services import UsageError, parse_address
+from shuffledp.cli.common import UsageError, parse_address
 from shuffledp.shuffler.metrics import MetricsServer, render_metrics
 
 # --------------------------------------------------------------------------- files opened, for real
@@ -75,7 +75,7 @@ def mode(path: Path) -> int:
 @pytest.fixture(scope="module")
 def keys_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("deployment") / "keys"
-    assert main(["keys", "init", str(directory), "--clients", "25"]) == 0
+    assert main(["keys", "init", str(directory), "--users", "25"]) == 0
     return directory
 
 
@@ -116,10 +116,10 @@ def test_keys_init_layout_and_permissions(keys_dir, capsys):
 
 def test_keys_init_refuses_to_overwrite_unless_forced(tmp_path, capsys):
     directory = tmp_path / "keys"
-    assert main(["keys", "init", str(directory), "--clients", "3"]) == 0
+    assert main(["keys", "init", str(directory), "--users", "3"]) == 0
     before = {p.name: p.read_bytes() for p in directory.iterdir()}
     capsys.readouterr()
-    assert main(["keys", "init", str(directory), "--clients", "5"]) == 2
+    assert main(["keys", "init", str(directory), "--users", "5"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("shuffledp keys init: key-file:") and "--force" in err and "\n" not in err
     assert {p.name: p.read_bytes() for p in directory.iterdir()} == before  # untouched
@@ -131,7 +131,7 @@ def test_keys_init_refuses_to_overwrite_unless_forced(tmp_path, capsys):
     with pytest.raises(KeyFileError, match="issuer.key"):
         init_keys(other)
 
-    assert main(["keys", "init", str(directory), "--clients", "5", "--force"]) == 0
+    assert main(["keys", "init", str(directory), "--users", "5", "--force"]) == 0
     after = {p.name: p.read_bytes() for p in directory.iterdir()}
     assert set(after) == set(before)
     assert all(after[name] != before[name] for name in after)  # every key, the session and the credentials are new
@@ -143,7 +143,7 @@ def test_keys_enroll_appends_credentials(tmp_path, capsys):
     directory = tmp_path / "keys"
     init_keys(directory, clients=2)
     first = load_deployment(directory, "client").credentials
-    assert main(["keys", "enroll", str(directory), "--count", "3"]) == 0
+    assert main(["keys", "enroll", str(directory), "--users", "3"]) == 0
     assert "now holds 5" in capsys.readouterr().out
     now = load_deployment(directory, "client").credentials
     assert now[:2] == first and len(set(now)) == 5

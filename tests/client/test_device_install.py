@@ -59,7 +59,7 @@ def test_client_and_embed_example_work_on_the_device_install(device_env):
 
 @pytest.mark.parametrize("command, extra", [
     (["simulate"], "analysis"),
-    (["account", "--epsilon0", "1", "--n", "1000"], "analysis"),
+    (["account", "--epsilon0", "1", "--users", "1000"], "analysis"),
     (["up", "--users", "10"], "analysis"),
     (["shuffler", "serve", "--keys", "k", "--broker", "127.0.0.1:1", "--spool", "s.db"], "mqtt"),
 ])
@@ -73,6 +73,6 @@ def test_a_command_missing_its_extra_says_which_in_one_line(device_env, command,
 
 
 def test_keys_run_on_the_device_install(device_env, tmp_path):
-    out = _run(device_env, str(device_env / "bin" / "shuffledp"), "keys", "init", str(tmp_path / "keys"), "--clients", "2")
+    out = _run(device_env, str(device_env / "bin" / "shuffledp"), "keys", "init", str(tmp_path / "keys"), "--users", "2")
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "keys" / "public.json").exists()

@@ -37,7 +37,7 @@ from shuffledp.deploy.keys import (
     load_deployment,
     load_public,
 )
-from shuffledp.cli.services import UsageError, _channel, _write_json_atomic, read_password
+from shuffledp.cli.common import UsageError, mqtt_channel, read_password, write_json_atomic
 
 #: An account that owns nothing here (tests run as root, who may chown to it).
 OTHER_UID = 54321
@@ -211,7 +211,7 @@ def test_writing_the_stats_file_does_not_follow_a_symlink_planted_at_the_old_tem
     planted = tmp_path / f".{target.name}.tmp-{os.getpid()}"  # the name the writer used to pick
     planted.symlink_to(victim)
 
-    _write_json_atomic(target, {"admitted_total": 7})
+    write_json_atomic(target, {"admitted_total": 7})
 
     assert victim.read_text() == "the victim's file\n"
     assert not target.is_symlink() and stat.S_ISREG(os.lstat(target).st_mode)
@@ -226,7 +226,7 @@ def test_the_results_file_replaces_the_old_one_and_is_0600(tmp_path):
     target = tmp_path / "result.json"
     target.write_text("old\n")
     os.chmod(target, 0o666)
-    _write_json_atomic(target, {"estimate": 0.5})
+    write_json_atomic(target, {"estimate": 0.5})
     assert json.loads(target.read_text()) == {"estimate": 0.5}
     assert mode_of(target) == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
@@ -236,7 +236,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     target = tmp_path / "stats.json"
     target.write_text('{"old": 1}\n')
     with pytest.raises(TypeError):
-        _write_json_atomic(target, {"bad": object()})
+        write_json_atomic(target, {"bad": object()})
     assert target.read_text() == '{"old": 1}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["stats.json"]
 
@@ -255,23 +255,23 @@ def _args(tmp_path: Path, broker: str, *extra: str):
 def test_a_password_is_not_sent_in_clear_off_this_host(tmp_path, broker):
     with pytest.raises(UsageError, match=r"--password-file without --ca-file would send the password in clear.*"
                                          r"--ca-file.*--insecure-plaintext"):
-        _channel(_args(tmp_path, broker), "client")
+        mqtt_channel(_args(tmp_path, broker), "client")
 
 
 @pytest.mark.parametrize("broker", ["127.0.0.1:1883", "127.8.9.10", "localhost:1883", "LOCALHOST", "[::1]:1883"])
 def test_a_password_may_go_in_clear_to_the_loopback(tmp_path, broker):
-    channel = _channel(_args(tmp_path, broker), "client")
+    channel = mqtt_channel(_args(tmp_path, broker), "client")
     assert channel.tls_ca_file is None
 
 
 def test_insecure_plaintext_or_tls_allow_a_remote_broker(tmp_path):
-    assert _channel(_args(tmp_path, "192.0.2.10:1883", "--insecure-plaintext"), "client").tls_ca_file is None
+    assert mqtt_channel(_args(tmp_path, "192.0.2.10:1883", "--insecure-plaintext"), "client").tls_ca_file is None
     ca = tmp_path / "ca.crt"
     ca.write_text("not parsed until connect\n")
-    assert _channel(_args(tmp_path, "192.0.2.10", "--ca-file", str(ca)), "client").tls_ca_file == str(ca)
+    assert mqtt_channel(_args(tmp_path, "192.0.2.10", "--ca-file", str(ca)), "client").tls_ca_file == str(ca)
     # Without a password nothing secret would cross in clear: no refusal.
     args = build_parser().parse_args(["clients", "run", "--keys", str(tmp_path), "--broker", "192.0.2.10", "--users", "3"])
-    _channel(args, "client")
+    mqtt_channel(args, "client")
 
 
 @pytest.mark.parametrize("command", [["shuffler", "serve", "--spool", "s.db"], ["analyzer", "run", "--users", "3"],
@@ -295,7 +295,7 @@ def test_the_cli_refuses_a_plaintext_password_to_a_remote_broker_in_one_line_wit
 
 @pytest.mark.parametrize("role", ["analyzer", "shuffler", "client"])
 def test_client_ids_are_unguessable_and_carry_no_pid(tmp_path, role):
-    ids = {_channel(_args(tmp_path, "127.0.0.1"), role).identifier for _ in range(50)}
+    ids = {mqtt_channel(_args(tmp_path, "127.0.0.1"), role).identifier for _ in range(50)}
     assert len(ids) == 50
     for identifier in ids:
         assert re.fullmatch(rf"shuffledp-{role}-[0-9a-f]{{32}}", identifier), identifier

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from shuffledp.cli.services import _start_up_reaper, process_start_time
+from shuffledp.cli.up import _start_up_reaper, process_start_time
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfds and /proc are Linux's")
 

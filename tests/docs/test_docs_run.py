@@ -549,8 +549,8 @@ def test_size_cap_caps_the_size_arguments_and_says_so(monkeypatch, capsys):
     apply_size_cap(args)
     assert args.quick is True
     capsys.readouterr()
-    args = parse(["account", "--epsilon0", "1", "--n", "100000"])  # analytic: nothing to cap
-    assert apply_size_cap(args) == [] and args.n == 100000 and capsys.readouterr().err == ""
+    args = parse(["account", "--epsilon0", "1", "--users", "100000"])  # analytic: nothing to cap
+    assert apply_size_cap(args) == [] and args.users == 100000 and capsys.readouterr().err == ""
     monkeypatch.delenv("SHUFFLEDP_SIZE_CAP")
     args = parse(["up"])
     assert apply_size_cap(args) == [] and args.users > 500

@@ -44,7 +44,7 @@ def run_simulate(seed: int, options: list[str], engine: str) -> dict:
 
 @pytest.mark.parametrize(
     "seed,options",
-    [(5, []), (6, ["--distribution", "uniform", "--mu", "0.5", "--sigma", "2", "-m", "20", "--epsilon", "2"])],
+    [(5, []), (6, ["--distribution", "uniform", "--mu", "0.5", "--sigma", "2", "-m", "20", "--epsilon0", "2"])],
     ids=["defaults", "uniform-eps2"],
 )
 def test_up_prints_the_estimate_simulate_prints_with_the_same_seed(tmp_path, seed, options):

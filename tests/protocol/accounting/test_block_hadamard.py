@@ -291,17 +291,17 @@ def test_session_and_cli(capsys):
     row = acc.describe()[0]
     assert row["mechanism"] == "block-hadamard-response" and row["num_blocks"] == 4 and row["k"] == 64
 
-    argv = ["account", "-e", "2", "--mechanism", "block-hadamard-response", "--k", "64", "--blocks", "4",
-            "-n", "1000000", "--json"]
+    argv = ["account", "-e", "2", "--mechanism", "block-hadamard-response", "-k", "64", "--blocks", "4",
+            "-n", "1000000", "--delta", "1e-6", "--json"]
     assert main(argv) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["num_blocks"] == 4 and rep["round"]["method"] == "blanket"
     assert rep["round"]["epsilon"] == pytest.approx(one, rel=1e-12)
-    assert main(["account", "-e", "2", "--mechanism", "block-hadamard-response", "--k", "64", "-n", "1000000"]) == 0
+    assert main(["account", "-e", "2", "--mechanism", "block-hadamard-response", "-k", "64", "-n", "1000000"]) == 0
     assert "B=" in capsys.readouterr().out
     assert main(["account", "-e", "2", "--mechanism", "block-hadamard-response", "-n", "1000"]) == 2
-    assert "--k" in capsys.readouterr().err
-    assert main(["account", "-e", "2", "--mechanism", "k-rr", "--k", "4", "--blocks", "2", "-n", "1000"]) == 2
+    assert "--symbols" in capsys.readouterr().err
+    assert main(["account", "-e", "2", "--mechanism", "k-rr", "-k", "4", "--blocks", "2", "-n", "1000"]) == 2
     assert "blocks" in capsys.readouterr().err
 
 

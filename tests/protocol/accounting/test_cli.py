@@ -12,7 +12,7 @@ from shuffledp.cli import main
 
 
 def test_text_output_lists_bounds_and_choice(capsys):
-    assert main(["account", "--epsilon0", "4", "--n", "100000"]) == 0
+    assert main(["account", "--epsilon0", "4", "--users", "100000"]) == 0
     out = capsys.readouterr().out
     assert "0.5378" in out  # FMT21 closed form at the paper's example
     assert "<- used" in out and "fmt21-numerical" in out
@@ -20,7 +20,7 @@ def test_text_output_lists_bounds_and_choice(capsys):
 
 
 def test_json_output_parses(capsys):
-    assert main(["account", "-e", "2", "--mechanism", "k-rr", "--k", "6", "-n", "20000", "--json"]) == 0
+    assert main(["account", "-e", "2", "--mechanism", "k-rr", "-k", "6", "-n", "20000", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["round"]["method"] == "blanket"
     assert set(rep["round"]["candidates"]) >= {"fmt21-numerical", "fmt21-closed", "blanket"}
@@ -59,8 +59,9 @@ def test_plot_is_written(tmp_path, capsys):
 def test_argparse_errors_exit_nonzero(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
-    assert exc.value.code != 0
-    assert "error" in capsys.readouterr().err
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shuffledp account: "), lines
 
 
 @pytest.mark.parametrize(
@@ -83,5 +84,7 @@ def test_subprocess_error_has_no_traceback():
         [sys.executable, "-m", "shuffledp.cli", "account", "-e", "1", "-n", "10", "--mechanism", "k-rr"],
         capture_output=True, text=True, timeout=120,
     )
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr and "error" in proc.stderr
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shuffledp account: invalid parameter "), lines
