@@ -403,15 +403,27 @@ class SqliteSpool:
         """:class:`SpoolAccessError` unless SQLite opened, in this connect, the very database file
         that was checked.
 
-        With ``/proc/self/fd`` (Linux), a descriptor that appeared during the connect (``before``
-        is the process's descriptors just before it) must hold the checked file's (device, inode):
-        another connection of this process to the same file, or any descriptor opened earlier,
-        proves nothing about what this connect opened. Elsewhere (no ``/proc``) the path is
+        With ``/proc/self/fd`` (Linux), every descriptor that appeared during the connect (``before``
+        is the process's descriptors just before it) under the spool's file name must hold the
+        checked file's (device, inode): another connection of this process to the same file, or
+        any descriptor opened earlier, proves nothing about what this connect opened. If none
+        appeared, SQLite reused a descriptor it keeps open for a file of this process, chosen by
+        the (device, inode) it found at the path; that is accepted only if it is the checked file
+        and the path still names it. Elsewhere (no ``/proc``) the path is
         re-checked instead, which is weaker: a directory swapped in for the connect and swapped
         back before this check is not seen."""
         wanted = (checked.st_dev, checked.st_ino)
         if before is not None:
-            ok = wanted in _new_files(before).values()
+            new = _new_files(before)
+            named = {identity for fd, identity in new.items() if _held_name(fd) == os.path.basename(self.path)}
+            if named:
+                ok = named == {wanted}
+            else:
+                # No new descriptor for the database: SQLite reused one it keeps for a file this process
+                # already has open. It chooses that descriptor by the (device, inode) it finds at the path
+                # during the connect, so the file at the path then was the one it reuses; it must be ours.
+                held = held_files() or {}
+                ok = wanted in held.values() and _identity(self.path) == wanted
         else:
             ok = _identity(self.path) == wanted
         if not ok:

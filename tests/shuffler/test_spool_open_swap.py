@@ -184,3 +184,20 @@ def test_a_second_connection_in_the_process_is_accepted_when_nothing_is_swapped(
             second.close()
     finally:
         first.close()
+
+
+def test_a_spool_opened_while_another_of_the_same_file_was_closed_is_accepted(tmp_path):
+    """SQLite keeps the descriptor of a connection closed while another connection of the process
+    holds the same file, and the next connect reuses it instead of opening the file again: no new
+    descriptor appears, and the spool (the same file, at the same path) must still open."""
+    path = tmp_path / "spool" / "spool.db"
+    first = SqliteSpool(path)
+    try:
+        for _ in range(3):
+            second = SqliteSpool(path)
+            second.round(bytes(16), 0)
+            second.close()
+        third = SqliteSpool(path)
+        third.close()
+    finally:
+        first.close()
