@@ -9,7 +9,9 @@ same users; we report
   R repetitions of the randomization, next to the exact theoretical value (the symbol
   average of the exact per-symbol variances for these fixed data), their ratio, and the
   ratio's expected sampling sd ``sqrt(2 sum_x Var_x^2 / R) / sum_x Var_x`` (Gaussian
-  errors, independent across symbols). pure-ldp's theory uses the same exact formula
+  errors, independent across symbols), and its 95 % interval from the measured squared
+  errors (``_common.ratio_ci`` over the R k symbol estimates, taken as independent: the
+  sampling unit is one symbol's estimate in one repetition). pure-ldp's theory uses the same exact formula
   with its own parameters (``B = 2^floor(log2 min(e^eps, 2k))`` blocks of ``b - 1``
   contiguous symbols after its random permutation, for eps > 1; high-privacy HR with
   ``K = 2^ceil(log2(k+1))``, i.e. ``n Var = c^2 - f``, for eps <= 1);
@@ -54,7 +56,7 @@ import warnings
 
 import numpy as np
 
-from _common import arguments, parse, read_result, write_result
+from _common import arguments, format_ratio, parse, ratio_ci, read_result, write_result
 
 from shuffledp.analyzer.frequency import decode_hadamard_response, hadamard_response_variance
 from shuffledp.client.hadamard_response import choose_hadamard_response, randomize_hadamard_response
@@ -137,6 +139,11 @@ def repetitions_pure_ldp(k: int, n: int) -> int:
     return 8 if n <= 100_000 else 2
 
 
+def self_ci(row: dict) -> dict:
+    """A row's MSE / theory in the shape ``format_ratio`` prints."""
+    return {"ratio": row["ratio"], "ci95": row["ratio_ci95"], "seeds": row["ratio_units"], "unit": "symbol estimates"}
+
+
 def ratio_sd(variances: np.ndarray, reps: int) -> float:
     return float(math.sqrt(2.0 * np.sum(variances**2) / reps) / np.sum(variances))
 
@@ -162,15 +169,17 @@ def run_ours(symbols: np.ndarray, f: np.ndarray, k: int, epsilon: float, seed: i
     params = choose_hadamard_response(k, epsilon)
     reps = repetitions_ours(k)
     source = SeededSource(seed)
-    sq_err = 0.0
+    sq_err, squares = 0.0, []
     client, server = Best(), Best()
     for rep in range(reps):
         outputs = client.measure(lambda: randomize_hadamard_response(symbols, params, source))
         decode = lambda: decode_hadamard_response(outputs, params)  # noqa: E731
         estimate = server.measure_repeatedly(decode) if rep == 0 else server.measure(decode)
-        sq_err += float(np.sum((estimate - f) ** 2))
+        squares.append((estimate - f) ** 2)
+        sq_err += float(np.sum(squares[-1]))
     variances = hadamard_response_variance(f, n, params)
     mse, theory = sq_err / (reps * k), float(variances.mean())
+    ci = ratio_ci(np.concatenate(squares), theory, label="MSE / exact theory", unit="symbol estimates")
     return {
         "B": params.blocks,
         "b": params.block_size,
@@ -181,6 +190,8 @@ def run_ours(symbols: np.ndarray, f: np.ndarray, k: int, epsilon: float, seed: i
         "theory": theory,
         "ratio": mse / theory,
         "ratio_sd": ratio_sd(variances, reps),
+        "ratio_ci95": ci["ci95"],
+        "ratio_units": ci["seeds"],
         "client_cpu_s": client.cpu,
         "client_wall_s": client.wall,
         "client_us_per_user": 1e6 * client.cpu / n,
@@ -200,7 +211,7 @@ def run_pure_ldp(classes, symbols: np.ndarray, f: np.ndarray, k: int, epsilon: f
     variances, info = pure_ldp_theory(server, f, n, epsilon)
     data = (symbols + 1).tolist()  # pure-ldp's default index_mapper is x - 1
     domain = range(1, k + 1)
-    sq_err = 0.0
+    sq_err, squares = 0.0, []
     t_client, t_server, t_estimate = Best(), Best(), Best()
 
     def aggregate_all():
@@ -218,8 +229,10 @@ def run_pure_ldp(classes, symbols: np.ndarray, f: np.ndarray, k: int, epsilon: f
     for rep in range(reps):
         reports = t_client.measure(lambda: [client.privatise(v) for v in data])
         counts = t_server.measure_repeatedly(serve) if rep == 0 else t_server.measure(serve)
-        sq_err += float(np.sum((counts / n - f) ** 2))
+        squares.append((counts / n - f) ** 2)
+        sq_err += float(np.sum(squares[-1]))
     mse, theory = sq_err / (reps * k), float(variances.mean())
+    ci = ratio_ci(np.concatenate(squares), theory, label="MSE / exact theory", unit="symbol estimates")
     return {
         **info,
         "reps": reps,
@@ -227,6 +240,8 @@ def run_pure_ldp(classes, symbols: np.ndarray, f: np.ndarray, k: int, epsilon: f
         "theory": theory,
         "ratio": mse / theory,
         "ratio_sd": ratio_sd(variances, reps),
+        "ratio_ci95": ci["ci95"],
+        "ratio_units": ci["seeds"],
         "client_cpu_s": t_client.cpu,
         "client_wall_s": t_client.wall,
         "client_us_per_user": 1e6 * t_client.cpu / n,
@@ -334,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                     })
                     versus = (
                         f" | pure-ldp B={theirs['B']:3d} b={theirs['b']:5d} "
-                        f"MSE/theory={theirs['ratio']:.3f}+-{theirs['ratio_sd']:.3f} (R={theirs['reps']}) | "
+                        f"MSE/theory={theirs['ratio']:.3f} [{theirs['ratio_ci95'][0]:.3f}, {theirs['ratio_ci95'][1]:.3f}] "
+                        f"(R={theirs['reps']}) | "
                         f"MSE theirs/ours={row['mse_ratio_pure_ldp_over_ours']:.2f} | "
                         f"client {ours['client_us_per_user']:.3f} vs {theirs['client_us_per_user']:.2f} us/user | "
                         f"server CPU {1e3 * ours['server_cpu_s']:.2f} vs {1e3 * theirs['server_cpu_s']:.1f} ms "
@@ -348,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(
                     f"[{time.perf_counter() - started:6.0f}s] k={k:5d} n={n:.0e} eps={epsilon:3}: "
-                    f"ours B={ours['B']:3d} b={ours['b']:5d} MSE/theory={ours['ratio']:.3f}+-{ours['ratio_sd']:.3f} "
+                    f"ours B={ours['B']:3d} b={ours['b']:5d} MSE/theory {format_ratio(self_ci(ours))} "
                     f"(R={ours['reps']})" + versus,
                     flush=True,
                 )

@@ -22,7 +22,8 @@ largest valid grid value, the worst in-range summand, or one arbitrary residue):
 
 Error is |estimate - mean of all users' local means| (l2 for vectors), absolute and in
 units of the honest run's standard error (the RMS error of the plain decoder at f = 0 over
-the seeds). Run: ``python benchmarks/bench_robustness.py [--quick] [--out DIR]`` (20 seeds, about
+the seeds), that ratio with its 95 % interval over the paired seeds (``_common.ratio_ci``).
+Run: ``python benchmarks/bench_robustness.py [--quick] [--out DIR]`` (20 seeds, about
 15 s on one core; ``--quick``: 2 seeds, three fractions); writes robustness.json and robustness.png into the output
 folder (default ``bench-out/``).
 """
@@ -38,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from _common import arguments, parse, write_result  # noqa: E402
+from _common import arguments, format_ratio, parse, ratio_ci, write_result  # noqa: E402
 
 FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.49)
 N = 20_000
@@ -160,9 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         unit = math.sqrt(np.mean(np.square(errors[unit_key][0.0])))
         for fraction, values in by_fraction.items():
             rms = math.sqrt(np.mean(np.square(values)))
+            # the same seeds (data and randomness) as the honest run of the plain decoder: paired
+            ratio = ratio_ci(np.square(values), np.square(errors[unit_key][0.0]), paired=True, root=2,
+                             label="RMS error / honest RMS error of the plain decoder")
             row = {"protocol": key, "fraction": fraction, "seeds": len(values), "rms_error": rms,
                    "median_error": float(np.median(values)), "max_error": float(np.max(values)),
                    "honest_standard_error": unit, "rms_error_in_honest_se": rms / unit,
+                   "rms_error_in_honest_se_ci95": ratio["ci95"],
                    "honest_rms_error_of_this_decoder": honest}
             if key in extra:
                 runs = extra[key][fraction]
@@ -172,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 if tolerances:
                     row["certified_tolerance_median"] = float(np.median(tolerances))
             rows.append(row)
-            print(f"{key:32s} f={fraction:<5g} rms error {rms:10.4g} = {rms / unit:9.3g} honest SE", file=sys.stderr)
+            print(f"{key:32s} f={fraction:<5g} rms error {rms:10.4g} = honest SE x {format_ratio(ratio, 3)}"
+                  + (" (--quick: few seeds)" if args.quick else ""), file=sys.stderr)
     seconds = time.perf_counter() - started
     path = write_result(args, "robustness", {
         "n": N, "seeds": seeds, "fractions": list(fractions), "guard_max_corrupted": GUARD, "seconds": seconds,

@@ -33,9 +33,14 @@ these data:
    sum / P / n. Theory: ``(2 alpha / (1 - alpha)^2 + sum_i f_i (1 - f_i)) / P^2 / n^2``,
    f_i the fractional part of P x_i.
 
-Statistics: ratio = mean(err^2) / theory, with the 95 % interval
-``1.96 sd(err^2 / theory) / sqrt(R)`` from the run-to-run variability. Runs use the
-seeds ``SeedSequence([r, method tag, n])`` for r = 0..R-1 (the fast engine: seed r).
+Statistics: ratio = mean(err^2) / theory, with its 95 % interval over the R runs (seeds)
+by the delta method on the log (``_common.ratio_ci``; printed as ``ratio 0.99 [0.97, 1.01]
+over R seeds``). Runs use the seeds ``SeedSequence([r, method tag, n])`` for r = 0..R-1
+(the fast engine: seed r). R is largest at small n, where a run is cheap: 15,000 runs at
+n = 1,000 give an interval of about +-0.04, narrow enough to tell 1.0 from 1.1 (5,000 fixed
+seeds once gave 1.106 [1.035, 1.176] there; 15,000 fresh ones give 0.99). At n >= 1e5 a
+run costs too much for that: the per-n intervals there are wide and the pooled ratio (b)
+is the answer.
 
 Targets (computed and reported, not asserted):
 
@@ -53,8 +58,9 @@ the fast engine on the same seed: the two sums must be equal exactly (both engin
 round's reports with ``shuffledp.simulation.engine.draw_round``, block by block from the same seeds).
 
 Run: ``python benchmarks/bench_summation.py [--quick] [--out DIR] [--trials-scale X] [--no-message-path]``
-(on one core of a 2-CPU machine: about 6 minutes for the statistics and 6 for the message
-path at n = 1e5; ``--quick``: n in {1e3, 1e4}, 20 runs each, message path at 1e3, seconds);
+(on one core of a 2-CPU machine: about 7 minutes for the statistics and 6 for the message
+path at n = 1e5; ``--quick``: n in {1e3, 1e4}, 20 runs each -- too few for the intervals to
+mean anything, a smoke run -- message path at 1e3, seconds);
 writes summation.json and summation.png into the output folder (default ``bench-out/``;
 ``--plot-only`` redraws the figure from the JSON there).
 """
@@ -68,7 +74,7 @@ import time
 
 import numpy as np
 
-from _common import arguments, parse, pin_one_core, read_result, write_result
+from _common import Z95, arguments, format_ratio, parse, pin_one_core, ratio_ci, read_result, write_result
 
 from shuffledp.analyzer.scalar_mean import estimate_mean
 from shuffledp.analyzer.summation import SummationProtocol, scalar_rounding_variance
@@ -84,8 +90,8 @@ from shuffledp.protocol.wire.wire_size import envelope_bytes
 
 EPSILON = 1.0
 DELTA = 1e-6
-#: Runs per n at --trials-scale 1 (about 6 minutes of statistics on one core; see the module docstring).
-TRIALS = {1_000: 5000, 3_000: 4000, 10_000: 3000, 30_000: 1200, 100_000: 600, 300_000: 250, 1_000_000: 100}
+#: Runs per n at --trials-scale 1 (about 7 minutes of statistics on one core; see the module docstring).
+TRIALS = {1_000: 15000, 3_000: 10000, 10_000: 5000, 30_000: 1200, 100_000: 600, 300_000: 250, 1_000_000: 100}
 MESSAGE_PATH_N = 100_000
 #: --quick: two sizes, the fewest runs, a small message path.
 QUICK = {"trials": {1_000: 20, 10_000: 20}, "message_path_n": 1_000}
@@ -106,7 +112,6 @@ COLOURS = {"local": "C0", "shuffle": "C1", "multi": "C2", "central": "C3"}
 MARKERS = {"local": "o", "shuffle": "s", "multi": "D", "central": "^"}
 #: Tags mixed into the SeedSequence so that methods draw independent streams.
 TAGS = {"local": 11, "shuffle": 12, "central": 14}
-Z95 = 1.96
 
 
 def log(msg: str) -> None:
@@ -224,49 +229,41 @@ def central_theory(values: np.ndarray) -> float:
 # --------------------------------------------------------------------------
 
 
-def ratio_stats(sq_over_theory: np.ndarray) -> tuple[float, float]:
-    """Mean of err^2 / theory and the half-width of its 95 % interval."""
-    r = np.asarray(sq_over_theory, dtype=np.float64)
-    half = Z95 * float(r.std(ddof=1)) / math.sqrt(r.size) if r.size > 1 else math.inf
-    return float(r.mean()), half
+def ratio_stats(sq_errors: np.ndarray, theory: float) -> dict:
+    """mean(err^2) / theory with its 95 % interval over the runs (``_common.ratio_ci``)."""
+    return ratio_ci(np.asarray(sq_errors, dtype=np.float64), float(theory), label="MSE / exact theory")
 
 
-def verdict(point: float, half: float, lo: float = 0.9, hi: float = 1.1) -> str:
+def verdict(ci: list[float], lo: float = 0.9, hi: float = 1.1) -> str:
     """PASS: the whole 95 % interval inside [lo, hi]; MISS: the interval misses [lo, hi]
     entirely (off by more than 10 %, significantly); INCONCLUSIVE otherwise."""
-    if lo <= point - half and point + half <= hi:
+    if lo <= ci[0] and ci[1] <= hi:
         return "PASS"
-    if point + half < lo or point - half > hi:
+    if ci[1] < lo or ci[0] > hi:
         return "MISS"
     return "INCONCLUSIVE"
 
 
 def summarize(errors: np.ndarray, theory: float) -> dict:
     errors = np.asarray(errors, dtype=np.float64)
-    ratio, half = ratio_stats(errors**2 / theory)
+    r = ratio_stats(errors**2, theory)
     bias_half = Z95 * float(errors.std(ddof=1)) / math.sqrt(errors.size)
     return {
         "trials": int(errors.size),
         "mse": float(np.mean(errors**2)),
-        "mse_ci95": [theory * (ratio - half), theory * (ratio + half)],
+        "mse_ci95": [theory * r["ci95"][0], theory * r["ci95"][1]],
         "theory_mse": theory,
-        "ratio": ratio,
-        "ratio_ci95": [ratio - half, ratio + half],
+        "ratio": r["ratio"],
+        "ratio_ci95": r["ci95"],
         "mean_error": float(errors.mean()),
         "mean_error_ci95_half": bias_half,
-        "within_10pct": verdict(ratio, half),
+        "within_10pct": verdict(r["ci95"]),
     }
 
 
-def measured_ratio(a: dict, b: dict) -> tuple[float, list[float]]:
-    """mse_a / mse_b with a 95 % interval by the delta method on the log (independent runs)."""
-    value = a["mse"] / b["mse"]
-    rel = []
-    for row in (a, b):
-        half = (row["ratio_ci95"][1] - row["ratio_ci95"][0]) / 2.0 / Z95
-        rel.append(half / row["ratio"])
-    s = math.sqrt(rel[0] ** 2 + rel[1] ** 2)
-    return value, [value * math.exp(-Z95 * s), value * math.exp(Z95 * s)]
+def measured_ratio(sq_a: np.ndarray, sq_b: np.ndarray) -> dict:
+    """mse_a / mse_b with its 95 % interval (``_common.ratio_ci``, independent runs)."""
+    return ratio_ci(sq_a, sq_b, label="measured MSE multi / central")
 
 
 # --------------------------------------------------------------------------
@@ -274,8 +271,9 @@ def measured_ratio(a: dict, b: dict) -> tuple[float, list[float]]:
 # --------------------------------------------------------------------------
 
 
-def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float) -> tuple[dict, dict, dict, np.ndarray]:
+def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float) -> tuple[dict, dict, dict, np.ndarray, dict]:
     rows: dict[str, list] = {m: [] for m in METHODS}
+    squared: dict[tuple[str, int], np.ndarray] = {}  # (method, n) -> err^2 per run, for the multi / central ratio
     shuffle_info: dict[int, dict] = {}
     summation_info: dict[int, dict] = {}
     pooled: list[np.ndarray] = []
@@ -336,15 +334,16 @@ def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float) -> tu
             if method == "local":
                 row["eps0"] = EPSILON
             rows[method].append(row)
+            squared[method, n] = errors**2
             if method == "multi":
                 pooled.append(errors**2 / theories[method])
-            log(f"[{time.perf_counter() - t0:7.1f}s] n={n:>8} {method:>8}: R={runs:>5} MSE={row['mse']:.4e} "
-                f"theory={row['theory_mse']:.4e} ratio={row['ratio']:.3f} +- {row['ratio_ci95'][1] - row['ratio']:.3f} "
+            log(f"[{time.perf_counter() - t0:7.1f}s] n={n:>8} {method:>8}: MSE={row['mse']:.4e} "
+                f"theory={row['theory_mse']:.4e} {format_ratio({'seeds': runs, 'ratio': row['ratio'], 'ci95': row['ratio_ci95']})} "
                 f"({seconds:.1f}s)")
-    return rows, shuffle_info, summation_info, np.concatenate(pooled)
+    return rows, shuffle_info, summation_info, np.concatenate(pooled), squared
 
 
-def targets(rows: dict, pooled: np.ndarray) -> dict:
+def targets(rows: dict, pooled: np.ndarray, squared: dict) -> dict:
     by_n = {m: {row["n"]: row for row in rows[m]} for m in METHODS}
     per_n_a = []
     for n, multi in by_n["multi"].items():
@@ -352,20 +351,20 @@ def targets(rows: dict, pooled: np.ndarray) -> dict:
             continue
         central = by_n["central"][n]
         theory_ratio = multi["theory_mse"] / central["theory_mse"]
-        value, ci = measured_ratio(multi, central)
+        measured = measured_ratio(squared["multi", n], squared["central", n])
         per_n_a.append({
             "n": n, "theory_ratio": theory_ratio, "status": "PASS" if theory_ratio <= 1.05 else "MISS",
-            "measured_ratio": value, "measured_ratio_ci95": ci,
+            "measured_ratio": measured["ratio"], "measured_ratio_ci95": measured["ci95"], "runs": measured["seeds"],
         })
     a_status = "PASS" if per_n_a and all(row["status"] == "PASS" for row in per_n_a) else "MISS"
-    per_n_b = [{"n": row["n"], "ratio": row["ratio"], "ratio_ci95": row["ratio_ci95"], "status": row["within_10pct"]}
-               for row in rows["multi"]]
-    ratio, half = ratio_stats(pooled)
+    per_n_b = [{"n": row["n"], "runs": row["trials"], "ratio": row["ratio"], "ratio_ci95": row["ratio_ci95"],
+                "status": row["within_10pct"]} for row in rows["multi"]]
+    p = ratio_ci(pooled, 1.0, label="pooled err^2 / theory")
     return {
         "a_multi_vs_central_theory_le_1.05_for_n_ge_1e4": {"status": a_status, "per_n": per_n_a},
         "b_multi_within_10pct_of_theory": {
-            "pooled": {"runs": int(pooled.size), "ratio": ratio, "ratio_ci95": [ratio - half, ratio + half],
-                       "status": verdict(ratio, half)},
+            "pooled": {"runs": int(pooled.size), "ratio": p["ratio"], "ratio_ci95": p["ci95"],
+                       "status": verdict(p["ci95"])},
             "per_n": per_n_b,
             "rule": "PASS: whole 95% CI in [0.9, 1.1]; MISS: 95% CI disjoint from [0.9, 1.1]; INCONCLUSIVE otherwise",
         },
@@ -537,9 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     log(f"runs per n: {trials}")
 
-    rows, shuffle_info, summation_info, pooled = run_statistics(ns, trials, t0)
+    rows, shuffle_info, summation_info, pooled, squared = run_statistics(ns, trials, t0)
     stats_seconds = time.perf_counter() - t0
-    tgt = targets(rows, pooled)
+    tgt = targets(rows, pooled, squared)
 
     msg = None
     if args.message_path:
@@ -554,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
             "laplace_report": {"grid_levels": GRID_LEVELS, "range": [0.0, 1.0]},
             "central_precision": CENTRAL_PRECISION,
             "shuffle_eps0_search": {"max": EPS0_MAX, "scan_step": EPS0_SCAN_STEP, "bisection_tol": EPS0_TOL},
-            "ci": "95%: 1.96 sd(err^2/theory)/sqrt(R); measured multi/central ratio by the delta method on the log",
+            "ci": "95% over the runs (seeds), _common.ratio_ci: delta method on the log of a ratio of means "
+                  "(err^2 against the exact theory; multi / central: two independent sets of runs)",
             "pinned_to_one_core": True,
         },
         "rows": rows,
@@ -569,27 +569,30 @@ def main(argv: list[str] | None = None) -> int:
     plot(payload, out.with_suffix(".png"))
 
     # -- report
-    print(f"\n{'n':>8} | " + " | ".join(f"{m:>28}" for m in METHODS) + " |   M  bytes/user  Cheu-ref")
+    if args.quick:
+        print(f"--quick: {', '.join(f'{v} runs at n = {k}' for k, v in trials.items())}: too few seeds for the "
+              "intervals below to mean anything (a smoke run)")
+    print(f"\n{'n':>8} | " + " | ".join(f"{m:>34}" for m in METHODS) + " |   M  bytes/user  Cheu-ref")
     for i, n in enumerate(ns):
         cells = []
         for m in METHODS:
             r = rows[m][i]
-            cells.append(f"{r['mse']:.3e} r={r['ratio']:.3f}+-{r['ratio_ci95'][1] - r['ratio']:.3f}")
+            cells.append(f"{r['mse']:.3e} r={r['ratio']:.3f} [{r['ratio_ci95'][0]:.3f}, {r['ratio_ci95'][1]:.3f}]")
         s = summation_info[n]
-        print(f"{n:>8} | " + " | ".join(f"{c:>28}" for c in cells)
+        print(f"{n:>8} | " + " | ".join(f"{c:>34}" for c in cells)
               + f" | {s['messages_per_user']:>3} {s['bytes_per_user']:>10} {s['cheu_reference_ceil_eps_sqrt_n']:>8}")
     print("\nshuffle eps0:", {n: round(v["eps0"], 4) for n, v in shuffle_info.items()})
     a = tgt["a_multi_vs_central_theory_le_1.05_for_n_ge_1e4"]
     print(f"\n(a) multi / central theoretical MSE <= 1.05 for n >= 1e4: {a['status']}")
     for r in a["per_n"]:
-        print(f"    n={r['n']:>8}: theory ratio {r['theory_ratio']:.4f} ({r['status']}); measured {r['measured_ratio']:.3f} "
-              f"[{r['measured_ratio_ci95'][0]:.3f}, {r['measured_ratio_ci95'][1]:.3f}]")
+        print(f"    n={r['n']:>8}: theory ratio {r['theory_ratio']:.4f} ({r['status']}); measured "
+              + format_ratio({"ratio": r["measured_ratio"], "ci95": r["measured_ratio_ci95"], "seeds": r["runs"]}))
     b = tgt["b_multi_within_10pct_of_theory"]
     p = b["pooled"]
-    print(f"(b) multi measured / theory, pooled over {p['runs']} runs: {p['ratio']:.4f} "
-          f"[{p['ratio_ci95'][0]:.4f}, {p['ratio_ci95'][1]:.4f}]: {p['status']}")
+    print(f"(b) multi measured / theory, pooled: "
+          f"{format_ratio({'ratio': p['ratio'], 'ci95': p['ratio_ci95'], 'seeds': p['runs']}, 4, args.quick)}: {p['status']}")
     for r in b["per_n"]:
-        print(f"    n={r['n']:>8}: {r['ratio']:.3f} [{r['ratio_ci95'][0]:.3f}, {r['ratio_ci95'][1]:.3f}] {r['status']}")
+        print(f"    n={r['n']:>8}: {format_ratio({'ratio': r['ratio'], 'ci95': r['ratio_ci95'], 'seeds': r['runs']})} {r['status']}")
     if msg:
         print(f"\nmessage path n={msg['n']}: {msg['messages_seconds']:.1f}s vs fast {msg['fast_seconds']:.2f}s; "
               f"sums equal exactly: {msg['sums_equal_exactly']}; {msg['round_messages']} envelopes, "

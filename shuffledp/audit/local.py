@@ -217,6 +217,7 @@ __all__ = [
     "AuditResult",
     "ParametricBound",
     "audit_local",
+    "audit_local_runs",
     "clopper_pearson",
     "epsilon_lower_bound",
     "expected_epsilon_lower_bound",
@@ -645,7 +646,17 @@ class AuditResult:
     parametric: ParametricBound | None = None
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """Every field, plus the power fields of :func:`shuffledp.audit.power.power_fields`:
+        ``no_power`` (both bounds 0, or the parametric one withheld), and for such rows the
+        runs per input with which the event bound is positive (``runs_needed`` at the
+        claim's rates, ``runs_needed_observed`` at the observed ones)."""
+        from shuffledp.audit.power import power_fields
+
+        out = asdict(self)
+        best = max(self.epsilon_lb, self.epsilon_param if self.epsilon_param is not None else 0.0)
+        out.update(power_fields(best, self.count_x, self.count_x_prime, self.trials, self.epsilon0, self.delta0,
+                                self.confidence))
+        return out
 
 
 def _data_runner(params, epsilon0: float, delta0: float, pair: tuple[np.ndarray, np.ndarray]) -> Runner:
@@ -1066,6 +1077,36 @@ def audit_local(
                 )
             )
     return results
+
+
+def audit_local_runs(
+    trials: int = DEFAULT_TRIALS,
+    system_trials: int = DEFAULT_SYSTEM_TRIALS,
+    epsilons: Iterable[float] = DEFAULT_EPSILONS,
+    *,
+    sources: Iterable[str] = SOURCES,
+    gaussian_delta0: float = GAUSSIAN_DELTA0,
+    gaussian_stress: Iterable[tuple[float, float]] = GAUSSIAN_STRESS,
+    k: int = DEFAULT_K,
+    **_: object,
+) -> dict[str, int]:
+    """The randomizer runs :func:`audit_local` makes with these arguments (the same ones; others
+    are ignored): ``{"seeded": runs from seeded streams (selection runs included), "system": runs
+    from the OS source}``, i.e. the sum of the counts it passes to ``progress``."""
+    sources = tuple(sources)
+    if system_trials == 0:
+        sources = tuple(s for s in sources if s != "system")
+    cases = local_cases([float(e) for e in epsilons], gaussian_delta0=gaussian_delta0,
+                        gaussian_stress=[(float(e), float(d)) for e, d in gaussian_stress], k=k)
+    runs = {"seeded": 0, "system": 0}
+    for source in sources:
+        n = trials if source == "seeded" else system_trials
+        selection = max(trials, 10**5) if source == "system" else trials
+        for case in cases:
+            runs[source] += 2 * n
+            if case.threshold:
+                runs["seeded"] += 2 * selection
+    return runs
 
 
 def format_results(results: Iterable[AuditResult]) -> str:

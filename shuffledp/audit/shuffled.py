@@ -111,11 +111,16 @@ def best_event(h0: np.ndarray, h1: np.ndarray, rounds: int, delta: float, confid
     return best
 
 
+def event_counts(h0: np.ndarray, h1: np.ndarray, kind: str, k: int) -> tuple[int, int]:
+    """``(hits, other)``: the rounds in the event under the dataset it favours and under the other one."""
+    if kind == ">=":
+        return int(h1[k:].sum()), int(h0[k:].sum())
+    return int(h0[: k + 1].sum()), int(h1[: k + 1].sum())
+
+
 def evaluate_event(h0: np.ndarray, h1: np.ndarray, rounds: int, kind: str, k: int, delta: float, confidence: float) -> float:
     """The bound of one fixed event on fresh histograms."""
-    if kind == ">=":
-        return _bound(h1[k:].sum(), h0[k:].sum(), rounds, delta, confidence)
-    return _bound(h0[: k + 1].sum(), h1[: k + 1].sum(), rounds, delta, confidence)
+    return _bound(*event_counts(h0, h1, kind, k), rounds, delta, confidence)
 
 
 @dataclass
@@ -134,6 +139,9 @@ class ShuffledAudit:
     event: str
     confidence: float
     seconds: float
+    #: Evaluation rounds in the event under the dataset it favours, and under the other (None: not recorded).
+    count_hit: int | None = None
+    count_other: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -141,8 +149,15 @@ class ShuffledAudit:
         return self.lower_bound <= self.claimed_epsilon
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field, ``passed``, the ratios, and the power fields of
+        :func:`shuffledp.audit.power.power_fields` (``no_power``: the lower bound is 0;
+        ``runs_needed``, ``runs_needed_observed``: rounds per sample for a positive bound)."""
+        from shuffledp.audit.power import power_fields
+
         out = asdict(self)
         out["passed"] = self.passed
+        out.update(power_fields(self.lower_bound, self.count_hit, self.count_other, self.rounds, self.claimed_epsilon,
+                                self.delta, self.confidence))
         out["lower_over_claim"] = self.lower_bound / self.claimed_epsilon if self.claimed_epsilon > 0 else None
         out["exact_over_lower"] = (
             self.exact_epsilon / self.lower_bound if self.exact_epsilon is not None and self.lower_bound > 0 else None
@@ -195,7 +210,8 @@ def audit_shuffled(
     a, b, what = event_probabilities(mechanism, epsilon0, num_bins)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0xA0D1, n]))
     kind, k, _ = best_event(*count_histograms(n, a, b, rounds, rng), rounds, delta, confidence)
-    bound = evaluate_event(*count_histograms(n, a, b, rounds, rng), rounds, kind, k, delta, confidence)
+    hits, other = event_counts(*count_histograms(n, a, b, rounds, rng), kind, k)
+    bound = _bound(hits, other, rounds, delta, confidence)
     claimed, method, exact = claim if claim is not None else claimed_central(mechanism, epsilon0, n, delta, num_bins)
     return ShuffledAudit(
         mechanism=mechanism,
@@ -210,4 +226,6 @@ def audit_shuffled(
         event=f"count of [{what}] {kind} {k}",
         confidence=confidence,
         seconds=time.perf_counter() - started,
+        count_hit=hits,
+        count_other=other,
     )

@@ -195,7 +195,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from shuffledp.audit.shuffled import ShuffledAudit, best_event, evaluate_event
+from shuffledp.audit.shuffled import ShuffledAudit, best_event, evaluate_event, event_counts
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.wire.messages import MAX_EPSILON, MAX_VECTOR_DIM, MIN_EPSILON, ModularSumParams, VectorSumParams
 from shuffledp.protocol.mechanisms.modular_sum import centered, modular_sum
@@ -403,7 +403,7 @@ def audit_summation(
     def sample(side: int, stream: int) -> np.ndarray:
         return sample_totals(params, float(epsilon), side, rounds, streams[stream])
 
-    kind, threshold, bound = select_and_evaluate(sample, rounds, delta, confidence)
+    kind, threshold, bound, (hits, other) = select_and_evaluate(sample, rounds, delta, confidence)
     return ShuffledAudit(
         mechanism="modular-sum",
         n=n,
@@ -417,18 +417,22 @@ def audit_summation(
         event=f"decoded total {kind} {threshold} (encoded units; D0 sum 0, D1 sum p = {params.precision})",
         confidence=confidence,
         seconds=time.perf_counter() - started,
+        count_hit=hits,
+        count_other=other,
     )
 
 
-def select_and_evaluate(sample, rounds: int, delta: float, confidence: float) -> tuple[str, int, float]:
-    """``(kind, threshold, bound)``: the tail event chosen on samples from streams 0 (D0) and 1 (D1)
-    at :data:`SELECTION_CONFIDENCE`, evaluated on fresh samples from streams 2 and 3 at ``confidence``.
+def select_and_evaluate(sample, rounds: int, delta: float, confidence: float) -> tuple[str, int, float, tuple[int, int]]:
+    """``(kind, threshold, bound, (hits, other))``: the tail event chosen on samples from streams 0 (D0) and 1 (D1)
+    at :data:`SELECTION_CONFIDENCE`, evaluated on fresh samples from streams 2 and 3 at ``confidence``
+    (``hits``, ``other``: the evaluation rounds in the event under the dataset it favours and the other).
     ``sample(side, stream)`` returns one sample of integer statistics of ``rounds`` rounds."""
     h0, h1, lo = _histograms(sample(0, 0), sample(1, 1))
     kind, index, _ = best_event(h0, h1, rounds, delta, max(confidence, SELECTION_CONFIDENCE))
     threshold = lo + index
     f0, f1, flo = _histograms(sample(0, 2), sample(1, 3), include=threshold)
-    return kind, threshold, evaluate_event(f0, f1, rounds, kind, threshold - flo, delta, confidence)
+    counts = event_counts(f0, f1, kind, threshold - flo)
+    return kind, threshold, evaluate_event(f0, f1, rounds, kind, threshold - flo, delta, confidence), counts
 
 
 # --------------------------------------------------------------------------
@@ -665,7 +669,7 @@ def audit_vector_summation(
     def sample(side: int, stream: int) -> np.ndarray:
         return np.floor_divide(sample_vector_statistics(params, side, rounds, streams[stream]), width)
 
-    kind, threshold, bound = select_and_evaluate(sample, rounds, delta, confidence)
+    kind, threshold, bound, (hits, other) = select_and_evaluate(sample, rounds, delta, confidence)
     cut = f"T >= {threshold * width}" if kind == ">=" else f"T <= {threshold * width + width - 1}"
     shift = float(projection(params) @ _scaled_user(params, 1))
     return ShuffledAudit(
@@ -684,6 +688,8 @@ def audit_vector_summation(
         ),
         confidence=confidence,
         seconds=time.perf_counter() - started,
+        count_hit=hits,
+        count_other=other,
     )
 
 

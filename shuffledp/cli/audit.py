@@ -67,8 +67,101 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="audit seed (reported)")
     add_json_option(p, "every row")
     p.add_argument("--plot", metavar="PNG", default=None, help="plot claimed epsilon and lower bound against n")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar (the bar, on stderr, shows the share of the estimated work done and an ETA; "
+                   "--json implies --quiet)")
     p.set_defaults(func=run)
+
+
+#: Seconds of work per unit, for the progress bar's total and ETA (only their proportions matter):
+#: a local run from a seeded stream / from the OS source; a shuffled round (per sample and side)
+#: and per user of n; a scalar summation user-round; a vector summation share; a mechanics report;
+#: a claim round's shuffled round. From the rows' own ``seconds`` of a ``--quick`` audit on 2 cores
+#: (21 s: local 2.9 s seeded + 3.8 s system, shuffled 7.5 s, summation 3.9 s, mechanics 2.7 s) and
+#: the default audit's parts (about 267 s; summation about 70 s, mechanics about 15 s). Under load
+#: the parts slow unevenly (the OS source most), so the ETA is an estimate.
+COST = {"seeded_run": 2.5e-7, "system_run": 2e-5, "shuffled_round": 1.5e-7, "shuffled_user": 1e-4,
+        "summation_user_round": 5e-7, "vector_share": 3.7e-8, "mechanics_report": 2.3e-3, "claim_round": 1.5e-7}
+
+
+def _summation_settings():
+    from shuffledp.audit.summation import SUMMATION_SETTINGS
+
+    return SUMMATION_SETTINGS
+
+
+def audit_work(quick: bool, part: str, *, local_options: dict | None = None, shuffled_rounds: int | None = None,
+               ns: tuple[int, ...] = SHUFFLED_NS, session: str | None = None) -> dict[str, list[tuple[str, float]]]:
+    """The work :func:`run_audit` will do, as estimated seconds (:data:`COST`), per part and step.
+
+    ``{part: [(step, seconds), ...]}`` for the parts that run: ``local`` one step per source
+    (its runs, from :func:`shuffledp.audit.local.audit_local_runs`), ``shuffled`` and
+    ``summation`` one per row, ``mechanics`` one per released batch plus its short and
+    hostile rounds, ``claim`` one per round of the session file. The progress bar's total
+    is the sum (shown as 100 %); :func:`run_audit` reports each step's share as it completes."""
+    from shuffledp.audit.local import audit_local_runs
+    from shuffledp.audit.summation import VECTOR_ROUNDS, summation_rounds
+
+    work: dict[str, list[tuple[str, float]]] = {}
+    if session is not None and part in ("all", "claim"):
+        try:
+            rounds = len(json.loads(Path(session).read_text()).get("rounds") or [None])
+        except (OSError, ValueError, AttributeError):
+            rounds = 1
+        work["claim"] = [(f"claim round {i}", 4 * (10**5 if quick else 10**6) * COST["claim_round"]) for i in range(rounds)]
+    if part in ("all", "local"):
+        options = local_options if local_options is not None else ({"trials": 10**5, "system_trials": 2000} if quick else {})
+        runs = audit_local_runs(**options)
+        work["local"] = [("seeded", runs["seeded"] * COST["seeded_run"]), ("system", runs["system"] * COST["system_run"])]
+    if part in ("all", "shuffled"):
+        rounds = shuffled_rounds if shuffled_rounds is not None else (10**6 if quick else 10**7)
+        work["shuffled"] = [(f"shuffled {m} n={n}", 4 * rounds * COST["shuffled_round"] + n * COST["shuffled_user"])
+                            for m in ("binary-rr", "hadamard-range") for _ in SHUFFLED_EPSILONS for n in ns]
+    if part in ("all", "summation"):
+        steps = []
+        for setting in _summation_settings():
+            if len(setting) == 2:
+                steps.append((f"summation n={setting[0]}", 4 * summation_rounds(setting[0], quick) * setting[0]
+                              * COST["summation_user_round"]))
+            else:
+                steps.append((f"vector summation dim={setting[2]}", 4 * VECTOR_ROUNDS[quick][1] * COST["vector_share"]))
+        work["summation"] = steps
+    if part in ("all", "mechanics"):
+        batches, batch_size = MECHANICS[quick]
+        work["mechanics"] = [("batch", batch_size * COST["mechanics_report"])] * batches + [
+            ("short round", batch_size * COST["mechanics_report"]), ("hostile round", batch_size * COST["mechanics_report"])]
+    return work
+
+
+def work_total(work: dict[str, list[tuple[str, float]]]) -> float:
+    """Estimated seconds of all the steps of :func:`audit_work`."""
+    return sum(seconds for steps in work.values() for _, seconds in steps)
+
+
+class _PartProgress:
+    """Turns one part's own progress calls into its share of the bar (``scale`` units per estimated second).
+
+    ``local``: each call's runs at the seeded or system cost (its stage names the source);
+    the other parts: each call with a count is the next step of the plan."""
+
+    def __init__(self, step, part: str, steps: list[tuple[str, float]], scale: float, sent: list[float], total: float):
+        self.step, self.part, self.scale = step, part, scale
+        self.steps = [seconds for _, seconds in steps]
+        self.next = 0
+        self.sent, self.total = sent, total  # shared by the parts: the bar never passes its total
+
+    def __call__(self, stage: str, count: int) -> None:
+        if self.part == "local":
+            cost = COST["system_run"] if stage.endswith(" system") else COST["seeded_run"]
+            units = count * cost * self.scale
+        elif count > 0 and self.next < len(self.steps):
+            units = self.steps[self.next] * self.scale
+            self.next += 1
+        else:
+            units = 0.0
+        units = max(0.0, min(units, self.total - self.sent[0]))
+        self.sent[0] += units
+        self.step(stage, units)
 
 
 def run_audit(
@@ -85,11 +178,16 @@ def run_audit(
     session: str | None = None,
     keys: str | None = None,
     service: bool = False,
+    progress_total: float = 100.0,
 ) -> dict:
     """Run the audits; return ``{"local": [...], "shuffled": [...], "passed": bool, ...}``.
 
     ``local_options`` go to :func:`shuffledp.audit.local.audit_local` (default: its own,
-    or 10x fewer trials with ``quick``); ``shuffled_rounds`` per sample (default 10^7, 10^6 quick)."""
+    or 10x fewer trials with ``quick``); ``shuffled_rounds`` per sample (default 10^7, 10^6 quick).
+    ``progress(stage, units)``, if given, receives the work as it completes, scaled so that the
+    whole audit (:func:`audit_work`) sums to ``progress_total`` units (default 100: percent).
+    Every row of the local, shuffled and summation parts carries the power fields of
+    :func:`shuffledp.audit.power.power_fields` (``no_power``, ``runs_needed``, ...)."""
     from shuffledp.audit.shuffled import audit_shuffled
 
     if part not in PARTS:
@@ -105,6 +203,13 @@ def run_audit(
     from shuffledp.audit.mechanics import STATISTICAL_ALPHA
 
     started = time.perf_counter()
+    parts: dict[str, object] = {}
+    if progress is not None:
+        work = audit_work(quick, part, local_options=local_options, shuffled_rounds=shuffled_rounds, ns=ns,
+                          session=session)
+        scale = progress_total / max(work_total(work), 1e-12)
+        sent = [0.0]
+        parts = {name: _PartProgress(progress, name, steps, scale, sent, progress_total) for name, steps in work.items()}
     # One false-alarm budget for the whole audit (Bonferroni): AUDIT_ALPHA, split evenly over
     # the parts with lower bounds that run, then over each part's bounds.
     bounded = [p for p in ("local", "shuffled", "summation") if part in ("all", p)]
@@ -119,13 +224,13 @@ def run_audit(
         key = trusted_analyzer_key(keys)
         session_id = load_public(keys).session_id if Path(keys).is_dir() else None
         out["claim"] = claim_report(load_session(session, key), key, delta, lower_rounds=10**5 if quick else 10**6,
-                                    seed=seed, progress=progress, session_id=session_id)
+                                    seed=seed, progress=parts.get("claim"), session_id=session_id)
     if part in ("all", "local"):
         from shuffledp.audit.local import audit_local
 
         options = local_options if local_options is not None else ({"trials": 10**5, "system_trials": 2000} if quick else {})
         options = {"confidence": 1.0 - share, **options}
-        out["local"] = [r.as_dict() for r in audit_local(seed=seed, progress=progress, **options)]
+        out["local"] = [r.as_dict() for r in audit_local(seed=seed, progress=parts.get("local"), **options)]
     if part in ("all", "shuffled"):
         rounds = shuffled_rounds if shuffled_rounds is not None else (10**6 if quick else 10**7)
         rows = [(m, b, e, n) for m, b in (("binary-rr", 2), ("hadamard-range", 16)) for e in SHUFFLED_EPSILONS for n in ns]
@@ -136,25 +241,54 @@ def run_audit(
             row = result.as_dict()
             row["num_bins"] = bins
             out["shuffled"].append(row)
-            if progress:
-                progress(f"shuffled {mechanism} n={n}", 1)
+            if parts.get("shuffled"):
+                parts["shuffled"](f"shuffled {mechanism} eps0={epsilon0:g} n={n}", 1)
     if part in ("all", "summation"):
         from shuffledp.audit.summation import summation_rows
 
-        out["summation"] = summation_rows(quick, seed, progress, delta=delta, family_alpha=share)
+        out["summation"] = summation_rows(quick, seed, parts.get("summation"), delta=delta, family_alpha=share)
     if part in ("all", "mechanics"):
         from shuffledp.audit.mechanics import audit_mechanics
 
         batches, batch_size = MECHANICS[quick]
         out["mechanics"] = audit_mechanics(
-            broker=broker, batches=batches, batch_size=batch_size, seed=seed, progress=progress,
+            broker=broker, batches=batches, batch_size=batch_size, seed=seed, progress=parts.get("mechanics"),
             keys=keys if service else None,
         ).as_dict()
+    for row in out["local"] + out["shuffled"] + out["summation"]:
+        row["verdict"] = verdict(row)
+    out["no_power_rows"] = sum(1 for row in out["local"] + out["shuffled"] + out["summation"] if row["verdict"] == "no power")
     mechanics_ok = out["mechanics"] is None or out["mechanics"]["passed"]
     claim_ok = out["claim"] is None or out["claim"]["passed"]
     out["passed"] = mechanics_ok and claim_ok and all(r["passed"] for r in out["local"] + out["shuffled"] + out["summation"])
     out["seconds"] = time.perf_counter() - started
     return out
+
+
+def verdict(row: dict) -> str:
+    """``"VIOLATED"`` (the lower bound exceeds the claim), ``"no power"`` (the lower bound is 0: the
+    row neither confirms nor refutes its claim) or ``"ok"`` (a positive lower bound within the claim)."""
+    if not row["passed"]:
+        return "VIOLATED"
+    return "no power" if row.get("no_power") else "ok"
+
+
+def _runs(value: int | None) -> str:
+    return "-" if value is None else (f"{value:,}" if value < 10**7 else f"{value:.2g}")
+
+
+def _power_note(row: dict, unit: str, claimed: float) -> str | None:
+    """The indented line under a no-power row: the runs a positive bound needs."""
+    if not row.get("no_power"):
+        return None
+    power = f"{row.get('power', 0.9) * 100:.0f} %"
+    used = row.get("trials", row.get("rounds"))
+    if row.get("runs_needed") is None:
+        return f"      no power at {_runs(used)} {unit}: {row.get('power_detail', '')}"
+    at_claim = f"a leak at the claim (eps {claimed:.4g}) would show ({power}) from {_runs(row['runs_needed'])} {unit}"
+    observed = (f"at the observed rates from {_runs(row['runs_needed_observed'])}"
+                if row.get("runs_needed_observed") is not None else "the observed rates show no leak on this event")
+    return f"      no power at {_runs(used)} {unit}: {at_claim}; {observed}"
 
 
 def format_audit(result: dict) -> str:
@@ -175,9 +309,12 @@ def format_audit(result: dict) -> str:
             param_text = "" if param is None and not r.get("detail") else ("-" if param is None else f"{param:.4f}")
             lines.append(f"  {r['mechanism']:<24} {r['source']:<8} {r['epsilon0']:>6g} {r['delta0']:>8.2g} "
                          f"{r['epsilon_lb']:>8.4f} {param_text:>8} {r['ratio']:>7.3f} {r.get('ratio_method', 'event'):<10}  "
-                         f"{'ok' if r['passed'] else 'VIOLATED'}")
+                         f"{verdict(r)}")
             if param is None and r.get("detail"):
                 lines.append(f"      {r['detail']}")
+            note = _power_note(r, "trials per input", r["epsilon0"])
+            if note:
+                lines.append(note)
     if result["shuffled"]:
         lines += ["", "shuffled rounds: empirical lower bound on the central eps vs the accountant's claim",
                   f"  {'mechanism':<15} {'n':>7} {'eps0':>5} {'claimed':>9} {'exact':>8} {'lower':>8} {'lower/claim':>11}  verdict"]
@@ -185,7 +322,10 @@ def format_audit(result: dict) -> str:
             exact = f"{r['exact_epsilon']:.4f}" if r["exact_epsilon"] is not None else "-"
             ratio = r["lower_over_claim"]
             lines.append(f"  {r['mechanism']:<15} {r['n']:>7,} {r['epsilon0']:>5g} {r['claimed_epsilon']:>9.4f} "
-                         f"{exact:>8} {r['lower_bound']:>8.4f} {ratio:>11.3f}  {'ok' if r['passed'] else 'VIOLATED'}")
+                         f"{exact:>8} {r['lower_bound']:>8.4f} {ratio:>11.3f}  {verdict(r)}")
+            note = _power_note(r, "rounds per sample", r["claimed_epsilon"])
+            if note:
+                lines.append(note)
     if result.get("summation"):
         lines += ["", "multi-message summation: empirical lower bound on the central eps (decoded sum) vs the claim",
                   f"  {'mechanism':<15} {'n':>7} {'target':>6} {'claimed':>9} {'noise':>8} {'lower':>8} {'lower/claim':>11}  verdict"]
@@ -193,7 +333,10 @@ def format_audit(result: dict) -> str:
             noise = f"{r['exact_epsilon']:.4f}" if r.get("exact_epsilon") is not None else "-"
             lines.append(f"  {r['mechanism']:<15} {r['n']:>7,} {r['epsilon0']:>6g} {r['claimed_epsilon']:>9.4f} "
                          f"{noise:>8} {r['lower_bound']:>8.4f} {r['lower_over_claim']:>11.3f}  "
-                         f"{'ok' if r['passed'] else 'VIOLATED'}")
+                         f"{verdict(r)}")
+            note = _power_note(r, "rounds per sample", r["claimed_epsilon"])
+            if note:
+                lines.append(note)
     mechanics = result.get("mechanics")
     if mechanics:
         lines += ["", f"shuffler mechanics ({mechanics['transport']}; {mechanics['batches']} released batches of "
@@ -202,6 +345,10 @@ def format_audit(result: dict) -> str:
             status = "FAILED" if c["status"] == "failed" else c["status"]
             lines.append(f"  {c['name']:<20} {status:<8} {c['detail']}")
     failed = [r for r in result["local"] + result["shuffled"] + result.get("summation", []) if not r["passed"]]
+    weak = [r for r in result["local"] + result["shuffled"] + result.get("summation", []) if r["passed"] and r.get("no_power")]
+    if weak:
+        lines += ["", f"{len(weak)} row(s) with no power: lower bound 0, so they neither confirm nor refute their claim; "
+                      f"each says how many runs give a positive bound with {weak[0].get('power', 0.9) * 100:.0f} % probability"]
     if failed:
         lines += ["", f"{len(failed)} claim(s) violated: the code leaks more than it claims (see the rows marked VIOLATED)"]
     if mechanics and mechanics["failed"]:
@@ -209,39 +356,160 @@ def format_audit(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_audit(result: dict, path: str) -> None:
-    """Claimed central epsilon and the empirical lower bound against n, one panel per mechanism
-    (the shuffled rounds and multi-message summation)."""
-    plt = pyplot()
-    shuffled = result["shuffled"] + result.get("summation", [])
-    mechanisms = sorted({r["mechanism"] for r in shuffled})
-    fig, axes = plt.subplots(1, max(1, len(mechanisms)), figsize=(5.5 * max(1, len(mechanisms)), 4), squeeze=False)
-    for ax, mechanism in zip(axes[0], mechanisms):
-        for i, epsilon0 in enumerate(sorted({r["epsilon0"] for r in shuffled})):
-            rows = sorted((r for r in shuffled if r["mechanism"] == mechanism and r["epsilon0"] == epsilon0),
-                          key=lambda r: r["n"])
-            ns = [r["n"] for r in rows]
+PLOT_PARTS = ("local", "shuffled", "summation")
+
+
+def _floor(values: list[float]) -> float:
+    """Where a panel draws lower bounds of 0: a third of its smallest positive value, on a log axis."""
+    positive = [v for v in values if v is not None and v > 0]
+    return (min(positive) if positive else 1.0) / 3.0
+
+
+def _zero_marker(ax, xs: list[float], floor: float, label: str | None) -> None:
+    if xs:
+        ax.plot(xs, [floor] * len(xs), linestyle="none", marker="v", ms=8, mfc="white", mec="crimson", mew=1.5,
+                label=label, zorder=5)
+
+
+def _finish(ax, floor: float, ncol: int) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis in (ax.yaxis, ax.xaxis):
+        if axis.get_scale() == "log":
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(NullFormatter())
+    if any(line.get_marker() == "v" for line in ax.get_lines()):  # the floor, where bounds of 0 are drawn
+        ax.axhline(floor, color="crimson", lw=0.6, ls=":", zorder=1)
+    ax.set_ylim(bottom=floor / 1.6)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, frameon=False)
+
+
+ZERO_LABEL = "lower bound 0 (no power), drawn at the floor"
+
+
+def _local_panel(ax, rows: list[dict]) -> None:
+    mechanisms = sorted({r["mechanism"] for r in rows})
+    best = [max(r["epsilon_lb"], r.get("epsilon_param") or 0.0) for r in rows]
+    floor = _floor(best + [r["epsilon0"] for r in rows])
+    claims = sorted({r["epsilon0"] for r in rows})
+    spread = 1.06 ** (len(mechanisms) / 2 + 1)
+    for j, claim in enumerate(claims):
+        ax.plot([claim / spread, claim * spread], [claim, claim], "-", color="black", lw=2,
+                label="claimed eps0 (a bound above it: VIOLATED)" if j == 0 else None)
+    zeros = []
+    for i, mechanism in enumerate(mechanisms):
+        for source, marker in (("seeded", "o"), ("system", "s")):
+            pts = [(r["epsilon0"] * 1.06 ** (i - len(mechanisms) / 2), b) for r, b in zip(rows, best)
+                   if r["mechanism"] == mechanism and r["source"] == source]
+            pos = [(x, y) for x, y in pts if y > 0]
+            zeros += [x for x, y in pts if y <= 0]
+            if pos:
+                ax.plot(*zip(*pos), linestyle="none", marker=marker, color=f"C{i % 10}", ms=5, alpha=0.85,
+                        mfc=f"C{i % 10}" if source == "seeded" else "none",
+                        label=f"{mechanism} ({source})")
+    _zero_marker(ax, zeros, floor, ZERO_LABEL)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("claimed eps0 (local randomizer; points spread for legibility)")
+    ax.set_ylabel("eps0: claim and empirical lower bound")
+    ax.set_title(f"local randomizers: {len(rows)} rows")
+    _finish(ax, floor, 2)
+
+
+def _shuffled_panel(ax, rows: list[dict]) -> None:
+    floor = _floor([r["lower_bound"] for r in rows] + [r["claimed_epsilon"] for r in rows])
+    zeros = []
+    styles = {"binary-rr": ("o", "-"), "hadamard-range": ("s", "--")}
+    for i, epsilon0 in enumerate(sorted({r["epsilon0"] for r in rows})):
+        for mechanism in sorted({r["mechanism"] for r in rows}):
+            sel = sorted((r for r in rows if r["mechanism"] == mechanism and r["epsilon0"] == epsilon0), key=lambda r: r["n"])
+            if not sel:
+                continue
+            marker, line = styles.get(mechanism, ("^", "-."))
             color = f"C{i}"
-            ax.plot(ns, [r["claimed_epsilon"] for r in rows], "-o", color=color, label=f"claimed, ε0 (target) = {epsilon0:g}")
-            ax.plot(ns, [r["lower_bound"] for r in rows], "--s", color=color, label=f"empirical lower bound, ε0 = {epsilon0:g}")
-            exact = [(r["n"], r["exact_epsilon"]) for r in rows if r["exact_epsilon"] is not None]
+            ns = [r["n"] for r in sel]
+            ax.plot(ns, [r["claimed_epsilon"] for r in sel], line, color=color, lw=1.5,
+                    label=f"claimed: {mechanism}, eps0 = {epsilon0:g}")
+            pos = [(r["n"], r["lower_bound"]) for r in sel if r["lower_bound"] > 0]
+            zeros += [r["n"] * 1.07 ** (len(zeros) % 5 - 2) for r in sel if not r["lower_bound"] > 0]
+            if pos:
+                ax.plot(*zip(*pos), linestyle="none", marker=marker, color=color, ms=6,
+                        label=f"lower bound: {mechanism}, eps0 = {epsilon0:g}")
+            exact = [(r["n"], r["exact_epsilon"]) for r in sel if r.get("exact_epsilon") is not None]
             if exact:
-                ax.plot(*zip(*exact), "x", color="black", ms=8, label="exact" if i == 0 else None)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("n (users in the shuffled round)")
-        ax.set_ylabel("central ε at δ = %.0e" % shuffled[0]["delta"])
-        ax.set_title(f"{mechanism}: claim vs audit")
-        ax.legend(fontsize=7)
-    fig.suptitle(f"shuffledp audit: {'PASSED' if result['passed'] else 'FAILED'}")
+                ax.plot(*zip(*exact), "x", color="black", ms=7, label="exact (binary RR)" if i == 0 else None)
+    _zero_marker(ax, zeros, floor, ZERO_LABEL)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("n (users in the shuffled round)")
+    ax.set_ylabel(f"central eps at delta = {rows[0]['delta']:.0e}")
+    ax.set_title("shuffled rounds: claim (lines) vs lower bound (markers)")
+    _finish(ax, floor, 2)
+
+
+def _summation_panel(ax, rows: list[dict]) -> None:
+    floor = _floor([r["lower_bound"] for r in rows] + [r["claimed_epsilon"] for r in rows])
+    labels = [("vector" if r.get("dim") else "scalar") + f"\nn={r['n']:,}" + (f"\ndim={r['dim']}" if r.get("dim") else "")
+              + f"\neps={r['epsilon0']:g}" for r in rows]
+    xs = list(range(len(rows)))
+    ax.plot(xs, [r["claimed_epsilon"] for r in rows], linestyle="none", marker="_", ms=22, mew=2.5, color="black",
+            label="claimed central eps (above it: VIOLATED)")
+    exact = [(x, r["exact_epsilon"]) for x, r in zip(xs, rows) if r.get("exact_epsilon") is not None]
+    if exact:
+        ax.plot(*zip(*exact), linestyle="none", marker="x", ms=8, color="C2",
+                label="exact eps of the statistic (the most a test can reach)")
+    pos = [(x, r["lower_bound"]) for x, r in zip(xs, rows) if r["lower_bound"] > 0]
+    if pos:
+        ax.plot(*zip(*pos), linestyle="none", marker="o", ms=7, color="C0", label="empirical lower bound")
+    _zero_marker(ax, [x for x, r in zip(xs, rows) if not r["lower_bound"] > 0], floor, ZERO_LABEL)
+    ax.set_yscale("log")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylabel(f"central eps at delta = {rows[0]['delta']:.0e}")
+    ax.set_ylim(top=max(r["claimed_epsilon"] for r in rows) * 1.35)
+    ax.set_title("multi-message summation: claim vs lower bound")
+    _finish(ax, floor, 1)
+
+
+def audit_figure(result: dict):
+    """The audit's figure: one panel per part with lower bounds that ran (local, shuffled,
+    summation), claims and empirical lower bounds on log axes, legends below each panel;
+    a lower bound of 0 (no power) is drawn at the panel's floor (dotted line) as a hollow
+    red triangle. Returns the matplotlib figure (None when no such part ran)."""
+    plt = pyplot()
+    parts = [p for p in PLOT_PARTS if result.get(p)]
+    if not parts:
+        return None
+    fig, axes = plt.subplots(1, len(parts), figsize=(5.6 * len(parts), 6.2), squeeze=False)
+    draw = {"local": _local_panel, "shuffled": _shuffled_panel, "summation": _summation_panel}
+    for ax, part in zip(axes[0], parts):
+        draw[part](ax, result[part])
+    rows = [r for p in parts for r in result[p]]
+    weak = sum(1 for r in rows if r.get("no_power") and r["passed"])
+    fig.suptitle(f"shuffledp audit{' --quick' if result.get('quick') else ''}: "
+                 f"{'PASSED' if result['passed'] else 'FAILED'}; {len(rows)} rows, {weak} with no power")
+    return fig
+
+
+def plot_audit(result: dict, path: str) -> bool:
+    """Write :func:`audit_figure` to ``path`` (PNG); False (nothing written) when no part with lower bounds ran."""
+    fig = audit_figure(result)
+    if fig is None:
+        return False
     save_figure(fig, path)
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
     if args.delta is None:
         args.delta = default_delta(max(SHUFFLED_NS))  # recorded with the parameters
     try:
-        with progress_bar(None, quiet=args.quiet, unit="audit") as step:
+        # progress on stderr, as a share of the estimated work (audit_work): percent done, elapsed, ETA
+        with progress_bar(100, quiet=args.quiet or args.json, unit="%") as step:
             result = run_audit(args.quick, args.part, args.delta, args.seed, progress=step, broker=args.broker,
                                session=args.session, keys=args.keys, service=args.shuffler_service)
     except ShuffleDPError as exc:  # bad parameters; a session file refused (altered, unsigned, unreadable), a key file unreadable
@@ -250,8 +518,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_audit(result))
     except BrokenPipeError:  # e.g. piped into `head`: the verdict is still the exit code
         sys.stderr.close()
-    if args.plot and (result["shuffled"] or result.get("summation")):
-        plot_audit(result, args.plot)
-        if not args.json:
-            print(f"plot written to {args.plot}")
+    if args.plot and plot_audit(result, args.plot) and not args.json:
+        print(f"plot written to {args.plot}")
     return 0 if result["passed"] else 1

@@ -37,8 +37,8 @@ VECTOR_PROTOCOLS = ("vector-mean", "distribution")
 PROTOCOLS = ("mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS + ("instance-optimal",)
 #: Protocols calibrated to a central (eps, delta) (``--central-epsilon``); the others take a local eps0 (``-e``).
 CENTRAL_PROTOCOLS = SUM_PROTOCOLS + ("instance-optimal",)
-#: Protocols that report a central delta (``--delta``).
-DELTA_PROTOCOLS = ("mean",) + CENTRAL_PROTOCOLS
+#: Protocols that report a central delta (``--delta``): all of them.
+DELTA_PROTOCOLS = ("mean",) + CENTRAL_PROTOCOLS + VECTOR_PROTOCOLS
 #: Default budgets (local eps0, or the central target).
 DEFAULT_EPSILON0 = DEFAULT_CENTRAL_EPSILON = 1.0
 
@@ -79,7 +79,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
     p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from the data model)")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
-    p.add_argument("--delta", type=float, default=None, help=delta_help("mean, sum, vector-sum, instance-optimal: central delta"))
+    p.add_argument("--delta", type=float, default=None, help=delta_help("central delta: sum, vector-sum, instance-optimal: the target; mean, vector-mean, "
+                                                   "distribution: where the central eps after shuffling is accounted"))
     p.add_argument("--seed", type=int, default=0, help="simulation seed")
     p.add_argument("--seeds", type=int, default=None, metavar="K",
                    help="mean: run K seeds (from --seed) on the fast engine and report how often the range round "
@@ -195,12 +196,19 @@ def _run_vector(args: argparse.Namespace) -> int:
     (``--dim`` symbols for distribution; categorical data are Zipf(1.1) over them)."""
     from shuffledp.cli import vector as vector_cli
 
+    title = {
+        "vector-mean": "shuffledp simulate --protocol vector-mean: vector mean (Girgis et al. 2022, Algorithm 5)",
+        "distribution": "shuffledp simulate --protocol distribution: distribution estimation as the mean of one-hot "
+                        "vectors (Algorithm 5)",
+    }[args.protocol]
     vector_args = argparse.Namespace(
+        command="simulate", protocol=args.protocol,
         users=args.users, sweep=None, dim=args.dim, samples=args.samples,
         kind="gaussian" if args.protocol == "vector-mean" else "categorical",
         mu=args.mu if abs(args.mu) < args.bound else 0.5, sigma=args.sigma, bound=args.bound, zipf=1.1,
-        epsilon0=args.epsilon0, mode="sampled", gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker,
-        json=args.json, output=None, plot=args.plot, quiet=args.quiet,
+        epsilon0=args.epsilon0, mode="sampled", gamma=args.gamma, delta=args.delta, seed=args.seed, path=args.path,
+        broker=args.broker, json=args.json, output=None, plot=args.plot, quiet=args.quiet,
+        _title=title, _command="simulate",
     )
     return vector_cli.run(vector_args)
 
@@ -332,7 +340,7 @@ def plot_result(result: SimulationResult, path: str) -> None:
     1 and 2 theoretical RMSEs and the Theorem 1 bound."""
     plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1.2, 1]})
-    hist = result.extra["round1_histogram"]
+    hist = result.extra["round0_histogram"]
     centers = hist["bin_centers"]
     width = (centers[1] - centers[0]) * 0.8 if len(centers) > 1 else 1.0
     left.bar(centers, hist["true_fractions"], width=width, color="lightgray", label="true fraction of users")

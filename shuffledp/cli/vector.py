@@ -5,6 +5,10 @@ block through the rounds' collectors, in bounded memory; ``--messages`` runs rea
 shuffler and analyzer. One seed gives one result on both. With
 ``--sweep N1,N2,...`` it runs once per n and, with ``--plot``, draws the error
 against n beside the exact theoretical RMSE and Theorem 2's bound.
+
+Every run reports its local guarantee (user-level eps0-LDP) and its central (eps, delta) after
+shuffling, at ``--delta`` (default min(1e-6, n^-1.1)): see
+``shuffledp/simulation/vector.py::central_guarantee_at`` for the accounting.
 """
 
 from __future__ import annotations
@@ -14,7 +18,16 @@ import json
 import sys
 
 from shuffledp.client.vector_randomizer import VECTOR_MODES
-from shuffledp.cli.common import EXIT_FAILED, EXIT_USAGE, HelpFormatter, add_json_option, deprecated_alias, fail
+from shuffledp.cli.common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    HelpFormatter,
+    add_json_option,
+    default_delta,
+    delta_help,
+    deprecated_alias,
+    fail,
+)
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.cli.simulate import add_engine_arguments
@@ -41,6 +54,7 @@ def add_parser(subparsers) -> None:
     deprecated_alias(p, "--epsilon", "--epsilon0")
     p.add_argument("--mode", choices=VECTOR_MODES, default="sampled", help="range-round budget mode")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability of the radius")
+    p.add_argument("--delta", type=float, default=None, help=delta_help("central delta of the shuffled guarantee"))
     p.add_argument("--seed", type=int, default=0)
     add_engine_arguments(p, default="fast")  # --fast streams users block by block
     add_json_option(p)
@@ -48,6 +62,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("--plot", metavar="PNG", default=None, help="plot error against n (with --sweep)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command errors name: ``vector``, or ``simulate`` when it runs this one (``_command``)."""
+    return getattr(args, "_command", None) or "vector"
 
 
 def _sizes(args) -> list[int]:
@@ -64,12 +83,15 @@ def run(args: argparse.Namespace) -> int:
         population = VectorPopulation(args.kind, args.dim, args.samples, args.mu, args.sigma, args.bound, args.zipf)
         configs = [
             VectorSimulationConfig(
-                population, n, args.epsilon0, mode=args.mode, gamma=args.gamma, seed=args.seed, path=args.path, broker=args.broker
+                population, n, args.epsilon0, mode=args.mode, gamma=args.gamma, seed=args.seed, path=args.path,
+                broker=args.broker, central_delta=args.delta if args.delta is not None else default_delta(n),
             )
             for n in _sizes(args)
         ]
     except InvalidParameter as exc:
-        return fail("vector", exc, EXIT_USAGE)
+        return fail(_command(args), exc, EXIT_USAGE)
+    if args.delta is None and len(configs) == 1:
+        args.delta = configs[0].central_delta  # the JSON's parameters record the default as resolved
     results = []
     total = sum(2 * c.n for c in configs) if args.path == "fast" else None
     try:
@@ -77,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             for config in configs:
                 results.append(run_vector_simulation(config, progress=step))
     except ShuffleDPError as exc:
-        return fail("vector", exc, EXIT_FAILED)
+        return fail(_command(args), exc, EXIT_FAILED)
     documents = [r.as_dict() for r in results]
     for d in documents:
         for key in ("true_mean", "estimate", "variance_per_coordinate"):
@@ -88,24 +110,55 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(with_run_info(documents if len(documents) > 1 else documents[0], args), indent=2))
     else:
-        print(f"shuffledp vector: Algorithm 5, {args.mode} mode, d = {args.dim}, m = {args.samples}, "
-              f"{args.kind} data, eps0 = {args.epsilon0}, {args.path} path")
-        print(f"{'n':>10} {'l2 error':>10} {'RMSE theory':>12} {'Thm 2 bound':>12} {'ranges hit':>11} {'seconds':>8}  range check")
-        for r in results:
-            check = r.range_check
-            verdict = "-" if not check else ("ok" if check["status"] == "ok" else
-                                              f"WARNING: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates")
-            print(f"{r.config['n']:>10,} {r.l2_error:>10.4g} {r.mse_theory ** 0.5:>12.4g} "
-                  f"{r.theorem2_mse_bound ** 0.5:>12.4g} {100 * r.fraction_coordinates_ranges_hit:>10.2f}% {r.seconds:>8.2f}  {verdict}")
-        warned = [r for r in results if r.range_check and r.range_check["status"] != "ok"]
-        if warned:
-            from shuffledp.analyzer.range_check import format_range_check
-
-            print(f"range check at n = {warned[0].config['n']:,}: {format_range_check(warned[0].range_check)}")
+        print(format_results(results, args))
     if args.plot:
         plot_sweep(results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def format_results(results, args: argparse.Namespace) -> str:
+    """The text ``shuffledp vector`` (and ``simulate --protocol vector-mean|distribution``) prints:
+    the error table, the range check, and the local and central guarantee of each run."""
+    title = getattr(args, "_title", None) or "shuffledp vector: vector mean (Girgis et al. 2022, Algorithm 5)"
+    data = f"{args.kind} data" if args.kind != "categorical" else f"categorical data (Zipf({args.zipf:g}) over d = {args.dim} symbols)"
+    lines = [
+        f"{title}, {args.mode} mode, d = {args.dim}, m = {args.samples}, {data}, {args.path} path",
+        f"{'n':>10} {'l2 error':>10} {'RMSE theory':>12} {'Thm 2 bound':>12} {'ranges hit':>11} {'seconds':>8}  range check",
+    ]
+    for r in results:
+        check = r.range_check
+        verdict = "-" if not check else ("ok" if check["status"] == "ok" else
+                                          f"WARNING: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates")
+        lines.append(f"{r.config['n']:>10,} {r.l2_error:>10.4g} {r.mse_theory ** 0.5:>12.4g} "
+                     f"{r.theorem2_mse_bound ** 0.5:>12.4g} {100 * r.fraction_coordinates_ranges_hit:>10.2f}% {r.seconds:>8.2f}  {verdict}")
+    warned = [r for r in results if r.range_check and r.range_check["status"] != "ok"]
+    if warned:
+        from shuffledp.analyzer.range_check import format_range_check
+
+        lines.append(f"range check at n = {warned[0].config['n']:,}: {format_range_check(warned[0].range_check)}")
+    local = results[0].local
+    lines += ["", f"local privacy (user-level LDP)   eps0 = {local['epsilon0']:g}, delta0 = {local['delta0']:g}"]
+    for r in results:
+        lines += format_central(r.central, r.config["n"] if len(results) > 1 else None)
+    return "\n".join(lines)
+
+
+def format_central(central: dict, n: int | None = None) -> list[str]:
+    """Lines stating a vector mean run's central guarantee after shuffling and how each round was accounted."""
+    at = f" (n = {n:,})" if n is not None else ""
+    if central.get("epsilon") is None:
+        return [f"central privacy after shuffling{at}  central: {central.get('method')}"]
+    lines = [f"central privacy after shuffling{at}  eps = {central['epsilon']:.4g}, delta = {central['delta']:.3g}"
+             f"   ({central['method']})"]
+    for r, bound in zip(central.get("rounds", []), central.get("per_round", [])):
+        each = "" if r["composed"] == 1 else f" (one per coordinate: {r['composed']} composed rounds of n reports)"
+        what = "generic pure-LDP randomizer" if r["accounted_as"] == "generic" else f"{r['accounted_as']} over {r['num_bins']} rows"
+        k = r["reports_per_user"]
+        lines.append(f"  round {r['round']} ({r['mechanism']}): {k} report{'s' if k > 1 else ''} per user, each "
+                     f"{r['report_epsilon0']:.4g}-LDP{each}, accounted as a {what}: eps {bound['epsilon']:.4g} "
+                     f"at delta {bound['delta']:.2g} per round ({bound['method']})")
+    return lines
 
 
 def plot_sweep(results, path: str, label: str = "") -> None:

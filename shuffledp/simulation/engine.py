@@ -143,11 +143,22 @@ def draw_blocks(plan: RoundPlan, local_data: Any, seed: int, round_index: int, p
     ``local_data``: an array, or any object sliced into a block's array (``GeneratedUsers``)."""
     n = local_data.shape[0]
     size = draw_block_users(_width(local_data))
+    # The stage is named before any of its work (a count of 0 shows at once), so the bar names the
+    # round being drawn; each block then counts once it is folded in.
+    label = round_label(round_index, plan)
+    if progress:
+        progress(label, 0)
     for block, start in enumerate(range(0, n, size)):
         chunk = np.asarray(local_data[start : start + size], dtype=np.float64)
         yield randomize_round(plan.params, plan.epsilon0, plan.delta0, chunk, round_source(seed, round_index, block))
         if progress:
-            progress(f"round {round_index} ({plan.params.MECHANISM})", len(chunk))
+            progress(label, len(chunk))
+
+
+def round_label(round_index: int, plan: RoundPlan) -> str:
+    """A progress stage naming a round as the CLI does (numbered from 0, as its ``round_id`` on the
+    wire) and its mechanism: ``round 0 (hadamard-range)``."""
+    return f"round {round_index} ({plan.params.MECHANISM})"
 
 
 def draw_round(plan: RoundPlan, local_data: np.ndarray, seed: int, round_index: int, progress: Progress | None = None) -> np.ndarray:
@@ -314,3 +325,11 @@ def run_messages(
 
 
 ENGINES = {"fast": run_fast, "messages": run_messages}
+
+
+def describe_engine(engine: str, transport: str = "") -> str:
+    """How a result names the engine that made it: ``fast engine (vectorized, no messages)``, or
+    ``messages engine (in-process)`` / ``messages engine (mqtt HOST)`` (``transport``: :attr:`EngineRun.transport`)."""
+    if engine == "fast":
+        return "fast engine (vectorized, no messages)"
+    return f"{engine} engine ({transport})" if transport else f"{engine} engine"

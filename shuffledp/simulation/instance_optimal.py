@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from shuffledp.analyzer.instance_optimal import MODELS, InstanceOptimalConfig, InstanceOptimalProtocol
-from shuffledp.simulation.engine import ENGINES, run_fast, run_messages
+from shuffledp.simulation.engine import ENGINES, describe_engine, run_fast, run_messages
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.simulation.vector_population import VectorPopulation
 
@@ -104,7 +104,7 @@ def format_instance_optimal(result: dict[str, Any]) -> str:
     eps0 = ", ".join(f"{e:.3g}" for e in privacy["round_epsilon0"])
     lines = [
         f"instance-optimal clipped mean ({cfg['model']} model), n = {cfg['n']}, d = {cfg['population']['dim']}, "
-        f"engine {result['engine']} {result['transport']}".rstrip(),
+        + describe_engine(result["engine"], result["transport"]),
         f"  session: ({privacy['session_epsilon']:.4g}, {privacy['session_delta']:.3g}) central, "
         f"{privacy['method']}; rounds' epsilon0: {eps0}",
         f"  centre: {result['center_distance_to_users_mean']:.4g} from the users' mean; "

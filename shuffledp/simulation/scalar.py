@@ -305,7 +305,7 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None) -
     in_range = float(np.mean((means >= found.lower) & (means <= found.upper)))
     range_params = protocol.range_params()
     true_bins = np.bincount(bin_index(means, range_params), minlength=range_params.num_bins) / n
-    extra["round1_histogram"] = {
+    extra["round0_histogram"] = {
         "bin_centers": [range_params.bin_center(i) for i in range(range_params.num_bins)],
         "estimated_fractions": found.frequencies.tolist(),
         "true_fractions": true_bins.tolist(),

@@ -107,9 +107,14 @@ def run_summation(config: SummationConfig, progress: Progress | None = None) -> 
         "error": error.tolist(),
         "error_l2": float(np.linalg.norm(error)),
         "rmse_theory": math.sqrt(variance) / n,
+        # The guarantee is (epsilon, delta_spent): the noise is calibrated to the target epsilon, and
+        # the split-and-mix analysis and the noise spend split_delta + noise_delta <= the target delta.
         "central": {
             "epsilon": config.epsilon,
-            "delta": config.delta,
+            "delta": choice.split_delta + choice.noise_delta,
+            "epsilon_target": config.epsilon,
+            "delta_target": config.delta,
+            "delta_spent": choice.split_delta + choice.noise_delta,
             "split_delta": choice.split_delta,
             "noise_delta": choice.noise_delta,
             "method": "split and mix (BBGN 2020 bound) + "
@@ -153,12 +158,23 @@ def format_summation(result: dict[str, Any]) -> str:
         ]
     lines += [
         f"  messages per user {result['messages_per_user']}, {result['bytes_per_user']:.0f} B of envelopes per user, {result['messages']:,} messages in all",
-        f"  central privacy  eps = {result['central']['epsilon']:g}, delta = {result['central']['delta']:.3g}"
-        f"  (split {result['central']['split_delta']:.2g} + noise {result['central']['noise_delta']:.2g}; {result['central']['method']})",
+        *format_summation_central(result["central"], scalar),
         f"  wrap-around probability <= {result['wrap_probability']:.2g};  no local guarantee: privacy needs the shuffler",
         f"  randomness: {result['randomness']};  {result['seconds']:.2f} s",
     ]
     return "\n".join(lines)
+
+
+def format_summation_central(central: dict[str, Any], scalar: bool) -> list[str]:
+    """The central guarantee of a summation round: (eps, the delta spent); eps is the target the noise
+    is calibrated to; delta's target and what it is spent on, by the split-and-mix analysis and by the noise."""
+    noise = "the noise (discrete Laplace from Pólya shares: pure)" if scalar else "the noise (Skellam, RDP: Agarwal et al. 2021)"
+    return [
+        f"  central privacy  eps = {central['epsilon']:g}, delta = {central['delta_spent']:.2g}"
+        f"   (eps: the target, the noise is calibrated to it)",
+        f"  delta            target {central['delta_target']:.3g}; spent {central['delta_spent']:.2g} = "
+        f"{central['split_delta']:.2g} by the split-and-mix analysis (BBGN 2020 bound) + {central['noise_delta']:.2g} by {noise}",
+    ]
 
 
 def plot_summation(result: dict[str, Any], path: str) -> None:
@@ -194,7 +210,8 @@ def plot_summation(result: dict[str, Any], path: str) -> None:
     ax.legend(fontsize=7, loc="upper left")
     c = result["central"]
     ax.set_title(
-        f"{result['protocol']}: n = {result['config']['n']:,}, central (ε, δ) = ({c['epsilon']:g}, {c['delta']:.2g}), "
+        f"{result['protocol']}: n = {result['config']['n']:,}, central (ε, δ) = ({c['epsilon']:g}, {c['delta_spent']:.2g}) "
+        f"(δ target {c['delta_target']:.2g}), "
         f"{result['messages_per_user']} messages/user, {result['path']} path",
         fontsize=9,
     )

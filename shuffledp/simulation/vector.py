@@ -7,10 +7,15 @@ users come as :class:`~shuffledp.simulation.population.GeneratedUsers` (made blo
 from the population's seed) and both rounds stream into the analyzer's collectors, so memory
 is one block of users plus O(D K) statistics, whatever n is. The exact error model is then
 accumulated from the users' true rotated means, block by block, with the announced ranges.
+
+Privacy: every result states the local guarantee (user-level ``(eps0, delta0)``-LDP) and, when the
+configuration names a central delta (``central_delta``; the CLI always does), the central
+``(eps, delta)`` after shuffling from the amplification accountant (:func:`central_guarantee_at`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -43,8 +48,13 @@ class VectorSimulationConfig:
     seed: int = 0
     path: str = "fast"
     broker: str | None = None
+    #: Central delta of the shuffled guarantee (:func:`central_guarantee_at`); ``None``: not accounted
+    #: (the result says so). The CLI passes ``--delta`` or its default ``min(1e-6, n^-1.1)``.
+    central_delta: float | None = None
 
     def __post_init__(self) -> None:
+        if self.central_delta is not None and not 0 < self.central_delta < 1:
+            raise InvalidParameter("central_delta", f"must be in (0, 1), got {self.central_delta}")
         if self.path not in ENGINES:
             raise InvalidParameter("path", f"must be one of {tuple(ENGINES)}, got {self.path!r}")
         if self.broker is not None and self.path != "messages":
@@ -85,6 +95,11 @@ class VectorSimulationResult:
     seconds: float
     #: The analyzer's own check of the range round, per coordinate (``analyzer/range_check.py``).
     range_check: dict[str, Any] = field(default_factory=dict)
+    #: User-level local guarantee: ``{"epsilon0", "delta0"}`` (the whole session, both rounds).
+    local: dict[str, Any] = field(default_factory=dict)
+    #: Central guarantee after shuffling (:func:`central_guarantee_at`): ``epsilon`` and ``delta``
+    #: (``epsilon`` None where no shuffled bound is claimed; ``method`` says why) and the rounds.
+    central: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -97,6 +112,7 @@ class VectorSimulationResult:
 def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | None = None) -> VectorSimulationResult:
     """Algorithm 5 on synthetic users, on the configured engine; error against the exact truth and theory."""
     started = time.perf_counter()
+    accountant_imports = _load_accountant_in_background() if config.central_delta is not None else None
     protocol = config.protocol_config()
     population = config.population
     users = population.users(config.n, config.seed)
@@ -120,7 +136,129 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
         truth.add_truth(rotated)
     truth.n = outcome.reports
     true_mean = total / (config.n * population.m)
-    return _result(config, protocol, outcome.estimate, truth, true_mean, sq_norm, inside, started, outcome.range_check)
+    if accountant_imports is not None:
+        if progress:
+            progress("privacy accounting", 0)
+        accountant_imports.join()
+        central = central_guarantee_at(protocol, config.n, config.central_delta)
+    else:
+        central = {"epsilon": None, "delta": None, "method": "not accounted: no central delta given"}
+    result = _result(config, protocol, outcome.estimate, truth, true_mean, sq_norm, inside, started, outcome.range_check)
+    result.local = {"epsilon0": config.epsilon0, "delta0": config.delta0}
+    result.central = central
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _load_accountant_in_background():
+    """The accountant's imports on a thread while the protocol runs (see ``simulation/scalar.py``)."""
+    from shuffledp.simulation.scalar import _load_accountant_in_background as load
+
+    return load()
+
+
+def central_guarantee_at(protocol: VectorMeanConfig, n: int, delta: float) -> dict[str, Any]:
+    """Central ``(eps, delta)`` of Algorithm 5's shuffled rounds, ``n`` users in each batch.
+
+    The rounds and what each one's reports are (``client/vector_randomizer.py``,
+    ``analyzer/vector_mean.py``), with ``D`` the padded dimension and ``K`` the range round's
+    Hadamard size:
+
+    * range round, ``sampled`` mode: one report per user, ``(l, row, bit)`` with the coordinate
+      ``l`` drawn uniformly and independently of the data, then one-bit Hadamard response about
+      coordinate ``l``'s bin at ``eps0/2``. Per report this is a pure ``eps0/2``-LDP randomizer
+      (the ratio of two inputs' probabilities of ``(l, row, bit)`` is that of Hadamard response on
+      coordinate ``l``), but a coordinate-tagged mixture, not the one-bit Hadamard response whose
+      clone decomposition and blanket the accountant knows: it is accounted as a ``generic`` pure
+      ``eps0/2``-LDP randomizer, ``n`` reports.
+    * range round, ``paper`` mode: ``D`` reports per user, one per coordinate (the coordinate is
+      the report's public tag, not random), each one-bit Hadamard response over ``K`` rows at
+      ``eps0/(2D)``. The shuffled batch, split by tag, is ``D`` batches of ``n`` reports, batch
+      ``l`` a shuffled Hadamard response round on the users' coordinate ``l``: ``D`` composed
+      ``hadamard-response`` rounds at ``eps0/(2D)``, ``n`` reports each.
+    * mean round: one report per user, ``(l, grid value)``, ``l`` uniform and independent of the
+      data, then the projected discrete-Laplace report on coordinate ``l``'s grid at ``eps0/2``
+      (``eps0`` when the range round is skipped): accounted as a ``generic`` pure LDP randomizer
+      (as for the range round, the tagged mixture is not the ``laplace-mean`` report whose
+      blanket the accountant knows). Gaussian noise makes it only ``(eps0/2, delta0)``-LDP: the
+      accountant claims no amplification for it, and only the local guarantee is reported.
+
+    Each shuffled round's bound is the accountant's (``protocol/accounting/shuffle_round.py``):
+    for a ``generic`` pure ``eps``-LDP randomizer the smallest of Feldman, McMillan & Talwar's
+    bounds (FOCS 2021, Theorem 3.2 numerical and Theorem 3.1 closed form) and Girgis et al.'s RDP
+    bound (CCS 2021), all valid for every pure ``eps``-LDP randomizer; for Hadamard response also
+    its own clone decomposition and blanket bound. The rounds are composed two ways, both upper
+    bounds, and the smaller is reported, as for the scalar mean
+    (:func:`shuffledp.simulation.scalar.central_guarantee_at`): the session accountant
+    (``protocol/accounting/session.py``: PLD composition of the rounds' ``delta(eps)`` curves,
+    Doroshenko et al. 2022, and RDP composition, the smaller) at ``delta``, and basic composition
+    of the per-round bounds, each round at an equal share of ``delta``. Should both exceed the
+    local ``eps0`` (tiny ``n``), the local guarantee is reported: the shuffled output is a
+    post-processing of the users' ``eps0``-LDP reports.
+    """
+    rounds: list[dict[str, Any]] = []
+    index = 0
+    if protocol.range_round:
+        bins = max(2, protocol.range_params().padded_bins)
+        if protocol.mode == "paper":
+            rounds.append({"round": index, "mechanism": "vector-range", "reports_per_user": protocol.padded_dim,
+                           "report_epsilon0": protocol.range_epsilon, "accounted_as": "hadamard-response",
+                           "num_bins": bins, "composed": protocol.padded_dim})
+        else:
+            rounds.append({"round": index, "mechanism": "vector-range", "reports_per_user": 1,
+                           "report_epsilon0": protocol.range_epsilon, "accounted_as": "generic", "composed": 1})
+        index += 1
+    mean = {"round": index, "mechanism": "vector-mean", "reports_per_user": 1, "report_epsilon0": protocol.mean_epsilon,
+            "accounted_as": "generic", "composed": 1}
+    if protocol.noise != "laplace":
+        mean["accounted_as"] = None
+        return {
+            "epsilon": None,
+            "delta": None,
+            "method": "no shuffled bound for gaussian-mean; local guarantee only "
+                      "(Gaussian mean reports are (eps0/2, delta0)-LDP: the accountant claims no amplification)",
+            "rounds": rounds + [mean],
+        }
+    rounds.append(mean)
+    key = tuple((r["accounted_as"], r["report_epsilon0"], r.get("num_bins"), r["composed"]) for r in rounds)
+    return {**_central_for(key, n, delta), "rounds": rounds}
+
+
+@functools.lru_cache(maxsize=32)
+def _central_for(rounds: tuple, n: int, delta: float) -> dict[str, Any]:
+    """``rounds``: ``(mechanism, epsilon0, num_bins, count)`` per group of identical shuffled rounds."""
+    from shuffledp.protocol.accounting import SessionAccountant, generic_guarantee, hadamard_response_guarantee, shuffled_round
+    from shuffledp.protocol.errors import ShuffleDPError
+
+    def local(mechanism: str, epsilon0: float, bins: int | None):
+        return hadamard_response_guarantee(epsilon0, bins) if mechanism == "hadamard-response" else generic_guarantee(epsilon0)
+
+    shares = sum(count for *_, count in rounds)
+    try:
+        session = SessionAccountant()
+        per_round = []
+        for mechanism, epsilon0, bins, count in rounds:
+            guarantee = local(mechanism, epsilon0, bins)
+            session.add_round(guarantee, n, count=count)
+            bound = shuffled_round(guarantee, n, delta / shares)
+            per_round.append({"epsilon": bound.epsilon, "delta": bound.delta, "method": bound.method, "count": count})
+        session_eps = session.epsilon(delta)
+    except ShuffleDPError as exc:
+        return {"epsilon": None, "delta": delta, "method": f"none: {exc}"}
+    basic = sum(r["epsilon"] * r["count"] for r in per_round)
+    local_total = sum(epsilon0 * count for _, epsilon0, _, count in rounds)
+    if local_total < min(session_eps, basic):  # shuffling is post-processing: never worse than the LDP guarantee
+        best, method = local_total, "the local guarantee (no amplification at this n: shuffling is post-processing)"
+    else:
+        best, method = min(session_eps, basic), "min(session composition, basic composition of per-round bounds at an equal share of delta)"
+    return {
+        "epsilon": best,
+        "delta": delta,
+        "method": method,
+        "session_composition_epsilon": session_eps,
+        "basic_composition_epsilon": basic,
+        "per_round": per_round,
+    }
 
 
 def _result(config, protocol, estimate, mean_acc: VectorMeanAccumulator, true_mean, sq_norm: float, inside: int, started: float, check=None):
