@@ -111,8 +111,22 @@ async def test_an_unacknowledged_publish_is_sent_again_after_reconnecting(fresh_
     on the next connection.
 
     The broker is frozen (SIGSTOP) first and killed only once every publish slot waits for a
-    PUBACK: on a loaded machine the kill could otherwise land after the last publish was
-    acknowledged (a CI-load run saw republished == 0)."""
+    PUBACK. Acknowledgements already in the client's socket buffer when the broker froze can
+    still free every slot before the kill lands, so on a loaded machine an attempt may see no
+    publish in flight at the kill (republished == 0): such an attempt proves nothing either way
+    and is made again, up to three times. Every attempt must deliver everything; at least one
+    must have re-sent publishes that were in flight."""
+    exercised = 0
+    for _attempt in range(3):
+        republished = await _kill_the_broker_mid_publish(fresh_broker)
+        exercised += republished > 0
+        if exercised:
+            break
+    assert exercised, "no attempt had a publish in flight when the broker was killed"
+
+
+async def _kill_the_broker_mid_publish(fresh_broker) -> int:
+    """One attempt: everything published and delivered across a broker kill; the publishes re-sent."""
     async with channel(fresh_broker, "shuffler", max_backoff=0.2) as pub, channel(fresh_broker, "analyzer", max_backoff=0.2) as sub_ch:
         sub = await sub_ch.subscribe(BATCH)
         payloads = [i.to_bytes(2, "big") for i in range(12000)]
@@ -125,7 +139,7 @@ async def test_an_unacknowledged_publish_is_sent_again_after_reconnecting(fresh_
         await asyncio.to_thread(fresh_broker.start)
         assert await asyncio.wait_for(sending, 120) == len(payloads)
         assert pub.messages_by_topic[BATCH] == len(payloads)
-        assert pub.reconnects == 1 and pub.republished > 0
+        assert pub.reconnects == 1
         # What the subscriber got: a subset (clean sessions lose what was sent while it was
         # away), every message at least once, nothing it was not sent; and once both are back,
         # everything published, in order.
@@ -138,3 +152,4 @@ async def test_an_unacknowledged_publish_is_sent_again_after_reconnecting(fresh_
         before = [g for g in got if not g.startswith(b"after-")]
         assert set(before) <= set(payloads)
         assert [g for g in got if g.startswith(b"after-")] == after[:-1]
+        return pub.republished
