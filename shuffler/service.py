@@ -102,8 +102,6 @@ from shuffledp.protocol.wire.messages import (
     RoundOutcome,
     RoundSpec,
     ShuffledBatch,
-    SignedRoundSpec,
-    spec_digest_of,
 )
 from shuffledp.protocol.wire.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
 from shuffledp.shuffler.parallel_open import OuterLayerPool
@@ -511,7 +509,7 @@ class Shuffler:
                     _log.exception("shuffler announcement: untyped exception")
                     continue
                 stored = self.spool.round(spec.session_id, spec.round_id)
-                if stored is not None and self._stored_spec_digest(spec.session_id, spec.round_id) != spec.digest:
+                if stored is not None and stored.spec_digest != spec.digest:
                     # The analyzer signed two specs for one round (e.g. it restarted and lost its
                     # round counter): the round keeps the spec its admitted envelopes were sealed under.
                     self.rejected_announcements["round-respecified"] += 1
@@ -693,14 +691,6 @@ class Shuffler:
         self.republished += count
         return count
 
-    def _stored_spec_digest(self, session_id: bytes, round_id: int) -> bytes:
-        """The digest of a stored round's signed spec (the bytes this shuffler verified and
-        spooled; all zeros if the round is not in the spool)."""
-        stored = self.spool.round(session_id, round_id)
-        if stored is None:
-            return bytes(SPEC_DIGEST_BYTES)
-        return spec_digest_of(codec.decode(stored.signed_spec, SignedRoundSpec).spec_bytes)
-
     def _deadline(self, session_id: bytes, round_id: int) -> float:
         """The deadline of a stored round's signed spec (``-inf`` if it cannot be read)."""
         try:
@@ -728,7 +718,8 @@ class Shuffler:
         ``released`` outcome (the analyzer, which never acknowledged it, has given it up too)."""
         stats = self.rounds.get(round_id) if session_id == self.session_id else None
         admitted = stats.admitted if stats is not None else 0
-        digest = self._stored_spec_digest(session_id, round_id)
+        stored = self.spool.round(session_id, round_id)
+        digest = stored.spec_digest if stored is not None else bytes(SPEC_DIGEST_BYTES)
         try:
             expired = self.spool.expire(batch_id, NOT_ACKNOWLEDGED)
         except SpoolStorageError as exc:
@@ -783,8 +774,8 @@ class Shuffler:
             ack = decode_verified(data, BatchAck, self.analyzer_signing_key)
             if ack.session_id != self.session_id:
                 raise UnknownRound("acknowledgement for another session")
-            if self.spool.round(ack.session_id, ack.round_id) is not None and (
-                    ack.spec_digest != self._stored_spec_digest(ack.session_id, ack.round_id)):
+            stored = self.spool.round(ack.session_id, ack.round_id)
+            if stored is not None and ack.spec_digest != stored.spec_digest:
                 raise UnknownRound("acknowledgement under another spec of the round")
         except ShuffleDPError as exc:
             self.rejected_acks[exc.reason] += 1

@@ -151,6 +151,14 @@ class StoredRound:
     signed_spec: bytes
     state: str
 
+    @property
+    def spec_digest(self) -> bytes:
+        """The digest binding the round to the spec stored here (the bytes the shuffler verified)."""
+        from shuffledp.protocol.wire import codec
+        from shuffledp.protocol.wire.messages import SignedRoundSpec, spec_digest_of
+
+        return spec_digest_of(codec.decode(self.signed_spec, SignedRoundSpec).spec_bytes)
+
 
 @dataclass(frozen=True)
 class StoredBatch:

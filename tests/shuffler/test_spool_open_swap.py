@@ -193,11 +193,18 @@ def test_a_spool_opened_while_another_of_the_same_file_was_closed_is_accepted(tm
     path = tmp_path / "spool" / "spool.db"
     first = SqliteSpool(path)
     try:
+        first.open_round(SESSION, 0, b"signed spec")
         for _ in range(3):
-            second = SqliteSpool(path)
-            second.round(bytes(16), 0)
-            second.close()
+            second = SqliteSpool(path)  # raised SpoolAccessError ("changed while it was opened") before
+            try:
+                assert second.round(SESSION, 0).state == "open"
+            finally:
+                second.close()
         third = SqliteSpool(path)
-        third.close()
+        try:
+            third.open_round(SESSION, 1, b"another signed spec")  # it writes the same file
+        finally:
+            third.close()
+        assert first.round(SESSION, 1).state == "open"
     finally:
         first.close()
