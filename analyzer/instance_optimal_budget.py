@@ -65,7 +65,17 @@ def amplified_epsilon0(kind: str, bins: int, users: int, target: float, delta: f
 
 
 def round_budgets(config: InstanceOptimalConfig) -> RoundBudgets:
-    """Each round's guarantee for ``config`` (see the module docstring)."""
+    """Each round's guarantee for ``config`` (see the module docstring).
+
+    Whatever ``config.split`` is, the session's guarantee is a proven upper bound: rounds 1-2 each
+    send one pure ``eps0``-LDP report per user, and their central ``(c_i, delta / 4)`` is the
+    smallest of the accountant's proven upper bounds for that batch
+    (``protocol/accounting/shuffle_round.py::shuffled_round``: Feldman, McMillan & Talwar 2021's
+    bounds and Girgis et al.'s RDP bound for any pure ``eps0``-LDP randomizer, and Hadamard
+    response's own for round 2), with ``c_i`` at most the round's share;
+    round 3's summation is calibrated to ``(s_3, delta / 2)`` (``choose_vector_sum``); basic
+    composition (Dwork & Roth, Thm 3.16) gives ``(c_1 + c_2 + s_3, delta) <= (eps, delta)``. The
+    local model's ``s_i``-LDP rounds compose the same way to ``(eps, delta)``-LDP."""
     eps, delta = config.epsilon, config.delta
     s1, s2, s3 = (share * eps for share in config.split)
     norm_bins = next_power_of_two(config.octaves * config.bins_per_octave)

@@ -35,6 +35,7 @@ from typing import Any, Callable, ClassVar, Generator
 
 import numpy as np
 
+from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.wire.messages import MechanismParams, messages_per_user
 
 
@@ -56,9 +57,29 @@ class RoundPlan:
 class Collector(ABC):
     """The sufficient statistics of one round's reports, folded block by block (exactly, in any order)."""
 
+    #: The attributes that hold the statistics (exact sums): what the default :meth:`merge` adds.
+    statistics: ClassVar[tuple[str, ...]] = ()
+
     @abstractmethod
     def add_rows(self, rows: np.ndarray) -> None:
         """Fold in a block of reports: int64 ``(N, width)`` rows."""
+
+    def merge(self, other: "Collector") -> "Collector":
+        """Fold in ``other``, a collector of the same round filled with other reports; return ``self``.
+
+        Afterwards ``self`` holds the statistics of both sets of reports, exactly as if one
+        collector had been fed them all: the statistics are exact sums, so merging is
+        associative and commutative to the last bit, and an engine may fill collectors on
+        separate machines and merge them in any order and grouping. The default adds the
+        attributes :attr:`statistics` names; a collector whose statistics are not plain sums
+        overrides it."""
+        if type(other) is not type(self):
+            raise InvalidParameter("other", f"cannot merge a {type(other).__name__} into a {type(self).__name__}")
+        if not self.statistics:
+            raise NotImplementedError(f"{type(self).__name__} names no statistics to merge")
+        for name in self.statistics:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        return self
 
 
 def collected(plan: RoundPlan, reports: "np.ndarray | Collector") -> Any:

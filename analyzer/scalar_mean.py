@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import partial
 
 import numpy as np
 
@@ -31,14 +33,16 @@ from shuffledp.analyzer.decoders import (
     RangeEstimate,
     announce_range,
     hadamard_frequencies,
+    hadamard_scale,
     mean_from_reports,
 )
-from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
+from shuffledp.analyzer.protocols import Collector, Protocol, RoundPlan, Rounds, collected
 from shuffledp.analyzer.range_check import RangeCheck, check_range_round
 from shuffledp.analyzer.robust import RobustOptions, RobustSummary, robust_mean_round, robust_range_round
 from shuffledp.client.mean_randomizer import decode_values
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.wire.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
+from shuffledp.protocol.mechanisms.hadamard import fwht
 
 
 def concentration_radius(proxy_sigma: float, n: int, m: int, gamma: float) -> float:
@@ -111,8 +115,8 @@ def theorem1_mse_bound(config: ScalarMeanConfig, n: int) -> float:
 @dataclass(frozen=True)
 class ScalarMeanOutcome:
     """Algorithm 1's result: the range round 1 found, the analyzer's check of that round
-    (:mod:`~shuffledp.analyzer.range_check`: a warning means the range may hold none of
-    the users and the estimate be far off), and round 2's mean over the range."""
+    (:mod:`~shuffledp.analyzer.range_check`, from both rounds: ``untrusted`` means the range may
+    hold none of the users and the estimate be far off), and round 2's mean over the range."""
 
     found_range: RangeEstimate
     mean: MeanEstimate
@@ -120,6 +124,101 @@ class ScalarMeanOutcome:
     range_check: RangeCheck | None = None
     #: Set only with ``ScalarMeanProtocol(config, robust=...)`` (``analyzer/robust.py``).
     robust: RobustSummary | None = None
+
+
+class HadamardRangeCollector(Collector):
+    """Round 1's sufficient statistics: the signed histogram of Hadamard rows
+    ``S[j] = sum_i b_i [j_i = j]`` (int64, exact) and the number of reports.
+
+    :meth:`estimate` is :func:`estimate_range` of the same reports to the last bit: that
+    decoder builds the same histogram (as integer-valued float64) before its one FWHT."""
+
+    statistics = ("histogram", "reports")
+
+    def __init__(self, config: ScalarMeanConfig) -> None:
+        self.config = config
+        self.num_rows = config.range_params().padded_bins
+        self.histogram = np.zeros(self.num_rows, dtype=np.int64)
+        self.reports = 0
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``hadamard-range`` report rows ``(row, bit)``."""
+        rows = np.asarray(rows)
+        index = rows[:, 0]
+        if index.size and (index.min() < 0 or index.max() >= self.num_rows):
+            raise InvalidParameter("rows", f"must lie in [0, {self.num_rows})")
+        # Integer sums: exact in float64 below 2^53 within one block, exact in int64 across blocks.
+        signed = np.bincount(index, weights=rows[:, 1].astype(np.float64), minlength=self.num_rows)
+        self.histogram += signed.astype(np.int64)
+        self.reports += len(index)
+
+    def __len__(self) -> int:
+        return self.reports
+
+    def estimate(self) -> RangeEstimate:
+        """The announced range (:func:`estimate_range`): one FWHT of the histogram, then the arg-max bin."""
+        if self.reports == 0:
+            raise InvalidParameter("rows", "no reports to decode")
+        scale = hadamard_scale(self.config.round_epsilon) / self.reports
+        return announce_range(fwht(self.histogram.astype(np.float64)) * scale, self.config.range_params())
+
+
+def _exact_sum(values: np.ndarray, counts: np.ndarray) -> float:
+    """``sum_u counts[u] * values[u]`` computed exactly, then rounded once (half to even): the same
+    float as ``math.fsum`` of the multiset, which is also the correctly rounded exact sum."""
+    by_denominator: dict[int, int] = {}
+    for value, count in zip(values.tolist(), counts.tolist()):
+        numerator, denominator = value.as_integer_ratio()  # a power of two
+        by_denominator[denominator] = by_denominator.get(denominator, 0) + numerator * count
+    return float(sum((Fraction(p, q) for q, p in by_denominator.items()), Fraction(0)))
+
+
+class GridValueCollector(Collector):
+    """Round 2's sufficient statistics: the histogram of the reported grid integers (each
+    distinct value and its int64 count), i.e. the multiset of reports, whatever their order.
+
+    :meth:`estimate` is :func:`estimate_mean` of the same reports to the last bit: each
+    distinct value is decoded and its deviation squared by the same float operations, and
+    both sums are exact before their one rounding, as ``math.fsum`` is. Merging adds counts."""
+
+    def __init__(self, params: ProjectedMeanParams) -> None:
+        self.params = params
+        self.values = np.zeros(0, dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def _fold(self, values: np.ndarray, counts: np.ndarray) -> None:
+        distinct, where = np.unique(np.concatenate([self.values, values]), return_inverse=True)
+        total = np.zeros(len(distinct), dtype=np.int64)
+        np.add.at(total, where, np.concatenate([self.counts, counts]))
+        self.values, self.counts = distinct, total
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``projected-mean`` report rows ``(grid value,)``."""
+        values, counts = np.unique(np.asarray(rows, dtype=np.int64)[:, 0], return_counts=True)
+        self._fold(values, counts.astype(np.int64))
+
+    def merge(self, other: Collector) -> "GridValueCollector":
+        if not isinstance(other, GridValueCollector):
+            raise InvalidParameter("other", f"cannot merge a {type(other).__name__} into a GridValueCollector")
+        self._fold(other.values, other.counts)
+        return self
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def grid_values(self) -> np.ndarray:
+        """The reported grid integers, sorted (the multiset, for decoders that need every report)."""
+        return np.repeat(self.values, self.counts)
+
+    def estimate(self) -> MeanEstimate:
+        """:func:`estimate_mean` of the reports (:func:`~shuffledp.analyzer.decoders.mean_from_reports`)."""
+        n = len(self)
+        if n < 2:
+            raise InvalidParameter("values", f"need at least 2 reports, got {n}")
+        decoded = decode_values(self.values, self.params)
+        mean = _exact_sum(decoded, self.counts) / n
+        variance = _exact_sum((decoded - mean) ** 2, self.counts) / (n - 1)
+        return MeanEstimate(mean, math.sqrt(variance) / math.sqrt(n), n)
 
 
 class ScalarMeanProtocol(Protocol):
@@ -142,14 +241,18 @@ class ScalarMeanProtocol(Protocol):
 
     def rounds(self) -> Rounds:
         config = self.config
-        first = yield RoundPlan(config.range_params(), config.round_epsilon)
-        found = estimate_range(first[:, 0], first[:, 1], config)
+        range_plan = RoundPlan(config.range_params(), config.round_epsilon, collect=partial(HadamardRangeCollector, config))
+        first = collected(range_plan, (yield range_plan))
+        found = first.estimate()
         check = check_range_round(found.frequencies, found.bin, len(first), config.round_epsilon)
         if self.robust is not None:
             found = robust_range_round(found, config.range_params(), len(first), config.round_epsilon, self.robust)
         mean_params = config.mean_params(found)
-        second = yield RoundPlan(mean_params, config.round_epsilon, config.delta0)
+        mean_plan = RoundPlan(mean_params, config.round_epsilon, config.delta0, collect=partial(GridValueCollector, mean_params))
+        second = collected(mean_plan, (yield mean_plan))
+        # The verdict uses both rounds: a range holding no user clips every report to one end.
+        check = check.with_mean_round(second.values, second.counts, mean_params, config.round_epsilon, config.delta0)
         if self.robust is not None:
-            mean, summary = robust_mean_round(second[:, 0], found, mean_params, config.round_epsilon, self.robust, len(first))
+            mean, summary = robust_mean_round(second.grid_values(), found, mean_params, config.round_epsilon, self.robust, len(first))
             return ScalarMeanOutcome(found, mean, mean_params, check, summary)
-        return ScalarMeanOutcome(found, estimate_mean(second[:, 0], mean_params), mean_params, check)
+        return ScalarMeanOutcome(found, second.estimate(), mean_params, check)

@@ -16,12 +16,13 @@ References: Balle, Bell, Gascón & Nissim, CCS 2020; Huang, Liang & Yi, NeurIPS
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from shuffledp.client.summation import clip_to_ball, scaled_rotation
-from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
-from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.analyzer.protocols import Collector, Protocol, RoundPlan, Rounds, collected
+from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.wire.messages import ModularSumParams, VectorSumParams
 from shuffledp.protocol.mechanisms.modular_sum import FixedPoint, centered, decode_estimate, modular_sum
 from shuffledp.protocol.mechanisms.rotation import RandomRotation
@@ -72,13 +73,91 @@ def decode_vector_sum(values: np.ndarray, params: VectorSumParams) -> SumEstimat
     """Per-coordinate modular sums, centered, unscaled and rotated back: the sum of the clipped vectors."""
     rows = np.asarray(values, dtype=np.int64).reshape(-1, 2)
     per_coordinate = np.bincount(rows[:, 0], minlength=params.padded_dim)
-    users = _users(rows.shape[0], params.messages_per_user)
+    return _decode_vector_totals(rows.shape[0], per_coordinate, coordinate_sums(rows, params.padded_dim, params.modulus), params)
+
+
+def _decode_vector_totals(reports: int, per_coordinate: np.ndarray, sums: np.ndarray, params: VectorSumParams) -> SumEstimate:
+    """:func:`decode_vector_sum` from its statistics: the report count, the shares per coordinate and
+    each coordinate's sum mod ``q``."""
+    users = _users(reports, params.messages_per_user)
     if not np.all(per_coordinate == users * params.messages):
         raise IncompleteShares(f"coordinates hold {per_coordinate.min()}..{per_coordinate.max()} shares, not {users * params.messages} each")
-    total = centered(coordinate_sums(rows, params.padded_dim, params.modulus), params.modulus)
+    total = centered(sums, params.modulus)
     rotated_sum = total.astype(np.float64) * (params.radius / params.levels)
     estimate = RandomRotation(params.dim, params.rotation_seed).inverse(rotated_sum)
     return SumEstimate(users, estimate, estimate / users, total)
+
+
+class ModularSumCollector(Collector):
+    """A scalar summation round's sufficient statistics: the number of shares and their sum mod ``q``
+    (exact integers). :meth:`estimate` is :func:`decode_scalar_sum` of the same shares."""
+
+    def __init__(self, params: ModularSumParams) -> None:
+        self.params = params
+        self.reports = 0
+        self.total = 0
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``modular-sum`` report rows ``(share,)``."""
+        shares = np.asarray(rows, dtype=np.int64).reshape(-1)
+        self.reports += shares.size
+        self.total = (self.total + modular_sum(shares, self.params.modulus)) % self.params.modulus
+
+    def merge(self, other: Collector) -> "ModularSumCollector":
+        if not isinstance(other, ModularSumCollector):
+            raise InvalidParameter("other", f"cannot merge a {type(other).__name__} into a ModularSumCollector")
+        self.reports += other.reports
+        self.total = (self.total + other.total) % self.params.modulus
+        return self
+
+    def __len__(self) -> int:
+        return self.reports
+
+    def estimate(self) -> SumEstimate:
+        users = _users(self.reports, self.params.messages)
+        p = self.params
+        decoded = decode_estimate(self.total, users, FixedPoint(p.lower, p.upper, p.precision), p.modulus)
+        return SumEstimate(users, decoded.sum, decoded.mean, decoded.encoded_total)
+
+
+class VectorSumCollector(Collector):
+    """A vector summation round's sufficient statistics: the number of reports, the shares per
+    rotated coordinate and each coordinate's sum mod ``q`` (exact integers). :meth:`estimate` is
+    :func:`decode_vector_sum` of the same reports."""
+
+    def __init__(self, params: VectorSumParams) -> None:
+        self.params = params
+        self.reports = 0
+        self.per_coordinate = np.zeros(params.padded_dim, dtype=np.int64)
+        self.sums = np.zeros(params.padded_dim, dtype=np.int64)
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``vector-sum`` report rows ``(coordinate, share)``."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+        dim = self.params.padded_dim
+        if rows.size and (rows[:, 0].min() < 0 or rows[:, 0].max() >= dim):
+            raise InvalidParameter("rows", f"coordinates must lie in [0, {dim})")
+        self.reports += rows.shape[0]
+        self.per_coordinate += np.bincount(rows[:, 0], minlength=dim)
+        self._add_sums(coordinate_sums(rows, dim, self.params.modulus))
+
+    def _add_sums(self, sums: np.ndarray) -> None:
+        # Both terms lie in [0, q) with q <= 2^62 (MAX_MODULUS), so their sum fits in int64.
+        self.sums = np.mod(self.sums + sums, self.params.modulus)
+
+    def merge(self, other: Collector) -> "VectorSumCollector":
+        if not isinstance(other, VectorSumCollector):
+            raise InvalidParameter("other", f"cannot merge a {type(other).__name__} into a VectorSumCollector")
+        self.reports += other.reports
+        self.per_coordinate = self.per_coordinate + other.per_coordinate
+        self._add_sums(other.sums)
+        return self
+
+    def __len__(self) -> int:
+        return self.reports
+
+    def estimate(self) -> SumEstimate:
+        return _decode_vector_totals(self.reports, self.per_coordinate, self.sums, self.params)
 
 
 @dataclass(frozen=True)
@@ -110,8 +189,10 @@ class SummationProtocol(Protocol):
         return self.epsilon, self.delta
 
     def rounds(self) -> Rounds:
-        values = yield RoundPlan(self.params, self.epsilon, self.delta)
-        return SumOutcome(self._decode(values, self.params), self.params)
+        vector = isinstance(self.params, VectorSumParams)
+        collect = partial(VectorSumCollector if vector else ModularSumCollector, self.params)
+        plan = RoundPlan(self.params, self.epsilon, self.delta, collect=collect)
+        return SumOutcome(collected(plan, (yield plan)).estimate(), self.params)
 
 
 def vector_sum_variance(params: VectorSumParams, rounding_variance_encoded: np.ndarray) -> float:

@@ -105,6 +105,9 @@ class VectorMeanConfig:
 class VectorRangeAccumulator(Collector):
     """Per-coordinate signed histograms of range reports; :meth:`ranges` decodes them."""
 
+    #: Exact sums (integer-valued float64 histogram, int64 counts): :meth:`Collector.merge` adds them.
+    statistics = ("histogram", "counts")
+
     def __init__(self, config: VectorMeanConfig) -> None:
         self.config = config
         self.params = config.range_params()
@@ -150,6 +153,9 @@ class VectorRangeAccumulator(Collector):
 class VectorMeanAccumulator(Collector):
     """Per-coordinate report counts and sums of reported grid integers (exact), and the
     exact error-model terms (:meth:`add_truth`, simulation only)."""
+
+    #: What :meth:`Collector.merge` adds: the exact integer report statistics, and the error-model terms.
+    statistics = ("n", "counts", "grid_sums", "a_total", "w_squared", "w_sum")
 
     config: VectorMeanConfig
     ranges: np.ndarray

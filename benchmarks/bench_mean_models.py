@@ -23,7 +23,11 @@ data for all):
   ``eps0 = eps``.
 
 Error: ``||estimate - xbar||`` (the privacy cost alone: the error against the users'
-own mean) and ``||estimate - mu||``; the figure shows the median over seeds.
+own mean) and ``||estimate - mu||``; the figure shows the median over seeds. Every run of a
+shifted clipped mean (central HLY and the instance-optimal protocols) also records where
+its error comes from (``decomposition``: the centre's distance to ``xbar``, the clipping
+radius and fraction clipped, the clipping bias and the noise, computed from the data), and
+the summary gives their RMS over seeds per n.
 
 The headline, at every n: the shuffle-model instance-optimal mean against the central
 Huang–Liang–Yi estimator (``central-hly``, the paper's own central estimator, which clips
@@ -57,6 +61,7 @@ from shuffledp.analyzer.vector_mean import VectorMeanConfig, VectorMeanProtocol
 from shuffledp.central import ApproxDP, instance_optimal_mean, winsorized_mean
 from shuffledp.simulation.engine import run_fast
 from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.protocol.mechanisms.rotation import RandomRotation
 from tqdm import tqdm
 
 from shuffledp.progress import pyplot, save_figure
@@ -71,7 +76,7 @@ NS = (1_000, 3_000, 10_000, 30_000, 100_000)
 SEEDS = 3
 #: Seeds per n for the headline's estimators: enough for a 95 % interval on the RMS-error ratio
 #: shuffle-vs-central of about +-15 % or better where the ratio is steady.
-HEADLINE_SEEDS = {1_000: 40, 3_000: 40, 10_000: 40, 30_000: 20, 100_000: 10}
+HEADLINE_SEEDS = {1_000: 40, 3_000: 40, 10_000: 40, 30_000: 20, 100_000: 30}
 HEADLINE = ("central-hly", "shuffle-instance-optimal", "central-winsorized")
 #: --quick: two small sizes, one seed for the panel and three for the headline (a smoke run).
 QUICK = {"ns": (1_000, 3_000), "seeds": 1, "headline_seeds": {1_000: 3, 3_000: 3}}
@@ -117,11 +122,36 @@ def girgis(x: np.ndarray, sigma: np.ndarray, model: str, seed: int) -> np.ndarra
     return run_fast(VectorMeanProtocol(config), x, seed=seed).result.estimate
 
 
-def instance_optimal(x: np.ndarray, model: str, seed: int, fixed_quantile: float | None = None) -> np.ndarray:
+def decomposition(x: np.ndarray, center: np.ndarray, radius: float, estimate: np.ndarray) -> dict:
+    """Where a shifted clipped mean's error comes from (computed here from the data, not private):
+    ``centre_error = ||centre - xbar||``; ``clipping_bias = ||m - xbar||`` with ``m`` the exact
+    clipped mean ``centre + mean_i clip(x_i - centre, radius)``; ``noise = ||estimate - m||``
+    (the privacy noise and rounding of the last round). The error against ``xbar`` is the sum
+    of the last two vectors."""
+    xbar = x.mean(axis=0)
+    shifted = x - center
+    norms = np.linalg.norm(shifted, axis=1)
+    scale = np.minimum(1.0, radius / np.maximum(norms, np.finfo(float).tiny))
+    clipped = center + (shifted * scale[:, None]).mean(axis=0)
+    return {"centre_error": float(np.linalg.norm(center - xbar)), "clip_radius": float(radius),
+            "fraction_clipped": float(np.mean(norms > radius)),
+            "clipping_bias": float(np.linalg.norm(clipped - xbar)), "noise": float(np.linalg.norm(estimate - clipped))}
+
+
+def instance_optimal(x: np.ndarray, model: str, seed: int, fixed_quantile: float | None = None) -> tuple[np.ndarray, dict]:
     config = InstanceOptimalConfig(
         DIM, x.shape[0], RADIUS, EPSILON, DELTA, model=model, rotation_seed=seed, fixed_quantile=fixed_quantile
     )
-    return run_fast(InstanceOptimalProtocol(config), x, seed=seed).result.estimate
+    outcome = run_fast(InstanceOptimalProtocol(config), x, seed=seed).result
+    return outcome.estimate, decomposition(x, outcome.center, outcome.threshold.radius, outcome.estimate)
+
+
+def central_hly(x: np.ndarray, seed: int) -> tuple[np.ndarray, dict]:
+    """The central estimator; its centre is the rotated medians rotated back (clipping commutes
+    with the rotation; the data lie in the public ball, so its projection onto it changes nothing)."""
+    result = instance_optimal_mean(x, ApproxDP(EPSILON, DELTA), np.random.default_rng(seed), radius=RADIUS)
+    center = RandomRotation(x.shape[1], result.rotation_seed).inverse(result.shift)
+    return result.estimate, decomposition(x, center, result.threshold, result.estimate)
 
 
 def estimators(sigma: np.ndarray):
@@ -131,7 +161,7 @@ def estimators(sigma: np.ndarray):
         "central-winsorized": lambda x, s: winsorized_mean(
             x, privacy, np.random.default_rng(s), bound=RADIUS, coordinate_radius=coordinate_radius(sigma, x.shape[0])
         ).estimate,
-        "central-hly": lambda x, s: instance_optimal_mean(x, privacy, np.random.default_rng(s), radius=RADIUS).estimate,
+        "central-hly": central_hly,
         "shuffle-instance-optimal": lambda x, s: instance_optimal(x, "shuffle", s),
         "shuffle-fixed-median": lambda x, s: instance_optimal(x, "shuffle", s, fixed_quantile=0.5),
         "shuffle-girgis-vector": lambda x, s: girgis(x, sigma, "shuffle", s),
@@ -157,10 +187,13 @@ def sweep(ns, seeds: int, headline_seeds: dict[int, int], headline_only: bool = 
         started = time.perf_counter()
         row = {"estimator": name, "model": MODEL_OF[name], "n": n, "seed": seed}
         try:
-            estimate = np.asarray(methods[name](x, seed))
+            answer = methods[name](x, seed)
         except ShuffleDPError as exc:  # e.g. summation refuses noise a device cannot draw at this n
             row["refused"] = str(exc)
         else:
+            if isinstance(answer, tuple):  # a shifted clipped mean: (estimate, error decomposition)
+                answer, row["decomposition"] = answer
+            estimate = np.asarray(answer)
             row["error_vs_sample_mean"] = float(np.linalg.norm(estimate - xbar))
             row["error_vs_mean"] = float(np.linalg.norm(estimate - mu))
             row["estimate_norm"] = float(np.linalg.norm(estimate))
@@ -187,6 +220,15 @@ def summarize(rows: list[dict]) -> dict:
                     "estimate_norm_range": [float(min(r["estimate_norm"] for r in mine)),
                                             float(max(r["estimate_norm"] for r in mine))],
                 }
+                parts = [r["decomposition"] for r in mine if "decomposition" in r]
+                if parts:  # RMS over seeds of each part, and the mean radius and clipped fraction
+                    per_n[str(n)]["decomposition"] = {
+                        "seeds": len(parts),
+                        **{f"rms_{k}": float(np.sqrt(np.mean([p[k] ** 2 for p in parts])))
+                           for k in ("centre_error", "clipping_bias", "noise")},
+                        "mean_clip_radius": float(np.mean([p["clip_radius"] for p in parts])),
+                        "mean_fraction_clipped": float(np.mean([p["fraction_clipped"] for p in parts])),
+                    }
         out[name] = per_n
     return out
 
@@ -282,6 +324,14 @@ def main(argv: list[str] | None = None) -> int:
         if win:
             line += f"   (vs central winsorized: {format_ratio(win, 3)})"
         print(line)
+    print("error decomposition (RMS over seeds: centre error, clipping bias, noise; mean radius, clipped fraction):")
+    for est in ("central-hly", "shuffle-instance-optimal"):
+        for n, entry in summary[est].items():
+            dec = entry.get("decomposition")
+            if dec:
+                print(f"  {est:26s} n={n:>7}: centre {dec['rms_centre_error']:.3g}, bias {dec['rms_clipping_bias']:.3g}, "
+                      f"noise {dec['rms_noise']:.3g}; radius {dec['mean_clip_radius']:.3g}, "
+                      f"clipped {100 * dec['mean_fraction_clipped']:.2f} % over {dec['seeds']} seeds")
     print("max data norm per n:", {k: round(v, 1) for k, v in data["max_data_norm"].items()})
     print(f"wrote {path} and {path.with_suffix('.png')} in {result['seconds']:.0f} s")
     return 0

@@ -12,6 +12,10 @@ its own report in parallel. Then the same N envelopes go through each transport:
   connection) opens the chunks as they arrive and acknowledges. Timed from the first
   envelope published to the last report opened. "Lost" counts envelopes published
   and never admitted.
+* **MQTT, packed**: the same, but each publisher sends its envelopes ``--per-message``
+  to an MQTT message, back to back (``protocol/wire/envelope_packing.py``; by default as
+  many as the broker's client payload limit of 4,096 bytes holds): as a gateway or a
+  simulated fleet may. The shuffler splits them and judges every envelope on its own.
 * **in-process**: the same shuffler and coordinator code over the in-process
   channel, fed the same envelopes from this process.
 
@@ -19,7 +23,9 @@ Baseline in the same run: the raw HPKE seal+open rate of all cores (two seals an
 opens per report, one process per core): the crypto floor of a report's whole path.
 The in-process message path (the devices' sealing on all cores, then admission, then
 opening on all cores) is compared with it. Targets: at least 5,000 reports/s over
-MQTT end to end, and the in-process message path within 2x of the raw rate.
+MQTT end to end, and at least 0.85 of the in-process rate (one envelope per message, and
+packed); the in-process message path within 2x of the raw rate. The publishers, the broker,
+the shuffler and the coordinator share the machine's cores: the JSON records how many.
 
 Run: ``python benchmarks/bench_mqtt_load.py [N] [--quick] [--out DIR]`` (default N = 100,000;
 ``--quick``: 300 reports, 2 publishers); writes mqtt_load.json and a bar chart, mqtt_load.png, into
@@ -51,6 +57,7 @@ from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
 from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec
 from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 from shuffledp.protocol.mechanisms.randomness import SeededSource
+from shuffledp.protocol.wire.envelope_packing import envelopes_per_message, pack_envelopes
 from shuffledp.protocol.wire.sealing import SUITE, Sealer, report_info
 from shuffledp.shuffler.spool import SqliteSpool
 
@@ -132,15 +139,16 @@ async def _serve_round(deployment: Deployment, spec: RoundSpec, shuffler_channel
 
 
 async def over_mqtt(broker: Broker, deployment: Deployment, spec: RoundSpec, envelopes: list[bytes], spool: Path,
-                    publishers: int):
+                    publishers: int, per_message: int = 1):
     host = broker._connect_host()
     topic = reports_topic(spec.session_id, spec.round_id)
 
     async def feed() -> float:
         start_at = time.time() + 2.0  # every publisher connected and waiting
         ctx = multiprocessing.get_context("spawn")
+        shares = [list(pack_envelopes(envelopes[k::publishers], per_message)) for k in range(publishers)]
         feed.processes = [
-            ctx.Process(target=_publish, args=(host, broker.port, broker.channel_options("client"), topic, envelopes[k::publishers], start_at))
+            ctx.Process(target=_publish, args=(host, broker.port, broker.channel_options("client"), topic, shares[k], start_at))
             for k in range(publishers)
         ]
         for p in feed.processes:
@@ -185,6 +193,7 @@ def plot_rates(result: dict, path: Path) -> None:
         ("in-process\nadmitted to opened", result["in_process_reports_per_s_end_to_end"], "tab:green"),
         ("in-process message\npath incl. sealing", result["in_process_reports_per_s_with_sealing"], "tab:olive"),
         ("MQTT end to end\n(TLS, ACL, spool)", result["mqtt_reports_per_s_end_to_end"], "tab:red"),
+        (f"MQTT, {result['per_message']} envelopes\nper message", result["mqtt_packed_reports_per_s_end_to_end"], "tab:purple"),
     ]
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.bar([r[0] for r in rows], [r[1] for r in rows], color=[r[2] for r in rows])
@@ -202,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = arguments(__doc__, quick=f"{QUICK['n']} reports, {QUICK['publishers']} publishers (a smoke run)")
     parser.add_argument("n", nargs="?", type=int, default=100_000, help="reports in the round (default 100,000)")
     parser.add_argument("--publishers", type=int, default=PUBLISHERS, help="publishing processes (default %(default)s)")
+    parser.add_argument("--per-message", type=int, default=None,
+                        help="envelopes per MQTT message in the packed run (default: as many as the client payload limit holds)")
     args = parse(parser, argv)
     sizes = dict(QUICK) if args.quick else {"n": args.n, "publishers": args.publishers}
     n, publishers = sizes["n"], sizes["publishers"]
@@ -212,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=n, max_batch=n,
         deadline=time.time() + 3600,
     )
-    with progress_bar(4, unit="step") as step:
+    with progress_bar(5, unit="step") as step:
         step("sealing (the devices' work)", 0)
         envelopes, t_seal = seal_all(deployment, spec, n)
         step("raw HPKE baseline", 1)
@@ -221,9 +232,15 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as work:
             limits = default_role_limits()  # every publishing process is one connection of the client account
             limits["client"] = dataclasses.replace(limits["client"], max_connections=publishers)
+            per_message = args.per_message or envelopes_per_message(len(envelopes[0]), limits["client"].max_payload)
             with Broker(Path(work) / "broker", role_limits=limits) as broker:
                 mqtt_record, t_mqtt, mqtt_admitted = asyncio.run(
                     over_mqtt(broker, deployment, spec, envelopes, Path(work) / "mqtt.db", publishers)
+                )
+            step(f"over MQTT, {per_message} envelopes per message", 1)
+            with Broker(Path(work) / "broker-packed", role_limits=limits) as broker:
+                packed_record, t_packed, packed_admitted = asyncio.run(
+                    over_mqtt(broker, deployment, spec, envelopes, Path(work) / "mqtt-packed.db", publishers, per_message)
                 )
             step("in-process", 1)
             local_record, t_local, local_admitted = asyncio.run(in_process(deployment, spec, envelopes, Path(work) / "local.db"))
@@ -241,9 +258,16 @@ def main(argv: list[str] | None = None) -> int:
         "in_process_reports_per_s_end_to_end": n / t_local,
         "in_process_opened": local_record.opened.size,
         "mqtt_to_in_process_ratio": t_local / t_mqtt,
+        "per_message": per_message,
+        "mqtt_packed_reports_per_s_end_to_end": n / t_packed,
+        "mqtt_packed_lost": n - packed_admitted,
+        "mqtt_packed_opened": packed_record.opened.size,
+        "mqtt_packed_to_in_process_ratio": t_local / t_packed,
+        "processes": {"publishers": publishers, "broker": 1, "shuffler": "1 (its outer opens on a pool of one worker per core)",
+                      "coordinator": "1 (its inner opens on a pool of one worker per core)"},
         "in_process_reports_per_s_with_sealing": n / (t_seal + t_local),
         "in_process_to_raw_ratio": t_raw / (t_seal + t_local),
-        "targets": {"mqtt_reports_per_s": 5000, "in_process_to_raw_ratio_at_least": 0.5},
+        "targets": {"mqtt_reports_per_s": 5000, "mqtt_to_in_process_ratio_at_least": 0.85, "in_process_to_raw_ratio_at_least": 0.5},
     }
     path = write_result(args, "mqtt_load", result, sizes=sizes)
     plot_rates(result, path.with_suffix(".png"))
@@ -254,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  in-process message path incl. sealing      {result['in_process_reports_per_s_with_sealing']:>9,.0f} /s "
           f"= {result['in_process_to_raw_ratio']:.2f} x raw (target >= 0.5, i.e. within 2x)")
     print(f"  MQTT (TLS, ACL, spool on disk), end to end {result['mqtt_reports_per_s_end_to_end']:>9,.0f} /s "
-          f"= {result['mqtt_to_in_process_ratio']:.2f} x in-process (target >= 5,000 /s); lost {result['mqtt_lost']}")
+          f"= {result['mqtt_to_in_process_ratio']:.2f} x in-process (target >= 5,000 /s, >= 0.85 x); lost {result['mqtt_lost']}")
+    print(f"  MQTT, {per_message} envelopes per message      {result['mqtt_packed_reports_per_s_end_to_end']:>9,.0f} /s "
+          f"= {result['mqtt_packed_to_in_process_ratio']:.2f} x in-process; lost {result['mqtt_packed_lost']}")
     print(f"wrote {path} and {path.with_suffix('.png').name}")
     return 0
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -39,8 +40,8 @@ from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.wire.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
 from shuffledp.protocol.errors import UnknownRound
-from shuffledp.protocol.wire.messages import AdmissionReceipts, Report, RoundOutcome, RoundSpec, SignedRoundSpec, messages_per_user
-from shuffledp.protocol.wire.onion import decode_verified, verified_spec, wrap
+from shuffledp.protocol.wire.messages import AdmissionReceipts, RoundOutcome, RoundSpec, SignedRoundSpec, messages_per_user
+from shuffledp.protocol.wire.onion import EnvelopeWrapper, decode_verified, verified_spec
 from shuffledp.protocol.wire.report_format import report_format
 from shuffledp.protocol.mechanisms.randomness import RandomSource, SystemSource
 from shuffledp.protocol.wire.sealing import Sealer
@@ -70,6 +71,52 @@ class SentRound:
     @property
     def admitted(self) -> int:
         return sum(1 for status in self.receipts.values() if status == "admitted")
+
+
+class PreparedRound:
+    """What every report of one verified round needs, computed once per round: the value
+    ranges an honest randomizer can report, the padded report layout, the analyzer's
+    sealer and the shuffler's wrapper (parsed keys, HPKE ``info``), the messages per user.
+
+    :meth:`seal` is the pure part of answering: pad, seal and wrap one client's messages,
+    each on its own (a fresh HPKE encapsulation for each layer and a fresh nonce). It
+    touches no ledger, so a caller may run it anywhere (the simulation seals blocks of
+    users on worker processes) and charge the client afterwards."""
+
+    def __init__(self, spec: RoundSpec, sealer: Sealer) -> None:
+        self.spec = spec
+        self.ranges = report_ranges(spec)
+        self.layout = report_format(spec.round_id, spec.mechanism)
+        self.messages = messages_per_user(spec.params)
+        self.sealer = sealer.for_round(spec.session_id, spec.round_id, spec.digest)
+        self.wrapper = EnvelopeWrapper(spec)
+
+    #: The round prepared last by :meth:`of` (its spec and sealer objects, and itself).
+    _last: "tuple[RoundSpec, Sealer, PreparedRound] | None" = None
+
+    @classmethod
+    def of(cls, spec: RoundSpec, sealer: Sealer) -> "PreparedRound":
+        """The prepared round of this very ``spec`` and ``sealer`` (the same objects): the one made
+        last if it is theirs, else a new one. Many clients answering one round in one process
+        (each with the same spec and sealer objects) so share one."""
+        last = cls._last
+        if last is not None and last[0] is spec and last[1] is sealer:
+            return last[2]
+        prepared = cls(spec, sealer)
+        PreparedRound._last = (spec, sealer, prepared)
+        return prepared
+
+    def seal(self, credential: bytes, messages: list[tuple[int, ...]]) -> tuple[list[bytes], list[bytes]]:
+        """One client's envelopes and their nonces, in the messages' order; a typed error
+        (:class:`ValueOutOfRange`, :class:`SealingError`, ...) if any message cannot be sent."""
+        envelopes, nonces = [], []
+        for message in messages:
+            check_report_values(message, self.ranges)  # never send what an honest randomizer cannot
+            sealed = self.sealer.seal(self.layout.encode_padded(message))
+            envelope, nonce = self.wrapper.wrap(credential, sealed)
+            envelopes.append(envelope)
+            nonces.append(nonce)
+        return envelopes, nonces
 
 
 class Client:
@@ -105,6 +152,54 @@ class Client:
         #: The local mean the randomizers see: a float for scalar samples ``(m,)``, a
         #: vector for vector samples ``(m, d)``.
         self.local_mean: float | np.ndarray = float(mean) if samples.ndim == 1 else mean
+        self._configure(
+            analyzer_signing_key, ledger, credential, shuffler_signing_key, shuffler_key, min_batch_floor,
+            accept_central_only, source, clock,
+        )
+
+    @classmethod
+    def many(
+        cls,
+        values: np.ndarray,
+        analyzer_signing_key: bytes,
+        ledgers: Sequence[PrivacyLedger],
+        credentials: Sequence[bytes],
+        **options,
+    ) -> list["Client"]:
+        """One client per row of ``values`` (``(n,)`` or ``(n, d)``), each holding its row as
+        its one sample: the clients ``Client(values[i][None], analyzer_signing_key, ledgers[i],
+        credential=credentials[i], **options)`` would be, with the samples checked once for
+        all of them (a simulation sets up thousands of users)."""
+        values = as_real_array(values, "samples", ndim=2 if np.ndim(values) == 2 else 1)
+        rank = values.ndim
+        if values.shape[0] == 0 or values.size == 0:
+            raise InvalidParameter("samples", "must not be empty")
+        if not (len(ledgers) == len(credentials) == values.shape[0]):
+            raise InvalidParameter("ledgers", "need one ledger and one credential per row of values")
+        means = values.tolist() if rank == 1 else list(values.copy())  # a row's mean is the row itself
+        out = []
+        for mean, ledger, credential in zip(means, ledgers, credentials):
+            client = cls.__new__(cls)
+            client.local_mean = mean
+            client._configure(analyzer_signing_key, ledger, credential, **options)
+            out.append(client)
+        return out
+
+    def _configure(
+        self,
+        analyzer_signing_key: bytes,
+        ledger: PrivacyLedger,
+        credential: bytes,
+        shuffler_signing_key: bytes | None = None,
+        shuffler_key: bytes | None = None,
+        min_batch_floor: int = 1,
+        accept_central_only: bool = False,
+        source: RandomSource | None = None,
+        clock=time.time,
+    ) -> None:
+        """Everything of the constructor but the samples (see :meth:`many`)."""
+        if not isinstance(ledger, PrivacyLedger):
+            raise InvalidParameter("ledger", f"must be a PrivacyLedger, got {type(ledger).__name__}")
         self.analyzer_signing_key = analyzer_signing_key
         self.ledger = ledger
         if not isinstance(credential, bytes) or len(credential) != CREDENTIAL_BYTES:
@@ -142,10 +237,14 @@ class Client:
         spec = verified_spec(signed, self.analyzer_signing_key)
         return self.answer_verified(spec, Sealer(spec.analyzer_key))
 
-    def answer_verified(self, spec: RoundSpec, sealer: Sealer, values: np.ndarray | None = None) -> list[bytes]:
+    def answer_verified(
+        self, spec: RoundSpec, sealer: Sealer, values: np.ndarray | None = None, *, prepared: "PreparedRound | None" = None
+    ) -> list[bytes]:
         """Answer an already verified spec: one envelope per message of the round (in the
         order drawn; the shuffler permutes). ``values`` (``(messages, width)``) lets a batch
-        caller pass pre-drawn report values.
+        caller pass pre-drawn report values; ``prepared`` (:class:`PreparedRound` of this
+        spec and ``sealer``) lets one caller answering for many clients compute the
+        round's constants once.
 
         Every message is padded to the round's one size and sealed on its own (a fresh
         HPKE encapsulation and a fresh outer layer and nonce each), so nothing but the
@@ -155,13 +254,31 @@ class Client:
         failed round costs nothing; the charge is an atomic check-and-spend, so two
         threads (or two clients sharing a ledger) cannot both spend the last of it.
         """
+        messages = self.begin_round(spec, values, prepared)
+        if prepared is None:  # after the checks, so a refused round fails as it always did
+            prepared = PreparedRound.of(spec, sealer)
+        envelopes, nonces = prepared.seal(self.credential, messages)
+        self.finish_round(spec, nonces)
+        return envelopes
+
+    def begin_round(
+        self, spec: RoundSpec, values: np.ndarray | None = None, prepared: "PreparedRound | None" = None
+    ) -> list[tuple[int, ...]]:
+        """The first part of :meth:`answer_verified`: every check that can refuse the round
+        (deadline, pinned shuffler, crowd floor, local guarantee, the ledger's budget), then
+        the round's report values (drawn here unless given), one tuple per message. Nothing
+        is charged; :meth:`finish_round` charges once the messages are sealed
+        (:meth:`PreparedRound.seal`, possibly elsewhere)."""
+        if prepared is not None and prepared.spec is not spec:
+            raise InvalidParameter("prepared", "was prepared for another spec")
         if self.clock() > spec.deadline:
             raise RoundExpired(f"round {spec.round_id} closed at {spec.deadline}")
         if self.shuffler_signing_key is not None and spec.shuffler_signing_key != self.shuffler_signing_key:
             raise UntrustedRound("the spec names a shuffler other than the one this device pinned")
         if self.shuffler_key is not None and spec.shuffler_key != self.shuffler_key:
             raise UntrustedRound("the spec names a sealing key other than the one this device pinned for its shuffler")
-        users = -(-spec.min_batch // messages_per_user(spec.params))  # the fewest users that fill min_batch
+        expected = prepared.messages if prepared is not None else messages_per_user(spec.params)
+        users = -(-spec.min_batch // expected)  # the fewest users that fill min_batch
         if users < self.min_batch_floor:
             raise UntrustedRound(f"the round's batch holds {users} users' reports, below this device's floor {self.min_batch_floor}")
         if not getattr(spec.params, "LOCAL_GUARANTEE", True) and not self.accept_central_only:
@@ -169,24 +286,20 @@ class Client:
         self.ledger.check(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
         if values is None:
             values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]
-        messages = [tuple(int(v) for v in row) for row in np.asarray(values).reshape(len(values), -1)]
-        expected = messages_per_user(spec.params)
+        rows = np.asarray(values).reshape(len(values), -1)
+        if rows.dtype.kind in "iu":  # Python ints, as int() gives, without a call per value
+            messages = [tuple(row) for row in rows.tolist()]
+        else:
+            messages = [tuple(int(v) for v in row) for row in rows]
         if len(messages) != expected:
             raise InvalidParameter("values", f"the round takes {expected} message(s) per user, got {len(messages)}")
-        ranges = report_ranges(spec)
-        layout = report_format(spec.round_id, spec.mechanism)
-        digest = spec.digest
-        envelopes, nonces = [], []
-        for message in messages:
-            check_report_values(message, ranges)  # never send what an honest randomizer cannot
-            payload = layout.pad(codec.encode(Report(spec.round_id, spec.mechanism, message)))
-            sealed = sealer.seal(payload, spec.session_id, spec.round_id, digest)
-            envelope, nonce = wrap(spec, self.credential, sealed)
-            envelopes.append(envelope)
-            nonces.append(nonce)
+        return messages
+
+    def finish_round(self, spec: RoundSpec, nonces: list[bytes]) -> None:
+        """The last part of :meth:`answer_verified`: charge the ledger (an atomic check-and-spend)
+        and record what was sent (the envelopes' ``nonces``)."""
         self.ledger.spend(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
         self.sent[(spec.session_id, spec.round_id)] = SentRound(spec, nonces)
-        return envelopes
 
     def instance_for(self, spec: RoundSpec) -> int:
         """The shuffler instance of the round this client's envelopes go to (its reports topic)."""

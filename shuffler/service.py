@@ -9,7 +9,9 @@ topic), the shuffler
    reach a round it has not opened). Announcements are retained, so a shuffler that
    starts late still sees the current round; a round it served, or that failed, is
    never re-opened;
-2. opens each envelope's outer layer (:class:`~shuffledp.protocol.wire.onion.EnvelopeOpener`)
+2. splits a message of several envelopes packed back to back
+   (:mod:`~shuffledp.protocol.wire.envelope_packing`), then opens each envelope's outer layer
+   (:class:`~shuffledp.protocol.wire.onion.EnvelopeOpener`)
    and admits the :class:`~shuffledp.protocol.wire.messages.Admission` inside only if its
    credential verifies (the issuer's HMAC, :mod:`shuffledp.protocol.wire.credentials`), the
    credential is under the round's ``messages_per_user`` quota, the nonce is new, the
@@ -103,6 +105,7 @@ from shuffledp.protocol.wire.messages import (
     RoundSpec,
     ShuffledBatch,
 )
+from shuffledp.protocol.wire.envelope_packing import unpack_envelopes
 from shuffledp.protocol.wire.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
 from shuffledp.shuffler.parallel_open import OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
@@ -252,7 +255,9 @@ class RoundAdmission:
         return nonce, AdmittedEnvelope(client_id, nonce, admission.sealed)
 
     def offer_many(self, items: list[bytes]) -> Receipts:
-        """Process encoded envelopes; spool the admitted ones in one transaction; return the receipts.
+        """Process received messages, each one envelope or several packed back to back
+        (:mod:`~shuffledp.protocol.wire.envelope_packing`: every envelope then judged on its own);
+        spool the admitted ones in one transaction; return the receipts.
 
         Never raises for bad input: each refusal is counted by reason, and refused
         envelopes whose outer layer opened are named (by nonce) in the receipts,
@@ -261,7 +266,7 @@ class RoundAdmission:
         receipts = Receipts()
         pending = _Pending()
         retransmitted: list[bytes] = []
-        for opened in self._open_all(items):
+        for opened in self._open_all(unpack_envelopes(items, self.opener.format.size)):
             try:
                 if isinstance(opened, Exception):
                     raise opened
@@ -289,18 +294,25 @@ class RoundAdmission:
                 receipts.admitted.append(nonce)
         return receipts
 
-    def _open_all(self, items: list[bytes]) -> list[Admission | Exception]:
-        """Each item's opened :class:`Admission` or the exception its opening raised, in order."""
+    def _open_all(self, items: list) -> list[Admission | Exception]:
+        """Each item's opened :class:`Admission` or the exception its opening raised, in order (an item
+        that already is an exception, a refused packed message, stays one)."""
+        refused = {i: item for i, item in enumerate(items) if isinstance(item, Exception)}
+        envelopes = [item for item in items if not isinstance(item, Exception)] if refused else items
         pool = self.opener_pool
-        if pool is not None and len(items) >= pool.threshold:
-            return pool.open_many(self.spec, items)
-        out: list[Admission | Exception] = []
-        for data in items:
-            try:
-                out.append(self.opener.open(data))
-            except Exception as exc:  # typed refusals, and bugs (counted as internal-error by the caller)
-                out.append(exc)
-        return out
+        if pool is not None and len(envelopes) >= pool.threshold:
+            opened = list(pool.open_many(self.spec, envelopes))
+        else:
+            opened = []
+            for data in envelopes:
+                try:
+                    opened.append(self.opener.open(data))
+                except Exception as exc:  # typed refusals, and bugs (counted as internal-error by the caller)
+                    opened.append(exc)
+        if not refused:
+            return opened
+        rest = iter(opened)
+        return [refused[i] if i in refused else next(rest) for i in range(len(items))]
 
     def _commit(self, batch: list[AdmittedEnvelope], receipts: Receipts) -> SpoolStorageError | None:
         """Spool ``batch`` and record what was committed; the storage failure, if any.

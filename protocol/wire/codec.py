@@ -60,14 +60,20 @@ def message_tag(cls: type) -> str:
 T = TypeVar("T")
 
 
+#: Types that go on the wire as they are (checked first: a batch or receipts message holds thousands).
+_AS_IS = frozenset({bytes, str, int, float, bool, type(None)})
+
+
 def _to_wire(value: Any) -> Any:
+    if type(value) in _AS_IS:
+        return value
     if dataclasses.is_dataclass(value):
         out = {f.name: _to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if hasattr(value, "MECHANISM"):
             out["mechanism"] = value.MECHANISM
         return out
     if isinstance(value, tuple):
-        return [_to_wire(v) for v in value]
+        return [v if type(v) in _AS_IS else _to_wire(v) for v in value]
     return value
 
 

@@ -112,7 +112,8 @@ def _bytes_of(value: bytes, length: int, name: str) -> None:
 
 def _count(value: int, name: str, low: int, high: int) -> None:
     _require(isinstance(value, int) and not isinstance(value, bool), name, "must be an integer")
-    _require(low <= value <= high, name, f"must be in [{low}, {high}], got {short_repr(value)}")
+    if not low <= value <= high:  # the message is formatted only for a refusal (every message checks its round id)
+        raise InvalidParameter(name, f"must be in [{low}, {high}], got {short_repr(value)}")
 
 
 def _round(value: int) -> None:

@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+import threading
 from typing import TypeVar
 
 from cryptography.exceptions import InvalidTag
@@ -105,6 +106,66 @@ def wrap(spec: RoundSpec, credential: bytes, sealed: bytes, nonce: bytes | None 
     return codec.encode(Envelope(spec.session_id, spec.round_id, outer)), nonce
 
 
+#: Nonces an :class:`EnvelopeWrapper` reads from the OS CSPRNG at once.
+NONCES_PER_READ = 256
+
+
+class EnvelopeWrapper:
+    """Client side: wraps sealed reports of one round into envelopes (:func:`wrap`, with the
+    round's constants computed once: the shuffler's parsed key, the HPKE ``info``, and the
+    fixed layouts of the round's :class:`Admission` and :class:`Envelope`).
+
+    :meth:`wrap` returns exactly the bytes :func:`wrap` returns for the same arguments
+    (and nonce): a fresh HPKE encapsulation to the shuffler per envelope. A key the suite
+    refuses is a :class:`SealingError` here, as there."""
+
+    def __init__(self, spec: RoundSpec) -> None:
+        try:
+            self._key = X25519PublicKey.from_public_bytes(spec.shuffler_key)
+        except ValueError as exc:
+            raise SealingError(f"cannot seal to the round's shuffler key ({exc})") from None
+        self.spec = spec
+        self._info = envelope_info(spec.session_id, spec.round_id, spec.digest)
+        f = envelope_format(spec.round_id, spec.mechanism)
+        self._admission = FixedLayout(
+            Admission(spec.round_id, bytes(CREDENTIAL_BYTES), bytes(NONCE_BYTES), bytes(f.sealed_size)),
+            ("credential", "nonce", "sealed"),
+        )
+        self._envelope = FixedLayout(Envelope(spec.session_id, spec.round_id, bytes(f.outer_size)), ("outer",))
+        self._nonces = b""
+        self._nonce_at = 0
+        self._nonces_pid = 0
+        self._nonce_lock = threading.Lock()
+
+    def _fresh_nonce(self) -> bytes:
+        """16 fresh bytes of the OS CSPRNG, read :data:`NONCES_PER_READ` nonces at a time (one
+        system call for many envelopes); each is handed out once, and never in a forked process."""
+        with self._nonce_lock:  # clients answering on several threads share a round's wrapper
+            at = self._nonce_at
+            if at >= len(self._nonces) or self._nonces_pid != os.getpid():
+                self._nonces = os.urandom(NONCE_BYTES * NONCES_PER_READ)
+                self._nonces_pid = os.getpid()
+                at = 0
+            self._nonce_at = at + NONCE_BYTES
+            return self._nonces[at : at + NONCE_BYTES]
+
+    def wrap(self, credential: bytes, sealed: bytes, nonce: bytes | None = None) -> tuple[bytes, bytes]:
+        """The encoded envelope carrying ``sealed`` under ``credential``, and its nonce."""
+        spec = self.spec
+        nonce = self._fresh_nonce() if nonce is None else nonce
+        admission = self._admission.build(credential, nonce, sealed)
+        if admission is None:  # not the round's field lengths: the general encoder (and its typed errors)
+            admission = codec.encode(Admission(spec.round_id, credential, nonce, sealed))
+        try:
+            outer = SUITE.encrypt(admission, self._key, info=self._info)
+        except ValueError as exc:
+            raise SealingError(f"cannot seal to the round's shuffler key ({exc})") from None
+        envelope = self._envelope.build(outer)
+        if envelope is None:
+            envelope = codec.encode(Envelope(spec.session_id, spec.round_id, outer))
+        return envelope, nonce
+
+
 class FixedLayout:
     """The one deterministic encoding of a message whose every field has a fixed length in a round.
 
@@ -130,6 +191,30 @@ class FixedLayout:
             self._fields.append((name, start, start + length))
             position = start + length
         self._fixed.append((position, encoded[position:]))
+        #: For :meth:`build`: which given value goes in each field's place, and its length.
+        self._order = [variable.index(name) for _, name, _ in spans]
+        self._lengths = [length for _, name, length in spans]
+
+    def build(self, *values: bytes) -> bytes | None:
+        """The encoding of the template with its variable fields set to ``values`` (in the
+        ``variable`` order given at construction), or None if a value is not ``bytes`` of its
+        field's length (then only the general encoder knows its form). Exactly
+        ``codec.encode(dataclasses.replace(template, **fields))``: the fixed bytes are the
+        template's, and each field keeps its place and its length."""
+        parts = []
+        for (_, fixed), value, length in zip(self._fixed, self._ordered(values), self._lengths):
+            if type(value) is not bytes or len(value) != length:
+                return None
+            parts.append(fixed)
+            parts.append(value)
+        parts.append(self._fixed[-1][1])
+        return b"".join(parts)
+
+    def _ordered(self, values: tuple[bytes, ...]) -> list[bytes]:
+        """``values`` (in the constructor's ``variable`` order) in their order in the encoding."""
+        if len(values) != len(self._order):
+            raise TypeError(f"expected {len(self._order)} field values, got {len(values)}")
+        return [values[i] for i in self._order]
 
     def fields(self, data: bytes) -> dict[str, bytes] | None:
         """The variable fields of ``data``, or None if it is not this layout."""
@@ -268,6 +353,7 @@ def decode_verified(data: bytes, expected: type[M], public: bytes) -> M:
 __all__ = [
     "EnvelopeFormat",
     "EnvelopeOpener",
+    "EnvelopeWrapper",
     "ShufflerKeys",
     "decode_verified",
     "encoded_digest",

@@ -76,8 +76,30 @@ class ReportFormat:
         self._prefix = template[:cut]
         self._suffix = template[cut + len(array) :]
         self._array_header = 0x80 | self.width
+        self._array_byte = bytes([self._array_header])
         if self._prefix + array + self._suffix != template:  # pragma: no cover - layout invariant
             raise AssertionError("report template does not split around its values array")
+
+    def encode_padded(self, values: tuple[int, ...]) -> bytes:
+        """The padded plaintext of this round's report of ``values``: exactly
+        ``pad(codec.encode(Report(round_id, mechanism, values)))``, written from the round's
+        fixed prefix and suffix (the values are the only bytes that vary). Values the
+        general encoder would refuse (wrong count, not an int, outside ``|v| < 2**62``) go
+        through it, for its typed error."""
+        if len(values) == self.width:
+            parts = [self._prefix, self._array_byte]
+            for v in values:
+                encoded = _INTS.get(v) if type(v) is int else None
+                if encoded is None:
+                    if type(v) is not int or not -VALUE_LIMIT <= v < VALUE_LIMIT:
+                        break
+                    encoded = _cbor_int(v)
+                parts.append(encoded)
+            else:
+                parts.append(self._suffix)
+                encoded = b"".join(parts)
+                return encoded + bytes(self.size - len(encoded))
+        return self.pad(codec.encode(Report(self.round_id, self.mechanism, tuple(values))))
 
     def pad(self, encoded_report: bytes) -> bytes:
         """``encoded_report`` followed by zeros up to :attr:`size`."""
@@ -152,6 +174,17 @@ def _uint_header(major: int, value: int) -> bytes:
         if value < 1 << (8 * width):
             return bytes([top | info]) + value.to_bytes(width, "big")
     raise ValueError("argument too large for CBOR")  # pragma: no cover - lengths are far below 2**64
+
+
+def _cbor_int(value: int) -> bytes:
+    """The shortest (deterministic) CBOR encoding of an integer with ``|value| < 2**64``."""
+    if value >= 0:
+        return _uint_header(0, value)
+    return _uint_header(1, -1 - value)
+
+
+#: The encodings of the small integers reports mostly carry, looked up by :meth:`ReportFormat.encode_padded`.
+_INTS = {v: _cbor_int(v) for v in range(-1024, 4096)}
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,26 @@ class Sealer:
             raise SealingError(f"cannot seal to the round's analyzer key ({exc})") from None
 
 
+    def for_round(self, session_id: bytes, round_id: int, spec_digest: bytes) -> "RoundSealer":
+        """A sealer of one round's payloads, its HPKE ``info`` computed once."""
+        return RoundSealer(self._key, report_info(session_id, round_id, spec_digest))
+
+
+class RoundSealer:
+    """Client side: seals one round's payloads (what :meth:`Sealer.seal` does, with the
+    round's ``info`` and the parsed key held); every call is a fresh HPKE encapsulation."""
+
+    def __init__(self, key: X25519PublicKey, info: bytes) -> None:
+        self._key = key
+        self._info = info
+
+    def seal(self, payload: bytes) -> bytes:
+        try:
+            return SUITE.encrypt(payload, self._key, info=self._info)
+        except ValueError as exc:
+            raise SealingError(f"cannot seal to the round's analyzer key ({exc})") from None
+
+
 #: Length of HPKE's encapsulated key (X25519's ephemeral public key) at the start of a sealed payload.
 ENCAPSULATED_KEY_BYTES = 32
 

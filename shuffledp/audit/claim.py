@@ -563,6 +563,8 @@ def _g(value: float | None, spec: str = ".4g") -> str:
 
 def format_claim(report: dict[str, Any]) -> str:
     """The human-readable form of :func:`claim_report`'s result."""
+    from shuffledp.audit.power import power_note
+
     lines = [
         f"shuffledp audit (claim): {'PASSED' if report['passed'] else 'FAILED'}  session {report['session_id']}, "
         f"{report['session_file']}",
@@ -583,6 +585,10 @@ def format_claim(report: dict[str, Any]) -> str:
             lines.append(f"  {'':>5} {method}: {why}")
         if row["lower_bound"] is None:
             lines.append(f"  {'':>5} lower bound: {row['lower_bound_note']}")
+        elif row.get("lower_bound_audit") and row["central_epsilon"] is not None:
+            note = power_note(row["lower_bound_audit"], "rounds", row["central_epsilon"])
+            if note is not None:  # a lower bound of 0 neither confirms nor refutes the claim
+                lines.append(f"  {'':>5} lower bound: {note}")
         for v in row["violations"]:
             lines.append(f"  {'':>5} ! {v}")
     s = report["session"]

@@ -45,8 +45,9 @@ The shuffler and the wire (caught by the mechanics audit, :mod:`shuffledp.audit.
   those batches leave in arrival order.
 * ``small-batch-release``: ``service.batch_releasable`` lets any non-empty round go,
   so a round below ``min_batch`` is released at its deadline.
-* ``padding-off``: ``ReportFormat.pad`` returns the encoded report unpadded, so the
-  sealed report's length (and the envelope's) depends on the reported values.
+* ``padding-off``: ``ReportFormat.encode_padded`` (what a client seals) returns the encoded
+  report unpadded, so the sealed report's length (and the envelope's) depends on the
+  reported values.
 * ``analyzer-gets-credentials``: the shuffler appends the client id of each admitted
   envelope's credential to its sealed report, so the batch the analyzer receives
   links every report to its client.
@@ -144,10 +145,13 @@ def _small_batch_release(original: Callable) -> Callable:
 
 
 def _padding_off(original: Callable) -> Callable:
-    def pad(self, encoded_report: bytes) -> bytes:
-        return encoded_report
+    def encode_padded(self, values: tuple[int, ...]) -> bytes:
+        from shuffledp.protocol.wire import codec
+        from shuffledp.protocol.wire.messages import Report
 
-    return pad
+        return codec.encode(Report(self.round_id, self.mechanism, tuple(values)))
+
+    return encode_padded
 
 
 def _analyzer_gets_credentials(original: Callable) -> Callable:
@@ -168,7 +172,7 @@ FAULTS: dict[str, tuple[str, str, Callable[[Callable], Callable]]] = {
     "skellam-mu-too-small": ("shuffledp.client.summation", "skellam_shares", _skellam_mu_too_small),
     "shuffler-arrival-order": ("shuffledp.shuffler.service", "secure_permutation", _arrival_order),
     "small-batch-release": ("shuffledp.shuffler.service", "batch_releasable", _small_batch_release),
-    "padding-off": ("shuffledp.protocol.wire.report_format", "ReportFormat.pad", _padding_off),
+    "padding-off": ("shuffledp.protocol.wire.report_format", "ReportFormat.encode_padded", _padding_off),
     "analyzer-gets-credentials": ("shuffledp.shuffler.service", "RoundAdmission._record", _analyzer_gets_credentials),
 }
 

@@ -62,7 +62,7 @@ import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter
 
-__all__ = ["MAX_RUNS", "POWER", "detection_power", "power_fields", "rates_at_claim", "runs_needed"]
+__all__ = ["MAX_RUNS", "POWER", "detection_power", "power_fields", "power_note", "rates_at_claim", "runs_needed"]
 
 #: The probability of a positive lower bound that ``runs_needed`` is for.
 POWER = 0.9
@@ -174,3 +174,22 @@ def power_fields(lower_bound: float, hits: int | None, other: int | None, runs: 
         out["power_detail"] = (f"no event separated the inputs on the selection sample (the chosen one holds in "
                                f"{other / runs:.0%} of the runs): more runs for the selection, no estimate of how many")
     return out
+
+
+def _runs(value: int | None) -> str:
+    return "-" if value is None else (f"{value:,}" if value < 10**7 else f"{value:.2g}")
+
+
+def power_note(row: dict[str, Any], unit: str, claimed: float) -> str | None:
+    """What a row with no power says (None for a row with power): the runs it used, and the runs with
+    which a leak at the claim, and one at the observed rates, would give a positive bound."""
+    if not row.get("no_power"):
+        return None
+    power = f"{row.get('power', POWER) * 100:.0f} %"
+    used = row.get("trials", row.get("rounds"))
+    if row.get("runs_needed") is None:
+        return f"no power at {_runs(used)} {unit}: {row.get('power_detail', '')}"
+    at_claim = f"a leak at the claim (eps {claimed:.4g}) would show ({power}) from {_runs(row['runs_needed'])} {unit}"
+    observed = (f"at the observed rates from {_runs(row['runs_needed_observed'])}"
+                if row.get("runs_needed_observed") is not None else "the observed rates show no leak on this event")
+    return f"no power at {_runs(used)} {unit}: {at_claim}; {observed}"

@@ -38,14 +38,32 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Each command name (and alias) -> the module that provides it.
+COMMAND_OF: dict[str, str] = {name.rpartition(".")[2]: name for name in COMMAND_MODULES} | {"client": "shuffledp.cli.clients"}
+
+
+def named_command(argv: Sequence[str] | None) -> str | None:
+    """The command ``argv`` runs (its first word, when it names one), or None (``--help``, ``--version``,
+    no command, or a word that is not a command)."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0].startswith("-"):
+        return None
+    return args[0] if args[0] in COMMAND_OF else None
+
+
+def build_parser(argv: Sequence[str] | None = ()) -> argparse.ArgumentParser:
+    """The command-line parser. With ``argv`` naming a command, only that command's module is
+    imported (a command loads only what it runs); otherwise every command's, so ``--help`` and a
+    mistyped command list them all. ``argv=None`` reads ``sys.argv``."""
+    command = named_command(argv)
+    modules = (COMMAND_OF[command],) if command is not None else COMMAND_MODULES
     parser = Parser(
         prog="shuffledp",
         description="Differentially private statistics in the local and shuffle models.",
     )
     parser.add_argument("--version", action="version", version=f"shuffledp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:  # a command whose module is not built yet
@@ -60,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. A usage error, a bad configuration or a missing optional dependency is one
     line on stderr and exit status 2; a failure of the command (a typed ``ShuffleDPError``) one line
     and exit status 1."""
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     apply_size_cap(args)  # SHUFFLEDP_SIZE_CAP=N: documented commands at a small size (shuffledp/size_cap.py)
     if not getattr(args, "func", None):

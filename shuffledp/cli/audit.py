@@ -273,22 +273,12 @@ def verdict(row: dict) -> str:
     return "no power" if row.get("no_power") else "ok"
 
 
-def _runs(value: int | None) -> str:
-    return "-" if value is None else (f"{value:,}" if value < 10**7 else f"{value:.2g}")
-
-
 def _power_note(row: dict, unit: str, claimed: float) -> str | None:
-    """The indented line under a no-power row: the runs a positive bound needs."""
-    if not row.get("no_power"):
-        return None
-    power = f"{row.get('power', 0.9) * 100:.0f} %"
-    used = row.get("trials", row.get("rounds"))
-    if row.get("runs_needed") is None:
-        return f"      no power at {_runs(used)} {unit}: {row.get('power_detail', '')}"
-    at_claim = f"a leak at the claim (eps {claimed:.4g}) would show ({power}) from {_runs(row['runs_needed'])} {unit}"
-    observed = (f"at the observed rates from {_runs(row['runs_needed_observed'])}"
-                if row.get("runs_needed_observed") is not None else "the observed rates show no leak on this event")
-    return f"      no power at {_runs(used)} {unit}: {at_claim}; {observed}"
+    """The indented line under a no-power row (:func:`shuffledp.audit.power.power_note`)."""
+    from shuffledp.audit.power import power_note
+
+    note = power_note(row, unit, claimed)
+    return None if note is None else f"      {note}"
 
 
 def format_audit(result: dict) -> str:

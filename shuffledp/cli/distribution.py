@@ -21,6 +21,7 @@ import sys
 
 from shuffledp.simulation.distribution import DistributionConfig, run_distribution
 from shuffledp.cli.common import (
+    EXIT_FAILED,
     EXIT_USAGE,
     HelpFormatter,
     add_json_option,
@@ -30,9 +31,9 @@ from shuffledp.cli.common import (
     fail,
 )
 from shuffledp.cli.run_info import with_run_info
-from shuffledp.cli.simulate import add_engine_arguments
+from shuffledp.cli.simulate import add_engine_arguments, check_engine_arguments, engine_client
 from shuffledp.progress import progress_bar, pyplot, save_figure
-from shuffledp.protocol.errors import InvalidParameter
+from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 
 
 def add_parser(subparsers) -> None:
@@ -65,12 +66,16 @@ def run(args: argparse.Namespace) -> int:
                                path=args.path, broker=args.broker, delta=args.delta)
             for m in ms
         ]
+        check_engine_arguments(args)
     except (InvalidParameter, ValueError) as exc:
         return fail("distribution", exc, EXIT_USAGE)
     results = []
-    with progress_bar(3 * args.users * len(configs), quiet=args.quiet) as step:
-        for config in configs:
-            results.append(run_distribution(config, progress=step))
+    try:
+        with engine_client(args) as client, progress_bar(3 * args.users * len(configs), quiet=args.quiet) as step:
+            for config in configs:
+                results.append(run_distribution(config, progress=step, client=client))
+    except ShuffleDPError as exc:
+        return fail("distribution", exc, EXIT_FAILED)
     if args.json:
         print(json.dumps(with_run_info(results, args), indent=2))
     else:

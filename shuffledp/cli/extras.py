@@ -6,7 +6,8 @@ need more, grouped as extras in ``pyproject.toml``:
 
 * ``analysis``: scipy, dp-accounting, tqdm, matplotlib (simulation, accounting, audit, plots);
 * ``mqtt``: aiomqtt (the broker transport: ``up``, the services, ``--broker``);
-* ``all``: both; ``learning``: scikit-learn; ``bench``: pure-ldp; ``docs``: pdoc.
+* ``all``: both; ``learning``: scikit-learn; ``bench``: pure-ldp; ``docs``: pdoc;
+* ``dask``: dask.distributed (``--dask-scheduler`` / ``--dask-workers``: the fast engine on a cluster).
 
 A command whose extra is missing stops before doing any work with one line that names
 the extra to install (:class:`MissingExtraError`), never a traceback.
@@ -23,6 +24,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "learning": ("sklearn",),
     "bench": ("pure_ldp",),
     "docs": ("pdoc",),
+    "dask": ("dask", "distributed"),
 }
 
 #: The extras each top-level command needs before it starts.

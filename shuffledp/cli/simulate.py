@@ -9,8 +9,10 @@ and central privacy spent. ``--json`` prints the same as one JSON document;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from typing import Any
 
 from shuffledp.simulation.population import DISTRIBUTIONS, Population
 from shuffledp.cli.common import (
@@ -109,6 +111,38 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str) -> None:
         "HOST[:PORT] for an anonymous plaintext broker, or the directory of a broker made by "
         "'python -m shuffledp.deploy.broker DIR --run' (TLS, one password per role, ACLs)",
     )
+    dask = p.add_mutually_exclusive_group()
+    dask.add_argument(
+        "--dask-scheduler", metavar="ADDRESS", default=None,
+        help="run the fast engine's blocks on the Dask cluster of this scheduler (tcp://HOST:8786); "
+        "the same result, bit for bit (needs shuffledp[dask])",
+    )
+    dask.add_argument(
+        "--dask-workers", metavar="N", type=int, default=None,
+        help="run the fast engine's blocks on a local Dask cluster of N worker processes (needs shuffledp[dask])",
+    )
+
+
+def check_engine_arguments(args: argparse.Namespace) -> None:
+    """:class:`InvalidParameter` if ``--dask-scheduler`` / ``--dask-workers`` ask for a cluster the run cannot use;
+    :class:`~shuffledp.cli.extras.MissingExtraError` (one line, exit status 2) if Dask is not installed."""
+    from shuffledp.cli.extras import require_extras
+
+    if getattr(args, "dask_scheduler", None) is None and getattr(args, "dask_workers", None) is None:
+        return
+    require_extras(getattr(args, "_command", None) or args.command, ("dask",))
+    if args.path != "fast":
+        raise InvalidParameter("dask-scheduler/dask-workers", "a Dask cluster runs the fast engine's blocks: use --fast")
+    if args.dask_workers is not None and args.dask_workers < 1:
+        raise InvalidParameter("dask-workers", f"must be >= 1, got {args.dask_workers}")
+
+
+def engine_client(args: argparse.Namespace) -> "contextlib.AbstractContextManager[Any]":
+    """The run's Dask client (``--dask-scheduler`` / ``--dask-workers``, closed afterwards), or
+    ``None``: the fast engine in this process (:func:`shuffledp.simulation.dask_engine.dask_client`)."""
+    from shuffledp.simulation.dask_engine import dask_client
+
+    return dask_client(getattr(args, "dask_scheduler", None), getattr(args, "dask_workers", None))
 
 
 def resolve_budgets(args: argparse.Namespace) -> None:
@@ -159,14 +193,17 @@ def run(args: argparse.Namespace) -> int:
             path=args.path,
             broker=args.broker,
         )
+        check_engine_arguments(args)
+        if args.seeds is not None and (args.dask_scheduler or args.dask_workers):
+            raise InvalidParameter("seeds", "the range study runs in this process: drop --dask-scheduler/--dask-workers")
     except InvalidParameter as exc:
         return fail("simulate", exc, EXIT_USAGE)
     if args.seeds is not None:
         return _run_range_study(args, config)
     units = (5 if config.path == "messages" else 3) * config.n  # generate, then per round: seal+open or randomize
     try:
-        with progress_bar(units, quiet=args.quiet, unit="user-step") as step:
-            result = run_simulation(config, progress=step)
+        with engine_client(args) as client, progress_bar(units, quiet=args.quiet, unit="user-step") as step:
+            result = run_simulation(config, progress=step, client=client)
     except ShuffleDPError as exc:  # e.g. the broker is unreachable, or a round missed its batch
         return fail("simulate", exc, EXIT_FAILED)
     try:
@@ -208,6 +245,7 @@ def _run_vector(args: argparse.Namespace) -> int:
         mu=args.mu if abs(args.mu) < args.bound else 0.5, sigma=args.sigma, bound=args.bound, zipf=1.1,
         epsilon0=args.epsilon0, mode="sampled", gamma=args.gamma, delta=args.delta, seed=args.seed, path=args.path,
         broker=args.broker, json=args.json, output=None, plot=args.plot, quiet=args.quiet,
+        dask_scheduler=args.dask_scheduler, dask_workers=args.dask_workers,
         _title=title, _command="simulate",
     )
     return vector_cli.run(vector_args)
@@ -230,15 +268,18 @@ def _run_instance_optimal(args: argparse.Namespace) -> int:
         )
     except InvalidParameter as exc:
         return fail("simulate", exc, EXIT_USAGE)
-    return _run_and_report(args, lambda step: run_instance_optimal(config, progress=step), format_instance_optimal, plot_instance_optimal)
+    return _run_and_report(args, lambda step, client: run_instance_optimal(config, progress=step, client=client),
+                           format_instance_optimal, plot_instance_optimal)
 
 
 def _run_and_report(args: argparse.Namespace, run_with, format_result_dict, plot_result_dict) -> int:
-    """Run (``run_with(progress_step)`` returns a JSON-ready dict), print it and plot it; typed errors
-    become exit codes (2: invalid parameter, 1: a protocol or transport failure)."""
+    """Run (``run_with(progress_step, dask_client_or_None)`` returns a JSON-ready dict), print it and
+    plot it; typed errors become exit codes (2: invalid parameter, 1: a protocol or transport failure)."""
     try:
-        with progress_bar(None, quiet=args.quiet, unit="step") as step:  # totals depend on chosen parameters
-            result = run_with(step)
+        check_engine_arguments(args)
+        # totals depend on chosen parameters
+        with engine_client(args) as client, progress_bar(None, quiet=args.quiet, unit="step") as step:
+            result = run_with(step, client)
     except InvalidParameter as exc:
         return fail("simulate", exc, EXIT_USAGE)
     except ShuffleDPError as exc:
@@ -266,7 +307,8 @@ def _run_summation(args: argparse.Namespace) -> int:
         )
     except InvalidParameter as exc:
         return fail("simulate", exc, EXIT_USAGE)
-    return _run_and_report(args, lambda step: run_summation(config, progress=step), format_summation, plot_summation)
+    return _run_and_report(args, lambda step, client: run_summation(config, progress=step, client=client),
+                           format_summation, plot_summation)
 
 
 def _print_and_plot(args: argparse.Namespace, result: SimulationResult) -> None:
@@ -299,7 +341,8 @@ def format_result(result: SimulationResult) -> str:
         f"(mu={pop['mu']}, sigma={pop['sigma']}) in [-{pop['bound']}, {pop['bound']}], tau = {c['tau']:.4g}",
         "",
         f"  true mean (all n*m samples)  {result.true_mean:.6f}",
-        f"  estimate                     {result.estimate:.6f}",
+        f"  estimate                     {result.estimate:.6f}"
+        + ("" if result.range_check.get("status", "ok") == "ok" else "   (UNTRUSTED: the range may hold no user; see the range check)"),
         f"  error                        {result.error:+.6f}   ({result.error / result.rmse_theory:+.2f} x theoretical RMSE)",
         f"  theoretical RMSE             {result.rmse_theory:.6f}   (exact: noise + rounding + clipping, given the range)",
         f"  Theorem 1 bound (RMSE)       {result.theorem1_rmse_bound:.6f}   "

@@ -30,7 +30,7 @@ from shuffledp.cli.common import (
 )
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
-from shuffledp.cli.simulate import add_engine_arguments
+from shuffledp.cli.simulate import add_engine_arguments, check_engine_arguments, engine_client
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.simulation.vector_population import VECTOR_KINDS, VectorPopulation
 from shuffledp.simulation.vector import VectorSimulationConfig, run_vector_simulation
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
             )
             for n in _sizes(args)
         ]
+        check_engine_arguments(args)
     except InvalidParameter as exc:
         return fail(_command(args), exc, EXIT_USAGE)
     if args.delta is None and len(configs) == 1:
@@ -95,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
     results = []
     total = sum(2 * c.n for c in configs) if args.path == "fast" else None
     try:
-        with progress_bar(total, quiet=args.quiet) as step:
+        with engine_client(args) as client, progress_bar(total, quiet=args.quiet) as step:
             for config in configs:
-                results.append(run_vector_simulation(config, progress=step))
+                results.append(run_vector_simulation(config, progress=step, client=client))
     except ShuffleDPError as exc:
         return fail(_command(args), exc, EXIT_FAILED)
     documents = [r.as_dict() for r in results]
@@ -129,7 +130,7 @@ def format_results(results, args: argparse.Namespace) -> str:
     for r in results:
         check = r.range_check
         verdict = "-" if not check else ("ok" if check["status"] == "ok" else
-                                          f"WARNING: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates")
+                                          f"UNTRUSTED: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates")
         lines.append(f"{r.config['n']:>10,} {r.l2_error:>10.4g} {r.mse_theory ** 0.5:>12.4g} "
                      f"{r.theorem2_mse_bound ** 0.5:>12.4g} {100 * r.fraction_coordinates_ranges_hit:>10.2f}% {r.seconds:>8.2f}  {verdict}")
     warned = [r for r in results if r.range_check and r.range_check["status"] != "ok"]
@@ -153,7 +154,9 @@ def format_central(central: dict, n: int | None = None) -> list[str]:
              f"   ({central['method']})"]
     for r, bound in zip(central.get("rounds", []), central.get("per_round", [])):
         each = "" if r["composed"] == 1 else f" (one per coordinate: {r['composed']} composed rounds of n reports)"
-        what = "generic pure-LDP randomizer" if r["accounted_as"] == "generic" else f"{r['accounted_as']} over {r['num_bins']} rows"
+        what = {"generic": "generic pure-LDP randomizer",
+                "laplace-mean": f"projected Laplace report on {r.get('grid_levels')} levels (generic bounds and its blanket)"
+                }.get(r["accounted_as"], f"{r['accounted_as']} over {r.get('num_bins')} rows")
         k = r["reports_per_user"]
         lines.append(f"  round {r['round']} ({r['mechanism']}): {k} report{'s' if k > 1 else ''} per user, each "
                      f"{r['report_epsilon0']:.4g}-LDP{each}, accounted as a {what}: eps {bound['epsilon']:.4g} "

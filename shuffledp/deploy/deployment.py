@@ -68,3 +68,9 @@ class Deployment:
     def client(self, samples: np.ndarray, ledger: PrivacyLedger, **options: Any) -> Client:
         """An enrolled client holding ``samples``."""
         return Client(samples, self.analyzer_signing_key, ledger, credential=self.enroll(), **options)
+
+    def clients(self, values: np.ndarray, ledgers: list[PrivacyLedger], **options: Any) -> list[Client]:
+        """Enrolled clients holding one row of ``values`` each (:meth:`Client.many`: ``client(values[i][None],
+        ledgers[i], **options)`` for every row, set up in bulk)."""
+        credentials = [self.enroll() for _ in range(len(ledgers))]
+        return Client.many(values, self.analyzer_signing_key, ledgers, credentials, **options)

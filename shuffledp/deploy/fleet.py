@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from shuffledp.client.client import Client, verified_spec
+from shuffledp.client.client import Client, PreparedRound, verified_spec
 from shuffledp.client.mechanisms import randomize_reports
 from shuffledp.protocol.transport.channel import Channel, outcome_topic, receipts_topic, reports_topic, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
@@ -294,13 +294,14 @@ class Fleet:
         """First transmission: each client answers (charging its ledger) and publishes, paced by ``rate``."""
         loop = asyncio.get_running_loop()
         start = loop.time()
+        prepared = _prepared(spec, sealer)
         for index, (client, value) in enumerate(zip(self.clients, values)):
             instance = assigned[index]
             if instance in state.outcomes:
                 state.declined["round-over"] += 1  # its instance already released or failed: do not spend budget
                 continue
             try:
-                envelopes = client.answer_verified(spec, sealer, value)
+                envelopes = client.answer_verified(spec, sealer, value, prepared=prepared)
             except ShuffleDPError as exc:
                 state.declined[exc.reason] += 1
                 continue
@@ -402,6 +403,15 @@ class Fleet:
         for nonce in [n for n, p in pending.items() if p.instance == instance]:
             del pending[nonce]
             state.unacknowledged += 1
+
+
+def _prepared(spec: RoundSpec, sealer: Sealer) -> PreparedRound | None:
+    """The round's constants, computed once for every client; None if they cannot be (a key the
+    suite refuses, say): then each client answers on its own and is refused as a device would be."""
+    try:
+        return PreparedRound(spec, sealer)
+    except ShuffleDPError:
+        return None
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task], *, again_after: float = 0.5) -> None:

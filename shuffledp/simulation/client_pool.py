@@ -14,26 +14,120 @@ it again, byte for byte, if it seems lost (a broker restart drops what it had no
 delivered; the shuffler admits an exact copy once). What it adds for the simulation
 engines: a progress callback while sealing, :meth:`ClientPool.answer_round` (returns
 once a round's envelopes are sent; receipts and copies follow in the background), and
-the pool's counters (:attr:`ClientPool.refused`, :attr:`ClientPool.answered_rounds`).
+the pool's counters (:attr:`ClientPool.refused`, :attr:`ClientPool.answered_rounds`), and
+sealing on worker processes (:class:`SealingWorkers`): each client still checks the round and
+its budget and is charged here, while blocks of users' messages are padded, sealed and wrapped
+on the workers, each message on its own, as the device's own code does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
+import sys
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from shuffledp.client.client import Client, verified_spec
-from shuffledp.deploy.fleet import Fleet, FleetRound, cancel_and_wait
-from shuffledp.protocol.transport.channel import Channel, spec_topic
-from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.client.client import Client, PreparedRound, verified_spec
+from shuffledp.deploy.fleet import Fleet, FleetRound, _Pending as _PendingEnvelope, cancel_and_wait
+from shuffledp.protocol.transport.channel import Channel, InProcessChannel, reports_topic, spec_topic
+from shuffledp.protocol.wire.sealing import Sealer
+from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.wire.messages import RoundSpec
 from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 #: Clients per progress report while a round is sealed.
 PROGRESS_STEP = 1024
+#: Users per block a sealing worker seals at once (:class:`SealingWorkers`).
+SEAL_BLOCK = 512
+
+#: Envelopes the simulated devices keep in flight on the in-process channel when they seal on workers.
+IN_PROCESS_WINDOW = 4096
+#: Fewest users for which the message engine (:func:`shuffledp.simulation.engine.run_messages`) starts worker processes by default (``workers=None``):
+#: below it, starting the processes costs more than they save.
+PARALLEL_USERS = 4096
+
+
+def message_workers(users: int, workers: int | None = None) -> int:
+    """Processes the message engine uses for ``users``: ``workers`` if given, else every CPU this
+    process may run on when there are more than one and at least :data:`PARALLEL_USERS` users, else 1."""
+    if workers is not None:
+        if workers < 1:
+            raise InvalidParameter("workers", f"must be >= 1, got {workers}")
+        return workers
+    # The workers start as multiprocessing's forkserver children, which import the main module
+    # again as ``__mp_main__``; a main module read from stdin cannot be (the workers would fail to
+    # start), so such a process stays in one process unless told otherwise.
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is None and path is not None and not os.path.isfile(path):
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpus if cpus > 1 and users >= PARALLEL_USERS else 1
+
+
+def preload_workers() -> None:
+    """Have the forkserver (every worker process's parent) import what the workers run, once, so each
+    worker starts as a fork that has it already instead of importing it again. Takes effect only if
+    the forkserver has not started yet in this process; ``__main__`` stays first, as by default."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["__main__", "shuffledp.simulation.client_pool", "shuffledp.shuffler.parallel_open", "shuffledp.analyzer.service"]
+    )
+
+
+_worker_rounds: dict[bytes, PreparedRound] = {}
+
+
+def _seal_block(spec: RoundSpec, credentials: list[bytes], messages: list[list[tuple[int, ...]]]) -> list[tuple]:
+    """In a sealing worker: each user's ``("ok", envelopes, nonces)`` or ``("error", reason, message)``.
+
+    The round's constants (:class:`PreparedRound`: ranges, layout, parsed keys, HPKE ``info``)
+    are computed once per worker and round (keyed by the spec's digest), then every message is
+    padded, sealed and wrapped on its own, exactly as :meth:`Client.answer_verified` does."""
+    prepared = _worker_rounds.get(spec.digest)
+    if prepared is None:
+        _worker_rounds.clear()  # one round at a time: an earlier round's constants are done with
+        prepared = _worker_rounds[spec.digest] = PreparedRound(spec, Sealer(spec.analyzer_key))
+    out: list[tuple] = []
+    for credential, user_messages in zip(credentials, messages):
+        try:
+            envelopes, nonces = prepared.seal(credential, user_messages)
+            out.append(("ok", envelopes, nonces))
+        except ShuffleDPError as exc:
+            out.append(("error", exc.reason, str(exc)))
+    return out
+
+
+class SealingWorkers:
+    """``workers`` processes that seal blocks of simulated users' reports (:func:`_seal_block`).
+
+    What a device does alone (pad, seal to the analyzer, wrap for the shuffler, each message
+    with a fresh HPKE encapsulation and nonce) runs here for blocks of :data:`SEAL_BLOCK` users
+    at once; every check that can refuse a round and every charge to a ledger stays with the
+    client objects in the pool's process (:meth:`Client.begin_round`, :meth:`Client.finish_round`).
+    The workers hold no private key. Started on first use (``forkserver``, as the key workers),
+    stopped by :meth:`close`."""
+
+    def __init__(self, workers: int) -> None:
+        if workers < 2:
+            raise ValueError("SealingWorkers needs at least 2 workers")
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def submit(self, spec: RoundSpec, credentials: list[bytes], messages: list[list[tuple[int, ...]]]) -> asyncio.Future:
+        """Seal one block on a worker; an asyncio future of :func:`_seal_block`'s result."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"))
+        return asyncio.wrap_future(self._pool.submit(_seal_block, spec, credentials, messages))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
 class _Progress:
@@ -83,6 +177,7 @@ class ClientPool(Fleet):
         retry_interval: float = 2.0,
         grace: float = 10.0,
         window: int = 256,
+        sealing: SealingWorkers | None = None,
     ) -> None:
         if source is None and draw is None:
             raise ValueError("a ClientPool needs a source or a draw function")
@@ -92,6 +187,8 @@ class ClientPool(Fleet):
             retry_interval=retry_interval, grace=grace, window=window,
         )
         self.on_progress = on_progress
+        #: Worker processes that seal blocks of users' reports (None: every client seals in this process).
+        self.sealing = sealing
         self._tasks: list[asyncio.Task] = []
         self._sending: dict[int, asyncio.Event] = {}
         self._progress: dict[int, _Progress] = {}
@@ -161,7 +258,10 @@ class ClientPool(Fleet):
 
     async def _send(self, spec, state, *rest) -> None:
         try:
-            await super()._send(spec, state, *rest)
+            if self.sealing is not None:
+                await self._send_sealed_elsewhere(spec, state, *rest)
+            else:
+                await super()._send(spec, state, *rest)
         finally:
             progress = self._progress.pop(spec.round_id, None)
             if progress is not None:
@@ -169,3 +269,99 @@ class ClientPool(Fleet):
             sent = self._sending.pop(spec.round_id, None)
             if sent is not None:
                 sent.set()
+
+    async def _send_sealed_elsewhere(self, spec, state, values, sealer, assigned, pending, answered, publisher, order) -> None:
+        """The fleet's first transmission (:meth:`Fleet._send`) with the sealing on :attr:`sealing`'s workers.
+
+        Every client checks the round first (:meth:`Client.begin_round`: deadline, pinned
+        shuffler, crowd floor, budget; nothing charged); the accepted users' messages go to the
+        workers in blocks, all submitted at once, so the workers seal while this process admits
+        and publishes; each block's users are then charged (:meth:`Client.finish_round`) and their
+        envelopes published, in the clients' order, as a device would after sealing. A user
+        whose instance ended meanwhile, or whose sealing failed, is declined and not charged."""
+        try:
+            prepared = PreparedRound(spec, sealer)
+        except ShuffleDPError:  # a key the suite refuses: each client is refused as a device would be
+            prepared = None
+        if prepared is None:
+            await Fleet._send(self, spec, state, values, sealer, assigned, pending, answered, publisher, order)
+            return
+        progress = values if isinstance(values, _Progress) else None
+        raw = progress.values if progress is not None else values
+        blocks: list[tuple[list[int], asyncio.Future]] = []
+        indices: list[int] = []
+        credentials: list[bytes] = []
+        messages: list[list[tuple[int, ...]]] = []
+
+        def submit() -> None:
+            blocks.append((list(indices), self.sealing.submit(spec, list(credentials), list(messages))))
+            indices.clear()
+            credentials.clear()
+            messages.clear()
+
+        for index, (client, value) in enumerate(zip(self.clients, raw)):
+            if assigned[index] in state.outcomes:
+                state.declined["round-over"] += 1
+                continue
+            try:
+                user_messages = client.begin_round(spec, value, prepared)
+            except ShuffleDPError as exc:
+                state.declined[exc.reason] += 1
+                continue
+            indices.append(index)
+            credentials.append(client.credential)
+            messages.append(user_messages)
+            if len(indices) == SEAL_BLOCK:
+                submit()
+        if indices:
+            submit()
+        loop = asyncio.get_running_loop()
+        # The in-process channel delivers at once and never blocks: publish without a task per envelope.
+        direct = isinstance(self.channel, InProcessChannel)
+        try:
+            for block_indices, future in blocks:
+                results = await future
+                for index, result in zip(block_indices, results):
+                    instance = assigned[index]
+                    if result[0] != "ok":
+                        state.declined[result[1]] += 1
+                        continue
+                    if instance in state.outcomes:
+                        state.declined["round-over"] += 1  # its instance already ended: do not spend budget
+                        continue
+                    client = self.clients[index]
+                    _, envelopes, nonces = result
+                    try:
+                        client.finish_round(spec, nonces)
+                    except ShuffleDPError as exc:  # its ledger was spent meanwhile (a shared ledger)
+                        state.declined[exc.reason] += 1
+                        continue
+                    answered[instance].append(client)
+                    topic = reports_topic(spec.session_id, spec.round_id, instance)
+                    for nonce, envelope in zip(nonces, envelopes):
+                        pending[nonce] = _PendingEnvelope(envelope, topic, instance, next(order), loop.time())
+                        if direct:
+                            await self._publish_now(topic, envelope, state)
+                        else:
+                            await publisher.publish(topic, envelope)
+                        state.sent += 1
+                if progress is not None:
+                    progress.on_progress(len(block_indices))
+                    progress.reported += len(block_indices)
+                if direct:
+                    await asyncio.sleep(0)  # let the shuffler take the block before the next
+        finally:
+            for _, future in blocks:
+                future.cancel()
+        await publisher.flush()
+        self._event(
+            f"round {spec.round_id} ({spec.mechanism}, eps0 {spec.epsilon0:g}): {state.sent} envelope(s) sent"
+            + (f", declined {dict(state.declined)}" if state.declined else "")
+        )
+
+    async def _publish_now(self, topic: str, envelope: bytes, state: FleetRound) -> None:
+        """Publish on the in-process channel, counting a failure as the fleet's publisher does."""
+        try:
+            await self.channel.publish(topic, envelope)
+        except ShuffleDPError:
+            state.publish_errors += 1

@@ -264,12 +264,14 @@ def vector_one_round(config: DistributionConfig, progress: Progress | None = Non
     }
 
 
-def run_distribution(config: DistributionConfig, progress: Progress | None = None) -> dict[str, Any]:
+def run_distribution(config: DistributionConfig, progress: Progress | None = None, client: Any = None) -> dict[str, Any]:
     """Both estimators on the same population; errors (TV and l2) against p with their theory,
-    the vector estimator's rounds, and each estimator's privacy (:func:`estimator_privacy`)."""
+    the vector estimator's rounds, and each estimator's privacy (:func:`estimator_privacy`).
+    ``client``: a ``dask.distributed.Client`` that runs the vector estimator's blocks
+    (:func:`~shuffledp.simulation.vector.run_vector_simulation`; the oracle runs here)."""
     p = config.population().probabilities
     oracle, oracle_var = oracle_estimate(config, progress)
-    vector = run_vector_simulation(config.vector_config(), progress=progress)
+    vector = run_vector_simulation(config.vector_config(), progress=progress, client=client)
     vector_var = vector.variance_per_coordinate + p * (1 - p) / (config.n * config.m)
     rows = []
     for name, estimate, variance in (("oracle", oracle, oracle_var), ("vector", vector.estimate, vector_var)):

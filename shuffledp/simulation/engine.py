@@ -243,28 +243,46 @@ async def run_messages_on(
     seed: int = 0,
     progress: Progress | None = None,
     round_timeout: float = 3600.0,
+    workers: int | None = None,
 ) -> EngineRun:
-    """Run ``protocol`` on the message engine over ``(coordinator, shuffler, clients)`` channels."""
-    from shuffledp.simulation.client_pool import ClientPool
+    """Run ``protocol`` on the message engine over ``(coordinator, shuffler, clients)`` channels.
+
+    ``workers`` (:func:`~shuffledp.simulation.client_pool.message_workers`; ``None``: all CPUs for a large run, else 1): with more
+    than one, the simulated devices seal blocks of users on that many worker processes
+    (:class:`~shuffledp.simulation.client_pool.SealingWorkers`), and the shuffler's outer opens and
+    the analyzer's inner opens of large bursts run on as many (their key workers). What each party
+    decides stays in its own object in this process; the result is the same as with one process
+    for a seed (the users' reports are drawn here, before any sealing). The workers import the
+    main module again, as any multiprocessing child does: a script keeps its top level under
+    ``if __name__ == "__main__":`` or passes ``workers=1``."""
+    from shuffledp.simulation.client_pool import IN_PROCESS_WINDOW, ClientPool, SealingWorkers, message_workers, preload_workers
     from shuffledp.deploy.deployment import Deployment
     from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
 
     data = _check_data(protocol, local_data)
+    workers = message_workers(len(data), workers)
     coordinator_channel, shuffler_channel, pool_channel = channels
     deployment = Deployment()
     on_open = (lambda k: progress("opened reports", k)) if progress else None
-    coordinator = deployment.coordinator(coordinator_channel, round_timeout=round_timeout, on_progress=on_open)
+    analyzer = deployment.analyzer(workers=workers)
+    coordinator = deployment.coordinator(coordinator_channel, analyzer=analyzer, round_timeout=round_timeout, on_progress=on_open)
     epsilon, delta = protocol.budget
     central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public,
                "shuffler_key": deployment.shuffler_keys.hpke_public}
-    clients = [deployment.client(row[None], PrivacyLedger(epsilon, delta), **central) for row in data]
+    clients = deployment.clients(data, [PrivacyLedger(epsilon, delta) for _ in range(len(data))], **central)
     on_sealed = (lambda k: progress("sealed users", k)) if progress else None
     # Over a broker, an envelope without a receipt is sent again (a restarted broker drops
     # what it had not delivered); the in-process channel loses nothing, so nothing is.
     retry_interval = math.inf if isinstance(pool_channel, InProcessChannel) else 2.0
+    if workers > 1:
+        preload_workers()
+    sealing = SealingWorkers(workers) if workers > 1 else None
+    # In process, a larger publishing window lets the shuffler take the sealed blocks in bursts of
+    # thousands (its key workers then open each burst in a few large slices).
+    window = IN_PROCESS_WINDOW if sealing is not None and isinstance(pool_channel, InProcessChannel) else 256
     pool = ClientPool(pool_channel, coordinator.session_id, clients, None, draw=seeded_draw(seed),
-                      on_progress=on_sealed, retry_interval=retry_interval)
-    shuffler = deployment.shuffler(shuffler_channel)
+                      on_progress=on_sealed, retry_interval=retry_interval, sealing=sealing, window=window)
+    shuffler = deployment.shuffler(shuffler_channel, workers=workers)
     shuffler_task = asyncio.create_task(shuffler.serve())
     pool_task = asyncio.create_task(pool.serve(rounds=1 << 30))
     protocol_task = asyncio.create_task(coordinator.run_protocol(protocol, len(clients)))
@@ -282,6 +300,10 @@ async def run_messages_on(
         shuffler_task.cancel()
         pool_task.cancel()
         await asyncio.gather(shuffler_task, pool_task, protocol_task, return_exceptions=True)
+        shuffler.close()
+        analyzer.close()
+        if sealing is not None:
+            sealing.close()
     runs = []
     for record in records:
         spec = record.spec
@@ -310,14 +332,17 @@ async def run_messages_on(
 
 
 def run_messages(
-    protocol: Protocol, local_data: np.ndarray, seed: int = 0, broker: str | None = None, progress: Progress | None = None
+    protocol: Protocol, local_data: np.ndarray, seed: int = 0, broker: str | None = None, progress: Progress | None = None,
+    workers: int | None = None,
 ) -> EngineRun:
-    """Run ``protocol`` on the message engine, in-process or over the MQTT ``broker``."""
+    """Run ``protocol`` on the message engine, in-process or over the MQTT ``broker``; ``workers``:
+    processes to seal and open on (:func:`~shuffledp.simulation.client_pool.message_workers`; the result is the
+    same for a seed)."""
     from shuffledp.simulation import party_channels
 
     async def main() -> EngineRun:
         async with party_channels(broker) as channels:
-            run = await run_messages_on(protocol, local_data, channels, seed, progress)
+            run = await run_messages_on(protocol, local_data, channels, seed, progress, workers=workers)
         run.transport = f"mqtt {broker}" if broker else "in-process"
         return run
 

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import numpy as np
 
 from shuffledp.analyzer.instance_optimal import MODELS, InstanceOptimalConfig, InstanceOptimalProtocol
-from shuffledp.simulation.engine import ENGINES, describe_engine, run_fast, run_messages
+from shuffledp.simulation.dask_engine import check_engine, run_fast_on
+from shuffledp.simulation.engine import ENGINES, describe_engine, run_messages
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.simulation.vector_population import VectorPopulation
 
@@ -56,8 +57,10 @@ class InstanceOptimalSimulation:
         )
 
 
-def run_instance_optimal(config: InstanceOptimalSimulation, progress: Progress | None = None) -> dict[str, Any]:
-    """Run one simulation end to end; a JSON-ready dict."""
+def run_instance_optimal(config: InstanceOptimalSimulation, progress: Progress | None = None, client: Any = None) -> dict[str, Any]:
+    """Run one simulation end to end; a JSON-ready dict. ``client``: a ``dask.distributed.Client``
+    whose workers run the fast engine's blocks (the same result)."""
+    check_engine(config.path, client)
     started = time.perf_counter()
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, 0x10E]))
     data, _ = config.population.local_means(rng, config.n)
@@ -65,7 +68,7 @@ def run_instance_optimal(config: InstanceOptimalSimulation, progress: Progress |
         progress("local means", config.n)
     protocol = InstanceOptimalProtocol(config.protocol_config())
     if config.path == "fast":
-        run = run_fast(protocol, data, config.seed, progress)
+        run = run_fast_on(protocol, data, config.seed, progress, client)
     else:
         run = run_messages(protocol, data, config.seed, config.broker, progress)
     outcome = run.result

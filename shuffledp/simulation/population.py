@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -157,6 +158,18 @@ class GeneratedUsers:
         out = self[0 : self.n]
         return out if dtype is None else out.astype(dtype, copy=False)
 
+    def covering(self, start: int, stop: int) -> "tuple[GeneratedUsers, int]":
+        """Users ``start..stop-1`` made elsewhere: ``(part, offset)``, where ``part`` holds only the
+        fixed blocks that cover them (same seeds, re-based to start at 0) and ``part[offset :
+        offset + stop - start]`` is ``self[start:stop]``, to the last bit. A few seeds, not data:
+        what the Dask engine ships to the worker that makes a draw block's users."""
+        if not 0 <= start < stop <= self.n:
+            raise InvalidParameter("users", f"need 0 <= start < stop <= {self.n}, got {start}..{stop}")
+        covering = [(first, count, seed) for first, count, seed in self.blocks if first < stop and first + count > start]
+        base = covering[0][0]
+        part = GeneratedUsers([(first - base, count, seed) for first, count, seed in covering], self.shape[1:], self._make)
+        return part, start - base
+
 
 def user_blocks(population: Population, n: int, seed: int) -> "list[tuple[int, int, np.random.SeedSequence]]":
     """The fixed blocks ``(start, count, seed)`` that generate users ``0..n-1``."""
@@ -166,6 +179,16 @@ def user_blocks(population: Population, n: int, seed: int) -> "list[tuple[int, i
 def block_samples(population: Population, block: "tuple[int, int, np.random.SeedSequence]") -> np.ndarray:
     _, count, seed = block
     return population.samples(np.random.default_rng(seed), count)
+
+
+def _block_means(population: Population, count: int, seed: np.random.SeedSequence) -> np.ndarray:
+    return population.samples(np.random.default_rng(seed), count).mean(axis=1)
+
+
+def generated_users(population: Population, n: int, seed: int) -> GeneratedUsers:
+    """The local means of :func:`local_means` (the same values, to the last bit), made block by
+    block on demand from the same seeds: what a worker of the Dask engine makes for its blocks."""
+    return GeneratedUsers(user_blocks(population, n, seed), (), partial(_block_means, population))
 
 
 def local_means(

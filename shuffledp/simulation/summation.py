@@ -25,7 +25,8 @@ from shuffledp.analyzer.summation import (
     vector_rounding_variance,
     vector_sum_variance,
 )
-from shuffledp.simulation.engine import ENGINES, run_fast, run_messages
+from shuffledp.simulation.dask_engine import check_engine, run_fast_on
+from shuffledp.simulation.engine import ENGINES, run_messages
 from shuffledp.simulation.population import Population, block_samples, user_blocks
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, choose_vector_sum, scalar_sum_variance
@@ -72,8 +73,10 @@ def _local_data(config: SummationConfig) -> np.ndarray:
     return np.concatenate([block_samples(pop, block).mean(axis=1) for block in user_blocks(pop, config.n, config.seed)])
 
 
-def run_summation(config: SummationConfig, progress: Progress | None = None) -> dict[str, Any]:
-    """Choose parameters, run the protocol on the configured engine, and report."""
+def run_summation(config: SummationConfig, progress: Progress | None = None, client: Any = None) -> dict[str, Any]:
+    """Choose parameters, run the protocol on the configured engine, and report. ``client``: a
+    ``dask.distributed.Client`` whose workers run the fast engine's blocks (the same result)."""
+    check_engine(config.path, client)
     started = time.perf_counter()
     data = _local_data(config)
     n = config.n
@@ -90,7 +93,7 @@ def run_summation(config: SummationConfig, progress: Progress | None = None) -> 
         truth = clipped_sum(data, config.clip_radius)
         variance = vector_sum_variance(choice.params, vector_rounding_variance(data, choice.params))
     if config.path == "fast":
-        run = run_fast(protocol, data, config.seed, progress)
+        run = run_fast_on(protocol, data, config.seed, progress, client)
     else:
         run = run_messages(protocol, data, config.seed, config.broker, progress)
     estimate = run.result.estimate

@@ -29,7 +29,8 @@ from shuffledp.analyzer.vector_mean import (
     theorem2_mse_bound,
 )
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.simulation.engine import ENGINES, run_fast, run_messages
+from shuffledp.simulation.dask_engine import check_engine, run_fast_on
+from shuffledp.simulation.engine import ENGINES, run_messages
 from shuffledp.simulation.vector_population import VectorPopulation
 
 Progress = Callable[[str, int], None]
@@ -109,15 +110,22 @@ class VectorSimulationResult:
         return out
 
 
-def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | None = None) -> VectorSimulationResult:
-    """Algorithm 5 on synthetic users, on the configured engine; error against the exact truth and theory."""
+def run_vector_simulation(
+    config: VectorSimulationConfig, progress: Progress | None = None, client: Any = None
+) -> VectorSimulationResult:
+    """Algorithm 5 on synthetic users, on the configured engine; error against the exact truth and theory.
+
+    ``client``: a ``dask.distributed.Client`` whose workers run the fast engine's blocks, each
+    making its users from the population's seeds (:mod:`shuffledp.simulation.dask_engine`); the
+    result is the local engine's to the last bit."""
+    check_engine(config.path, client)
     started = time.perf_counter()
-    accountant_imports = _load_accountant_in_background() if config.central_delta is not None else None
+    accountant_imports = _accountant_imports() if config.central_delta is not None else None
     protocol = config.protocol_config()
     population = config.population
     users = population.users(config.n, config.seed)
     if config.path == "fast":
-        run = run_fast(VectorMeanProtocol(protocol), users, config.seed, progress)
+        run = run_fast_on(VectorMeanProtocol(protocol), users, config.seed, progress, client)
     else:
         run = run_messages(VectorMeanProtocol(protocol), np.asarray(users), config.seed, config.broker, progress)
     outcome = run.result
@@ -150,9 +158,9 @@ def run_vector_simulation(config: VectorSimulationConfig, progress: Progress | N
     return result
 
 
-def _load_accountant_in_background():
-    """The accountant's imports on a thread while the protocol runs (see ``simulation/scalar.py``)."""
-    from shuffledp.simulation.scalar import _load_accountant_in_background as load
+def _accountant_imports():
+    """What loads the accountant's libraries once the accounting starts (see ``simulation/scalar.py``)."""
+    from shuffledp.simulation.scalar import _accountant_imports as load
 
     return load()
 
@@ -178,10 +186,15 @@ def central_guarantee_at(protocol: VectorMeanConfig, n: int, delta: float) -> di
       ``hadamard-response`` rounds at ``eps0/(2D)``, ``n`` reports each.
     * mean round: one report per user, ``(l, grid value)``, ``l`` uniform and independent of the
       data, then the projected discrete-Laplace report on coordinate ``l``'s grid at ``eps0/2``
-      (``eps0`` when the range round is skipped): accounted as a ``generic`` pure LDP randomizer
-      (as for the range round, the tagged mixture is not the ``laplace-mean`` report whose
-      blanket the accountant knows). Gaussian noise makes it only ``(eps0/2, delta0)``-LDP: the
-      accountant claims no amplification for it, and only the local guarantee is reported.
+      (``eps0`` when the range round is skipped), every coordinate with the same ``G`` grid levels:
+      accounted as the ``laplace-mean`` report on ``G`` levels, whose bounds are the generic ones
+      and its privacy blanket. The blanket covers the coordinate-tagged mixture: its floor is the
+      scalar report's over ``D`` tags, so its law of ``A`` is a mixture over the coordinate of laws
+      each below the scalar extreme pair's in convex order (the argument in
+      :mod:`shuffledp.protocol.accounting.blanket`). The same rule as the audit's
+      (:func:`shuffledp.audit.claim.plan_guarantee`), so both print one figure. Gaussian noise
+      makes it only ``(eps0/2, delta0)``-LDP: the accountant claims no amplification for it, and
+      only the local guarantee is reported.
 
     Each shuffled round's bound is the accountant's (``protocol/accounting/shuffle_round.py``):
     for a ``generic`` pure ``eps``-LDP randomizer the smallest of Feldman, McMillan & Talwar's
@@ -209,7 +222,7 @@ def central_guarantee_at(protocol: VectorMeanConfig, n: int, delta: float) -> di
                            "report_epsilon0": protocol.range_epsilon, "accounted_as": "generic", "composed": 1})
         index += 1
     mean = {"round": index, "mechanism": "vector-mean", "reports_per_user": 1, "report_epsilon0": protocol.mean_epsilon,
-            "accounted_as": "generic", "composed": 1}
+            "accounted_as": "laplace-mean", "grid_levels": protocol.grid_levels, "composed": 1}
     if protocol.noise != "laplace":
         mean["accounted_as"] = None
         return {
@@ -220,18 +233,30 @@ def central_guarantee_at(protocol: VectorMeanConfig, n: int, delta: float) -> di
             "rounds": rounds + [mean],
         }
     rounds.append(mean)
-    key = tuple((r["accounted_as"], r["report_epsilon0"], r.get("num_bins"), r["composed"]) for r in rounds)
+    key = tuple((r["accounted_as"], r["report_epsilon0"], r.get("num_bins", r.get("grid_levels")), r["composed"]) for r in rounds)
     return {**_central_for(key, n, delta), "rounds": rounds}
+
+
+def accounted_guarantee(mechanism: str, epsilon0: float, size: int | None = None):
+    """The local guarantee a round of :func:`central_guarantee_at` is amplified from: ``mechanism`` its
+    ``accounted_as``, ``size`` its Hadamard rows (``hadamard-response``) or grid levels (``laplace-mean``)."""
+    from shuffledp.protocol.accounting import generic_guarantee, hadamard_response_guarantee, laplace_mean_guarantee
+
+    if mechanism == "hadamard-response":
+        return hadamard_response_guarantee(epsilon0, size)
+    if mechanism == "laplace-mean":
+        return laplace_mean_guarantee(epsilon0, size)
+    return generic_guarantee(epsilon0)
 
 
 @functools.lru_cache(maxsize=32)
 def _central_for(rounds: tuple, n: int, delta: float) -> dict[str, Any]:
-    """``rounds``: ``(mechanism, epsilon0, num_bins, count)`` per group of identical shuffled rounds."""
-    from shuffledp.protocol.accounting import SessionAccountant, generic_guarantee, hadamard_response_guarantee, shuffled_round
+    """``rounds``: ``(mechanism, epsilon0, size, count)`` per group of identical shuffled rounds, ``size``
+    the Hadamard rows of a ``hadamard-response`` round or the grid levels of a ``laplace-mean`` one."""
+    from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
     from shuffledp.protocol.errors import ShuffleDPError
 
-    def local(mechanism: str, epsilon0: float, bins: int | None):
-        return hadamard_response_guarantee(epsilon0, bins) if mechanism == "hadamard-response" else generic_guarantee(epsilon0)
+    local = accounted_guarantee
 
     shares = sum(count for *_, count in rounds)
     try:

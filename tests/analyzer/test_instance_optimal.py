@@ -469,17 +469,21 @@ def test_shuffle_center_is_near_the_mean_by_the_descents_rank_error(big_runs, bi
     For N(mu, Sigma), every rotated coordinate is Gaussian with sd sigma = sqrt(tr Sigma / D)
     (|U_jk| = 1/sqrt(D), Sigma diagonal); within the DKW band between the empirical and the
     population CDF, a <= Q(1/2 + z sd_a) and b >= Q(1/2 - z sd_b) put the leaf's midpoint within
-    sigma Phi^{-1}(1/2 + z max(sd_a, sd_b) + dkw) + tau of (U mu)_j, and ||C0 - mu|| =
-    ||medians - U mu|| (U orthogonal, D = d). Here c / sqrt(min n_g) <= 0.054, so sd <= sqrt(6) * 0.054
-    = 0.132 and the bound is at most sqrt(D) (sigma Phi^{-1}(0.5 + 3.5 * 0.132 + 0.016) + tau) = 2.83 w
-    whatever the turns: within a few w."""
+    sigma Phi^{-1}(1/2 + z max(sd_a, sd_b) + dkw) + tau of (U mu)_j (no bound where the argument
+    reaches 1), and ||C0 - mu|| = ||medians - U mu|| (U orthogonal, D = d). Here c / sqrt(min n_g)
+    <= 0.060 (the tree's tenth of the budget: eps0 = 2.72, c = 1.14, n_g >= 366), so an sd summing
+    at most 5 of the 6 levels' variances is <= sqrt(5) * 0.060 = 0.134 and the bound is at most
+    sqrt(D) (sigma Phi^{-1}(0.5 + 3.5 * 0.134 + 0.016) + tau) = (2.17 + 0.81) w = 2.98 w; all 6 (a
+    descent that turns one way at every level but the last) would leave it unbounded. So the
+    check: the bound is finite and within 3 w here, and the centre is within it (the origin is
+    ||mu|| = 3.66 w away)."""
     outcome = big_runs["shuffle"].result
     config = _big_config("shuffle")
     params = config.tree_params()
     L, D = params.levels, params.padded_dim
     c = hadamard_scale(big_budgets["shuffle"].tree_epsilon0)
     counts = outcome.tree_counts
-    assert c / math.sqrt(counts.min()) <= 0.054
+    assert c / math.sqrt(counts.min()) <= 0.060
     rotated = RandomRotation(BIG_D, config.rotation_seed).apply(big_data)
     z = 3.5
     sigma = math.sqrt(np.sum(BIG_SCALES**2) / D)
@@ -497,10 +501,11 @@ def test_shuffle_center_is_near_the_mean_by_the_descents_rank_error(big_runs, bi
         sd_b = math.sqrt(sum(v for h, (t, v) in enumerate(zip(turns, var)) if (t == 1 and h < lefts[-1]) or h == lefts[-1])) if lefts else 0.0
         assert np.mean(rotated[:, j] < a) <= 0.5 + z * sd_a
         assert np.mean(rotated[:, j] < a + 2.0 * params.tau) >= 0.5 - z * sd_b
-        bound[j] = sigma * stats.norm.ppf(0.5 + z * max(sd_a, sd_b) + dkw) + params.tau
+        level = 0.5 + z * max(sd_a, sd_b) + dkw
+        bound[j] = sigma * stats.norm.ppf(level) + params.tau if level < 1.0 else math.inf
     w = math.sqrt(np.sum(BIG_SCALES**2))
     total = math.sqrt(np.sum(bound**2))
-    assert total <= 2.84 * w, total / w
+    assert total <= 3.0 * w, total / w
     assert np.linalg.norm(outcome.center - BIG_MU) <= total
 
 

@@ -262,3 +262,15 @@ def test_the_trusted_key_comes_from_a_keys_directory_or_hex(tmp_path):
     assert trusted_analyzer_key(KEY.hex()) == KEY
     with pytest.raises(InvalidParameter):
         trusted_analyzer_key("not-a-key")
+
+
+def test_a_lower_bound_of_zero_says_it_had_no_power(session_file):
+    # 100 rounds cannot separate the two inputs' outputs at this batch: the bound is 0, and the text
+    # says how many rounds a leak at the claim would need, rather than showing the row as confirmed.
+    weak = claim_report(load_session(session_file), KEY, DELTA, lower_rounds=100, seed=0)
+    hadamard = weak["rounds"][0]
+    assert hadamard["lower_bound"] == 0.0 and hadamard["lower_bound_audit"]["no_power"]
+    needed = hadamard["lower_bound_audit"]["runs_needed"]
+    assert needed is None or needed > 100
+    text = format_claim(weak)
+    assert "lower bound: no power at 100 rounds" in text

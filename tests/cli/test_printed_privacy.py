@@ -128,15 +128,18 @@ def test_vector_prints_its_own_header(capsys):
 
 # ------------------------------------------------------------------------- 5. vector mean's guarantee
 def _expected_central(eps0: float, n: int, delta: float, rounds: int = 2) -> float:
-    """Sampled mode: ``rounds`` rounds of one generic pure LDP report per user (eps0/2 each, or eps0
-    alone when the range round is skipped), recomputed here from the accountant."""
-    from shuffledp.protocol.accounting import SessionAccountant, generic_guarantee, shuffled_round
+    """Sampled mode, recomputed here from the accountant: the range round one generic pure LDP report
+    per user at eps0/2 (absent when skipped), the mean round one projected Laplace report on 4096
+    grid levels (at eps0/2, or eps0 alone)."""
+    from shuffledp.protocol.accounting import SessionAccountant, generic_guarantee, laplace_mean_guarantee, shuffled_round
 
-    g = generic_guarantee(eps0 / rounds)
+    guarantees = [laplace_mean_guarantee(eps0 / rounds, 4096)]
+    if rounds == 2:
+        guarantees.insert(0, generic_guarantee(eps0 / rounds))
     session = SessionAccountant()
-    for _ in range(rounds):
+    for g in guarantees:
         session.add_round(g, n)
-    return min(session.epsilon(delta), rounds * shuffled_round(g, n, delta / rounds).epsilon)
+    return min(session.epsilon(delta), sum(shuffled_round(g, n, delta / rounds).epsilon for g in guarantees))
 
 
 @pytest.mark.parametrize("path", ["--fast", "--messages"])
@@ -152,14 +155,14 @@ def test_vector_protocols_report_local_and_central_guarantee(protocol, path, cap
     assert f"\ncentral privacy after shuffling  eps = {central['epsilon']:.4g}, delta = 1e-06   (min(session composition" in text
     if protocol == "vector-mean":
         assert [(r["round"], r["mechanism"], r["accounted_as"], r["report_epsilon0"]) for r in central["rounds"]] == [
-            (0, "vector-range", "generic", 2.0), (1, "vector-mean", "generic", 2.0)]
+            (0, "vector-range", "generic", 2.0), (1, "vector-mean", "laplace-mean", 2.0)]
         assert central["epsilon"] == pytest.approx(_expected_central(4.0, 300, 1e-6), rel=1e-9)
         assert "  round 0 (vector-range): 1 report per user, each 2-LDP, accounted as a generic pure-LDP randomizer: eps " in text
-        assert "  round 1 (vector-mean): 1 report per user, each 2-LDP, accounted as a generic pure-LDP randomizer: eps " in text
+        assert "  round 1 (vector-mean): 1 report per user, each 2-LDP, accounted as a projected Laplace report on 4096 levels (generic bounds and its blanket): eps " in text
     else:  # one-hot data at n = 300: tau' >= the bound, one range bin, so the range round is skipped
         assert [(r["round"], r["mechanism"], r["report_epsilon0"]) for r in central["rounds"]] == [(0, "vector-mean", 4.0)]
         assert central["epsilon"] == pytest.approx(_expected_central(4.0, 300, 1e-6, rounds=1), rel=1e-9)
-        assert "  round 0 (vector-mean): 1 report per user, each 4-LDP, accounted as a generic pure-LDP randomizer: eps " in text
+        assert "  round 0 (vector-mean): 1 report per user, each 4-LDP, accounted as a projected Laplace report on 4096 levels (generic bounds and its blanket): eps " in text
     assert 0 < central["epsilon"] <= 4.0
 
 

@@ -12,7 +12,8 @@
   sealed reports of other sizes, layers sealed for another round, session or
   shuffler; forged, foreign, revoked, over-quota and rate-limited credentials;
   replayed nonces, re-wrapped sealed reports, exact retransmissions; and the
-  envelope bytes themselves mutated.
+  envelope bytes themselves mutated; and runs of them packed several to a message
+  (``protocol/wire/envelope_packing.py``), each envelope still counted once.
 * Client: ``Client.answer`` on mutated signed specs (the outer message mutated, or
   the inner RoundSpec mutated and re-signed by the real analyzer, or a valid spec
   with hostile field values, including hostile shuffler keys) raises only
@@ -57,6 +58,7 @@ import strategies as S
 from fuzz_stats import FUZZ, count_case, timed
 from shuffledp.analyzer.coordinator import Coordinator, ShufflerIdentity
 from shuffledp.analyzer.service import INTERNAL_ERROR, Analyzer
+from shuffledp.protocol.wire.envelope_packing import unpack_envelopes
 from shuffledp.client.client import Client, verified_spec
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.mechanisms import report_ranges
@@ -315,6 +317,25 @@ def _bursts(r: S.Rng, items: list) -> list[list]:
     return [items[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
+def _packed(r: S.Rng, items: list[bytes], size: int) -> list[bytes]:
+    """``items`` with runs of consecutive whole envelopes (``size`` bytes each) packed into one message
+    (``protocol/wire/envelope_packing.py``), as a gateway may send them."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    for item in items:
+        if len(item) == size and len(run) < r.int(1, 6):
+            run.append(item)
+            continue
+        if run:
+            out.append(b"".join(run))
+        run = [item] if len(item) == size else []
+        if len(item) != size:
+            out.append(item)
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
 @FUZZ
 @given(seed=S.seeds)
 def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
@@ -340,7 +361,8 @@ def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
     spool = SqliteSpool(":memory:") if r.one_in(8) else None
     admission = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, spool, revoked=REVOKED, instance=instance)
     admitted_nonces, refused = set(), []
-    for burst in _bursts(r, [data for _, data in traffic]):
+    messages = _packed(r, [data for _, data in traffic], fmt.size) if r.one_in(3) else [data for _, data in traffic]
+    for burst in _bursts(r, messages):
         receipts = admission.offer_many(burst)  # never raises
         admitted_nonces.update(receipts.admitted)
         refused += zip(receipts.refused, receipts.reasons)
@@ -370,7 +392,10 @@ def test_admission_survives_hostile_envelopes_and_admits_every_valid_one(seed):
         return f"rejections {dict(stats.rejected)}; traffic {[d.hex() for _, d in traffic]}"
 
     assert INTERNAL_ERROR not in stats.rejected and SHUFFLER_INTERNAL_ERROR not in stats.rejected, context()
-    assert stats.admitted + stats.retransmitted + sum(stats.rejected.values()) == len(traffic), context()
+    # every envelope counted once: a message of k whole envelopes (2 <= k <= 64) is k of them
+    envelopes = sum(len(unpack_envelopes([m], fmt.size)) for m in messages)
+    assert envelopes == sum(len(unpack_envelopes([d], fmt.size)) for _, d in traffic), context()
+    assert stats.admitted + stats.retransmitted + sum(stats.rejected.values()) == envelopes, context()
     assert stats.admitted == len(admission.payloads)
     if spool is not None:
         assert len(spool.admitted(spec.session_id, spec.round_id)) == stats.admitted

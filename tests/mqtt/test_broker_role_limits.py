@@ -23,6 +23,7 @@ from shuffledp.protocol.wire import codec
 from shuffledp.protocol.transport.channel import announce_topic, batch_topic, reports_topic
 from shuffledp.protocol.errors import TransportError
 from shuffledp.protocol.transport.mqtt_channel import MqttChannel
+from shuffledp.protocol.wire.envelope_packing import envelopes_per_message
 from shuffledp.protocol.wire.onion import envelope_format
 from shuffledp.protocol.wire.report_format import MECHANISMS
 from shuffledp.shuffler.service import DEFAULT_CHUNK_SIZE
@@ -99,6 +100,8 @@ def test_the_client_limit_is_the_envelope_codec_limit_with_headroom():
     largest = max(envelope_format(2**63 - 1, mechanism).size for mechanism in MECHANISMS)
     assert limits["client"].max_payload == codec.MESSAGE_TYPES["envelope"][1] == 4096
     assert largest * 8 < limits["client"].max_payload
+    # so a publisher may pack at least 8 envelopes of any mechanism in one message (envelope_packing)
+    assert envelopes_per_message(largest, limits["client"].max_payload) >= 8
     assert limits["client"].retain == () and limits["analyzer"].retain == ("shuffledp/+/announce",)
     assert set(limits["shuffler"].retain) == {"shuffledp/+/spec", "shuffledp/+/+/+/outcome"}
 

@@ -75,11 +75,34 @@ def _every_protocol():
     return cases
 
 
+@pytest.fixture(scope="module")
+def message_runs():
+    """One message-engine run per protocol, shared by the tests that check different things of it:
+    ``runs(name, protocol, data)`` is ``(run, recording)`` of ``run_messages`` at seed 13 with draw
+    blocks of 64 users (150 users: three blocks), ``recording`` holding each round's opened reports."""
+    import shuffledp.simulation.engine as engine
+
+    done: dict[str, tuple] = {}
+
+    def runs(name, protocol, data):
+        if name not in done:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(engine, "FAST_BLOCK", 64)
+                recording = Recording(protocol)
+                done[name] = (run_messages(recording, data, seed=13), recording)
+        return done[name]
+
+    return runs
+
+
 @pytest.mark.parametrize("name,protocol,data", _protocols(), ids=lambda v: v if isinstance(v, str) else "")
-def test_fast_and_message_engines_see_the_same_reports(name, protocol, data):
-    fast, messages = Recording(protocol), Recording(protocol)
-    fast_run = run_fast(fast, data, seed=11)
-    message_run = run_messages(messages, data, seed=11)
+def test_fast_and_message_engines_see_the_same_reports(name, protocol, data, message_runs, monkeypatch):
+    import shuffledp.simulation.engine as engine
+
+    message_run, messages = message_runs(name, protocol, data)
+    monkeypatch.setattr(engine, "FAST_BLOCK", 64)  # as the shared message run draws
+    fast = Recording(protocol)
+    fast_run = run_fast(fast, data, seed=13, stream=False)
     assert len(fast.seen) == len(messages.seen) >= 1
     for a, b in zip(fast.seen, messages.seen):
         np.testing.assert_array_equal(a, b)
@@ -167,7 +190,7 @@ def test_engines_agree_when_users_span_several_blocks(monkeypatch):
     monkeypatch.setattr(engine, "FAST_BLOCK", 64)  # 150 users: three blocks
     name, protocol, data = _protocols()[1]
     fast, messages = Recording(protocol), Recording(protocol)
-    run_fast(fast, data, seed=5)
+    run_fast(fast, data, seed=5, stream=False)  # held: the protocol sees the rows, which are compared
     run_messages(messages, data, seed=5)
     np.testing.assert_array_equal(fast.seen[0], messages.seen[0])
 
@@ -203,7 +226,7 @@ def every_protocol():
     "mean", "sum", "vector-sum", "vector-mean", "vector-mean-paper", "vector-mean-one-bin",
     "mean-robust", "distribution", "instance-optimal-shuffle", "instance-optimal-local",
 ])
-def test_every_protocol_gives_one_result_on_both_engines_streamed_or_held(index, every_protocol, monkeypatch):
+def test_every_protocol_gives_one_result_on_both_engines_streamed_or_held(index, every_protocol, message_runs, monkeypatch):
     """One seed, one result: the message engine (real clients, sealing, shuffler, analyzer), the
     fast engine holding each round's reports, and the fast engine streaming them block by block
     into the analyzer's collectors (150 users in three draw blocks) give the same result, bit for bit."""
@@ -213,7 +236,7 @@ def test_every_protocol_gives_one_result_on_both_engines_streamed_or_held(index,
     monkeypatch.setattr(engine, "FAST_BLOCK", 64)
     streamed = run_fast(protocol, data, seed=13, stream=True)
     held = run_fast(protocol, data, seed=13, stream=False)
-    messages = run_messages(protocol, data, seed=13)
+    messages, _ = message_runs(name, protocol, data)
     _assert_identical(streamed.result, held.result)
     _assert_identical(streamed.result, messages.result)
     for s, h, m in zip(streamed.rounds, held.rounds, messages.rounds):
@@ -259,3 +282,44 @@ def test_the_vector_mean_streams_in_bounded_memory(monkeypatch):
     run = run_fast(protocol, users, seed=1)
     assert [r.reports for r in run.rounds] == [1000, 1000]
     assert max(largest) == 64 and len(largest) == 2 * 16
+
+
+@pytest.mark.parametrize("index", [0, 2], ids=["mean", "vector-sum"])
+def test_the_multi_process_message_engine_gives_the_single_process_result(index, monkeypatch):
+    """One seed, one result whatever the processes: devices sealing in worker processes (blocks of
+    16 users), the shuffler's outer opens and the analyzer's inner opens on their key workers
+    (thresholds lowered so the 150 users' bursts and batches do go there) give the same reports,
+    bit-identical results and the same per-round counts as the single-process run; every envelope is
+    still admitted by the shuffler (none refused) and opened by the analyzer."""
+    import shuffledp.analyzer.service as analyzer_service
+    import shuffledp.shuffler.service as shuffler_service
+    import shuffledp.simulation.client_pool as client_pool
+    from shuffledp.shuffler.parallel_open import OuterLayerPool
+
+    class EveryBurst(OuterLayerPool):
+        def __init__(self, private, workers, *, threshold=1):
+            super().__init__(private, workers, threshold=1)
+
+    name, protocol, data = _protocols()[index]
+    one, many = Recording(protocol), Recording(protocol)
+    single = run_messages(one, data, seed=17, workers=1)
+    monkeypatch.setattr(client_pool, "SEAL_BLOCK", 16)
+    monkeypatch.setattr(shuffler_service, "OuterLayerPool", EveryBurst)
+    monkeypatch.setattr(analyzer_service, "PARALLEL_THRESHOLD", 1)
+    opened_elsewhere = []
+    real_open_many = EveryBurst.open_many
+    monkeypatch.setattr(EveryBurst, "open_many", lambda self, spec, items: opened_elsewhere.append(len(items)) or real_open_many(self, spec, items))
+    sealed_elsewhere = []
+    real_submit = client_pool.SealingWorkers.submit
+    monkeypatch.setattr(client_pool.SealingWorkers, "submit",
+                        lambda self, spec, credentials, messages: sealed_elsewhere.append(len(credentials)) or real_submit(self, spec, credentials, messages))
+    multi = run_messages(many, data, seed=17, workers=2)
+    assert sum(sealed_elsewhere) == len(data) * len(multi.rounds) and max(sealed_elsewhere) == 16
+    assert sum(opened_elsewhere) == sum(r.messages for r in multi.rounds)
+    assert len(one.seen) == len(many.seen) >= 1
+    for a, b in zip(one.seen, many.seen):
+        np.testing.assert_array_equal(a, b)
+    _assert_identical(single.result, multi.result)
+    for s, m in zip(single.rounds, multi.rounds):
+        assert (s.reports, s.messages, s.envelope_bytes) == (m.reports, m.messages, m.envelope_bytes)
+        assert m.rejected_at_shuffler == {} and m.rejected_at_analyzer == {} and m.retransmitted == 0

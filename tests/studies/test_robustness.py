@@ -230,10 +230,10 @@ def test_instance_optimal_attacks_are_well_formed_and_the_detection_threshold_ho
 
     The norm round's detection threshold is a tolerance: each attacker's claim adds c to the
     count estimate of the (honestly empty) top bin, whose noise has sd c sqrt(n). At n = 3,000
-    (shuffle: c = 1.02, detection 246; local: c = 2.16, detection 522) 2 % of attackers (60)
-    need 3.3+ sd of noise to reach detection, so the radius does not rise (their denials of the
-    honest mode can only lower counts, so it may fall); 20 % (600) clear it by 6.5+ sd, and the
-    radius jumps to the top of the grid."""
+    with the default budget split and 320 norm bins (shuffle: c = 1.08, detection 268; local:
+    c = 5.07, detection 1,264) 2 % of attackers (60) need 3.4+ sd of noise to reach detection, so
+    the radius does not rise (their denials of the honest mode can only lower counts, so it may
+    fall); 20 % (600) clear it by 6.4+ sd, and the radius jumps to the top of the grid."""
     from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
 
     rng = np.random.default_rng(3)
