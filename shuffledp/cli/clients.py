@@ -56,6 +56,9 @@ def add_parser(subparsers) -> None:
     fleet.add_argument("--min-batch-floor", type=int, default=1, help="devices refuse rounds whose min_batch is below this")
     fleet.add_argument("--rounds", "-T", type=int, default=2, help="rounds to answer (scalar-mean has 2)")
     fleet.add_argument("--rate", type=float, default=0.0, help="envelopes per second per round (0: as fast as possible)")
+    fleet.add_argument("--pack", type=int, default=8, metavar="K",
+                       help="envelopes per MQTT message on first transmission, as one gateway for many devices "
+                            "(1..64; 8 fits the broker's 4,096-byte client limit for every mechanism; 1: one each)")
     fleet.add_argument("--retry-interval", type=float, default=2.0, metavar="S",
                        help="seconds before an envelope without a receipt is sent again (doubling per copy)")
     fleet.add_argument("--timeout", type=float, default=0.0, metavar="S", help="give up after S seconds (0: never)")
@@ -79,6 +82,8 @@ async def _clients_run_async(args: argparse.Namespace) -> int:
     log = setup_logging("clients", args.verbose)
     if args.users < 1 or args.rounds < 1 or args.rate < 0 or args.retry_interval <= 0 or args.timeout < 0:
         raise UsageError("need --users >= 1, --rounds >= 1, --rate >= 0, --retry-interval > 0, --timeout >= 0")
+    if not 1 <= args.pack <= 64:
+        raise UsageError(f"--pack: must be in [1, 64], got {args.pack}")
     if args.seed is not None and args.seed < 0:
         raise UsageError("--seed: must be >= 0")
     side = load_clients(args.keys, args.users)
@@ -100,7 +105,7 @@ async def _clients_run_async(args: argparse.Namespace) -> int:
     channel = mqtt_channel(args, "client")
     await channel.connect()
     fleet = Fleet(channel, side.session_id, clients, draw=seeded_draw(args.seed) if seeded else None,
-                  rate=args.rate, retry_interval=args.retry_interval, on_event=log.info)
+                  rate=args.rate, retry_interval=args.retry_interval, pack=args.pack, on_event=log.info)
     log.info("%d device(s) of session %s on %s, waiting for rounds (true mean of their data %.6f; %s)",
              args.users, side.session_id.hex(), channel.address, true_mean,
              f"data and draws seeded with --seed {args.seed}" if seeded else "draws from the OS CSPRNG")

@@ -18,7 +18,11 @@ report with ``answer_verified``:
   the pinned analyzer key; re-delivered specs are ignored), every client answers
   once and publishes to its shuffler instance's reports topic (``Client.instance_for``).
   Publishing is windowed (``window`` publishes in flight) and, with ``rate`` > 0,
-  paced to that many envelopes per second, as a fleet of devices trickles in.
+  paced to that many envelopes per second, as a fleet of devices trickles in. With
+  ``pack`` > 1 the first transmissions go up to ``pack`` envelopes to a message, back to
+  back (:mod:`~shuffledp.protocol.wire.envelope_packing`: the shuffler splits them and
+  judges each on its own), as a gateway relaying many devices may send them; copies sent
+  again go one by one.
   Clients refuse rounds their ledger cannot afford, expired ones, and rounds naming
   a shuffler other than the pinned one; refusals are counted by reason.
 * **Receipts.** Signed receipts (checked once per message against the spec's
@@ -57,6 +61,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from shuffledp.client.client import Client, PreparedRound, verified_spec
+from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE
 from shuffledp.client.mechanisms import randomize_reports
 from shuffledp.protocol.transport.channel import Channel, outcome_topic, receipts_topic, reports_topic, spec_topic
 from shuffledp.protocol.errors import ShuffleDPError
@@ -186,10 +191,13 @@ class Fleet:
         retry_interval: float = 2.0,
         grace: float = 10.0,
         window: int = 256,
+        pack: int = 1,
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         if not clients:
             raise ValueError("a fleet needs at least one client")
+        if not 1 <= pack <= MAX_ENVELOPES_PER_MESSAGE:
+            raise ValueError(f"pack must be in [1, {MAX_ENVELOPES_PER_MESSAGE}], got {pack}")
         if source is not None and draw is not None:
             raise ValueError("a fleet draws reports from a source or a draw function, not both")
         if rate < 0 or retry_interval <= 0 or grace < 0 or window < 1:
@@ -204,6 +212,7 @@ class Fleet:
         self.retry_interval = retry_interval
         self.grace = grace
         self.window = window
+        self.pack = pack
         self.on_event = on_event
         self.rounds: dict[int, FleetRound] = {}
         #: Specs, receipts and outcomes that did not verify or were not for this session/round, by reason.
@@ -295,6 +304,14 @@ class Fleet:
         loop = asyncio.get_running_loop()
         start = loop.time()
         prepared = _prepared(spec, sealer)
+        packs: dict[str, list[bytes]] = defaultdict(list)  # envelopes waiting to go, per reports topic
+
+        async def send_packs() -> None:
+            for topic, envelopes in packs.items():
+                if envelopes:
+                    await publisher.publish(topic, b"".join(envelopes))
+            packs.clear()
+
         for index, (client, value) in enumerate(zip(self.clients, values)):
             instance = assigned[index]
             if instance in state.outcomes:
@@ -309,14 +326,21 @@ class Fleet:
             topic = reports_topic(spec.session_id, spec.round_id, instance)
             for nonce, envelope in zip(client.sent[(spec.session_id, spec.round_id)].nonces, envelopes):
                 pending[nonce] = _Pending(envelope, topic, instance, next(order), loop.time())
-                await publisher.publish(topic, envelope)
+                if self.pack == 1:
+                    await publisher.publish(topic, envelope)
+                else:
+                    packs[topic].append(envelope)
+                    if len(packs[topic]) == self.pack:
+                        await publisher.publish(topic, b"".join(packs.pop(topic)))
                 state.sent += 1
             if self.rate > 0:
                 delay = start + state.sent / self.rate - loop.time()
                 if delay > 0:
+                    await send_packs()  # nothing waits in a pack while the fleet paces itself
                     await asyncio.sleep(delay)
             elif index % 32 == 31:
                 await asyncio.sleep(0)  # let receipts in while sealing
+        await send_packs()
         await publisher.flush()
         self._event(
             f"round {spec.round_id} ({spec.mechanism}, eps0 {spec.epsilon0:g}): {state.sent} envelope(s) sent"

@@ -109,3 +109,39 @@ def test_the_services_seed_only_when_told():
     assert (up.seed, up.distribution) == (4, "two-point")
     assert parser.parse_args(["simulate"]).seed == 0  # simulate never reaches a device: always seeded
 
+
+
+def test_a_packing_fleet_gives_the_estimate_of_one_envelope_per_message():
+    """A fleet that sends its envelopes five to a message (``Fleet(pack=5)``, as a gateway may) gives the
+    same estimate as one that sends them one by one, every envelope admitted once, in a fifth of the messages."""
+    import asyncio
+
+    from shuffledp.protocol.transport.channel import reports_topic
+
+    means, _ = local_means(Population("gaussian", 1.7, 1.0, 20.0, 50), 60, 5)
+    protocol = ScalarMeanProtocol(ScalarMeanConfig(bound=20.0, tau=0.7, epsilon0=1.0))
+
+    async def run(pack: int):
+        deployment = Deployment()
+        channel = InProcessChannel()
+        shuffler = deployment.shuffler(channel)
+        coordinator = deployment.coordinator(channel, round_timeout=30.0)
+        fleet = Fleet(channel, deployment.session_id, _clients(deployment, means), draw=seeded_draw(7), pack=pack)
+        tasks = [asyncio.create_task(shuffler.serve()), asyncio.create_task(fleet.serve(2))]
+        try:
+            result, records = await asyncio.wait_for(coordinator.run_protocol(protocol, len(means)), 30)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        messages = [channel.messages_by_topic[reports_topic(deployment.session_id, r.spec.round_id)] for r in records]
+        return result, [r.opened.size for r in records], messages, [shuffler.rounds[r.spec.round_id] for r in records]
+
+    one, opened_one, messages_one, _ = asyncio.run(run(1))
+    packed, opened_packed, messages_packed, stats = asyncio.run(run(5))
+    assert (packed.mean.estimate, packed.mean.standard_error) == (one.mean.estimate, one.mean.standard_error)
+    assert opened_packed == opened_one == [60, 60]
+    assert messages_one == [60, 60] and messages_packed == [12, 12]
+    assert all(s.admitted == 60 and not s.rejected for s in stats)
+    with pytest.raises(ValueError, match="pack"):
+        Fleet(InProcessChannel(), Deployment().session_id, _clients(Deployment(), means[:2]), pack=65)
