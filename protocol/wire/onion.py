@@ -226,6 +226,18 @@ class FixedLayout:
         return {name: data[start:end] for name, start, end in self._fields}
 
 
+def _checked_admission(round_id: int, credential: bytes, nonce: bytes, sealed: bytes) -> Admission:
+    """An :class:`Admission` whose fields the round's fixed layout has already checked (its round id is
+    the round's, its credential, nonce and sealed report are bytes of the round's lengths), built
+    without running the constructor's checks a second time (the shuffler's per-envelope path)."""
+    admission = object.__new__(Admission)
+    object.__setattr__(admission, "round_id", round_id)
+    object.__setattr__(admission, "credential", credential)
+    object.__setattr__(admission, "nonce", nonce)
+    object.__setattr__(admission, "sealed", sealed)
+    return admission
+
+
 class EnvelopeOpener:
     """Shuffler side: opens the envelopes of one round, strictly.
 
@@ -266,7 +278,7 @@ class EnvelopeOpener:
             raise SealingError(f"envelope does not open for this session, round and spec ({type(exc).__name__})") from None
         fields = self._admission_layout.fields(plaintext)
         if fields is not None:  # the one valid encoding: the constructor's checks all hold
-            return Admission(self._spec.round_id, fields["credential"], fields["nonce"], fields["sealed"])
+            return _checked_admission(self._spec.round_id, fields["credential"], fields["nonce"], fields["sealed"])
         return self._admission_slow(plaintext)
 
     def _outer_slow(self, data: bytes) -> bytes:
