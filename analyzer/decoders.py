@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shuffledp.analyzer.protocols import Collector
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.hadamard import fwht
 from shuffledp.protocol.wire.messages import HadamardRangeParams
@@ -44,6 +45,48 @@ def hadamard_frequencies(rows: np.ndarray, bits: np.ndarray, num_rows: int, epsi
         raise InvalidParameter("rows", "no reports to decode")
     histogram = signed_row_histogram(rows, bits, num_rows)
     return fwht(histogram) * (hadamard_scale(epsilon) / n)
+
+
+def coordinate_rows(rows: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Report rows ``(coordinate, value)`` as int64, every coordinate checked to lie in ``[0, dim)``,
+    and the number of rows per coordinate (what every coordinate-tagged collector folds first)."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+    if rows.size and (rows[:, 0].min() < 0 or rows[:, 0].max() >= dim):
+        raise InvalidParameter("rows", f"coordinates must lie in [0, {dim})")
+    return rows, np.bincount(rows[:, 0], minlength=dim)
+
+
+class HadamardRowCollector(Collector):
+    """A Hadamard-response round's sufficient statistics: the signed histogram of the reported
+    rows ``S[j] = sum_i b_i [j_i = j]`` (int64, exact) and the number of reports, from report rows
+    ``(row, bit)``.
+
+    :meth:`frequencies` is :func:`hadamard_frequencies` of the same reports to the last bit: that
+    decoder builds the same histogram (as integer-valued float64) before its one FWHT."""
+
+    statistics = ("histogram", "reports")
+
+    def __init__(self, num_rows: int, epsilon: float) -> None:
+        self.num_rows = int(num_rows)
+        self.epsilon = epsilon
+        self.histogram = np.zeros(self.num_rows, dtype=np.int64)
+        self.reports = 0
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in report rows ``(row, bit)``."""
+        rows = np.asarray(rows)
+        # Integer sums: exact in float64 below 2^53 within one block, exact in int64 across blocks.
+        self.histogram += signed_row_histogram(rows[:, 0], rows[:, 1], self.num_rows).astype(np.int64)
+        self.reports += len(rows)
+
+    def __len__(self) -> int:
+        return self.reports
+
+    def frequencies(self) -> np.ndarray:
+        """Unbiased estimates of the fraction of users in each bin (:func:`hadamard_frequencies`)."""
+        if self.reports == 0:
+            raise InvalidParameter("rows", "no reports to decode")
+        return fwht(self.histogram.astype(np.float64)) * (hadamard_scale(self.epsilon) / self.reports)
 
 
 def hadamard_estimate_variance(true_fractions: np.ndarray, n: int, epsilon: float) -> np.ndarray:

@@ -65,13 +65,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from shuffledp.analyzer.decoders import hadamard_frequencies, hadamard_scale
-from shuffledp.analyzer.protocols import Protocol, RoundPlan, Rounds
-from shuffledp.analyzer.summation import decode_vector_sum
+from shuffledp.analyzer.decoders import HadamardRowCollector, coordinate_rows, hadamard_scale
+from shuffledp.analyzer.protocols import Collector, Protocol, RoundPlan, Rounds, collected
+from shuffledp.analyzer.summation import VectorSumCollector
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.hadamard import fwht, next_power_of_two
 from shuffledp.protocol.wire.messages import (
@@ -159,13 +160,71 @@ class InstanceOptimalConfig:
 def tree_fractions(reports: np.ndarray, params: CoordinateTreeParams, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
     """``(fractions, counts)``: ``fractions[g, v]`` estimates the fraction of group ``g``'s users
     whose node (at ``g``'s level) is ``v``, unbiased; ``counts[g]`` is the group's size."""
-    rows = np.asarray(reports, dtype=np.int64).reshape(-1, 3)
-    k = params.scalar.padded_bins
-    groups = params.groups
-    counts = np.bincount(rows[:, 0], minlength=groups)
-    table = np.bincount(rows[:, 0] * k + rows[:, 1], weights=rows[:, 2].astype(np.float64), minlength=groups * k).reshape(groups, k)
-    scale = hadamard_scale(epsilon) / np.maximum(counts, 1)
-    return fwht(table) * scale[:, None], counts
+    collector = TreeCollector(params)
+    collector.add_rows(np.asarray(reports, dtype=np.int64).reshape(-1, 3))
+    return collector.fractions(epsilon)
+
+
+class TreeCollector(Collector):
+    """Round 1's sufficient statistics: per (coordinate, level) group, its number of reports and the
+    signed histogram of its Hadamard rows (int64, exact), from report rows ``(group, row, bit)``.
+
+    :meth:`fractions` is :func:`tree_fractions` of the same reports to the last bit: that decoder
+    builds the same table (as integer-valued float64) before its FWHT per group."""
+
+    statistics = ("counts", "table")
+
+    def __init__(self, params: CoordinateTreeParams) -> None:
+        self.params = params
+        self.rows_per_group = params.scalar.padded_bins
+        self.counts = np.zeros(params.groups, dtype=np.int64)
+        self.table = np.zeros((params.groups, self.rows_per_group), dtype=np.int64)
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``coordinate-tree`` report rows ``(group, row, bit)``."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        groups, k = self.params.groups, self.rows_per_group
+        if rows.size and (rows[:, 0].min() < 0 or rows[:, 0].max() >= groups or rows[:, 1].min() < 0 or rows[:, 1].max() >= k):
+            raise InvalidParameter("rows", f"groups must lie in [0, {groups}) and rows in [0, {k})")
+        self.counts += np.bincount(rows[:, 0], minlength=groups)
+        signed = np.bincount(rows[:, 0] * k + rows[:, 1], weights=rows[:, 2].astype(np.float64), minlength=groups * k)
+        self.table += signed.astype(np.int64).reshape(groups, k)
+
+    def __len__(self) -> int:
+        return int(self.counts.sum())
+
+    def fractions(self, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(fractions, counts)``, as :func:`tree_fractions` gives them."""
+        scale = hadamard_scale(epsilon) / np.maximum(self.counts, 1)
+        return fwht(self.table.astype(np.float64)) * scale[:, None], self.counts
+
+
+class LocalVectorCollector(Collector):
+    """The local model's last round's sufficient statistics: per rotated coordinate, its number of
+    reports and the sum of their values (int64, exact), from report rows ``(coordinate, value)``.
+    :meth:`decode` is :func:`local_mean_decode` of the same reports to the last bit (its float sums
+    are exact too: integers far below 2^53)."""
+
+    statistics = ("per_coordinate", "sums")
+
+    def __init__(self, params: LocalVectorParams) -> None:
+        self.params = params
+        self.per_coordinate = np.zeros(params.padded_dim, dtype=np.int64)
+        self.sums = np.zeros(params.padded_dim, dtype=np.int64)
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        """Fold in ``local-vector`` report rows ``(coordinate, value)``."""
+        dim = self.params.padded_dim
+        rows, counts = coordinate_rows(rows, dim)
+        self.per_coordinate += counts
+        self.sums += np.bincount(rows[:, 0], weights=rows[:, 1].astype(np.float64), minlength=dim).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.per_coordinate.sum())
+
+    def decode(self) -> tuple[np.ndarray, int]:
+        """``(estimate, users)``, as :func:`local_mean_decode` gives them."""
+        return _local_totals_decode(self.per_coordinate, self.sums.astype(np.float64), self.params)
 
 
 def tree_medians(
@@ -286,10 +345,15 @@ def local_mean_decode(reports: np.ndarray, params: LocalVectorParams) -> tuple[n
     (each within ``[-bound, bound]``). Only a coordinate with no report at all is refused."""
     rows = np.asarray(reports, dtype=np.int64).reshape(-1, 2)
     per_coordinate = np.bincount(rows[:, 0], minlength=params.padded_dim)
+    sums = np.bincount(rows[:, 0], weights=rows[:, 1].astype(np.float64), minlength=params.padded_dim)
+    return _local_totals_decode(per_coordinate, sums, params)
+
+
+def _local_totals_decode(per_coordinate: np.ndarray, sums: np.ndarray, params: LocalVectorParams) -> tuple[np.ndarray, int]:
+    """:func:`local_mean_decode` from its statistics: the reports per coordinate and their sums."""
     users = int(per_coordinate.min())
     if users == 0:
         raise InvalidParameter("reports", f"coordinates hold {per_coordinate.min()}..{per_coordinate.max()} reports: some hold none")
-    sums = np.bincount(rows[:, 0], weights=rows[:, 1].astype(np.float64), minlength=params.padded_dim)
     rotated_mean = sums / per_coordinate * (params.radius / params.levels)
     estimate = RandomRotation(params.dim, params.rotation_seed).inverse(rotated_mean)
     return estimate + np.asarray(params.center), users
@@ -374,23 +438,23 @@ class InstanceOptimalProtocol(Protocol):
     def rounds(self) -> Rounds:
         c, b = self.config, self.budgets
         tree = c.tree_params()
-        first = yield RoundPlan(tree, b.tree_epsilon0)
-        fractions, counts = tree_fractions(first, tree, b.tree_epsilon0)
+        tree_plan = RoundPlan(tree, b.tree_epsilon0, collect=partial(TreeCollector, tree))
+        fractions, counts = collected(tree_plan, (yield tree_plan)).fractions(b.tree_epsilon0)
         medians = tree_medians(fractions, counts, tree, b.tree_epsilon0)
         center = RandomRotation(c.dim, c.rotation_seed).inverse(medians)
         norm = c.norm_params(center)
-        second = yield RoundPlan(norm, b.norm_epsilon0)
-        rows = np.asarray(second, dtype=np.int64).reshape(-1, 2)
-        frequencies = hadamard_frequencies(rows[:, 0], rows[:, 1], norm.scalar.padded_bins, b.norm_epsilon0)
+        norm_plan = RoundPlan(norm, b.norm_epsilon0, collect=partial(HadamardRowCollector, norm.scalar.padded_bins, b.norm_epsilon0))
+        second = collected(norm_plan, (yield norm_plan))
         probe = self.final_params(center, 1.0)
-        threshold = pick_threshold(frequencies, norm, len(rows), b.norm_epsilon0, noise_per_radius(probe, c.users), c.fixed_quantile)
+        threshold = pick_threshold(second.frequencies(), norm, len(second), b.norm_epsilon0, noise_per_radius(probe, c.users), c.fixed_quantile)
         final = replace(probe, radius=threshold.radius)
-        third = yield RoundPlan(final, b.mean_epsilon0, b.mean_delta0)
         if isinstance(final, ShiftedVectorSumParams):
-            decoded = decode_vector_sum(third, final)
+            final_plan = RoundPlan(final, b.mean_epsilon0, b.mean_delta0, collect=partial(VectorSumCollector, final))
+            decoded = collected(final_plan, (yield final_plan)).estimate()
             estimate, users = np.asarray(decoded.mean) + center, decoded.users
         else:
-            estimate, users = local_mean_decode(third, final)
+            final_plan = RoundPlan(final, b.mean_epsilon0, b.mean_delta0, collect=partial(LocalVectorCollector, final))
+            estimate, users = collected(final_plan, (yield final_plan)).decode()
         return InstanceOptimalOutcome(
             estimate, center, threshold, medians, final, (b.tree_epsilon0, b.norm_epsilon0, b.mean_epsilon0), users, counts
         )

@@ -29,11 +29,11 @@ from functools import partial
 import numpy as np
 
 from shuffledp.analyzer.decoders import (
+    HadamardRowCollector,
     MeanEstimate,
     RangeEstimate,
     announce_range,
     hadamard_frequencies,
-    hadamard_scale,
     mean_from_reports,
 )
 from shuffledp.analyzer.protocols import Collector, Protocol, RoundPlan, Rounds, collected
@@ -42,7 +42,6 @@ from shuffledp.analyzer.robust import RobustOptions, RobustSummary, robust_mean_
 from shuffledp.client.mean_randomizer import decode_values
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.wire.messages import HadamardRangeParams, ProjectedMeanParams, check_local_budget
-from shuffledp.protocol.mechanisms.hadamard import fwht
 
 
 def concentration_radius(proxy_sigma: float, n: int, m: int, gamma: float) -> float:
@@ -126,41 +125,18 @@ class ScalarMeanOutcome:
     robust: RobustSummary | None = None
 
 
-class HadamardRangeCollector(Collector):
-    """Round 1's sufficient statistics: the signed histogram of Hadamard rows
-    ``S[j] = sum_i b_i [j_i = j]`` (int64, exact) and the number of reports.
-
-    :meth:`estimate` is :func:`estimate_range` of the same reports to the last bit: that
-    decoder builds the same histogram (as integer-valued float64) before its one FWHT."""
-
-    statistics = ("histogram", "reports")
+class HadamardRangeCollector(HadamardRowCollector):
+    """Round 1's sufficient statistics (:class:`~shuffledp.analyzer.decoders.HadamardRowCollector`
+    over the range's Hadamard rows). :meth:`estimate` is :func:`estimate_range` of the same reports
+    to the last bit."""
 
     def __init__(self, config: ScalarMeanConfig) -> None:
+        super().__init__(config.range_params().padded_bins, config.round_epsilon)
         self.config = config
-        self.num_rows = config.range_params().padded_bins
-        self.histogram = np.zeros(self.num_rows, dtype=np.int64)
-        self.reports = 0
-
-    def add_rows(self, rows: np.ndarray) -> None:
-        """Fold in ``hadamard-range`` report rows ``(row, bit)``."""
-        rows = np.asarray(rows)
-        index = rows[:, 0]
-        if index.size and (index.min() < 0 or index.max() >= self.num_rows):
-            raise InvalidParameter("rows", f"must lie in [0, {self.num_rows})")
-        # Integer sums: exact in float64 below 2^53 within one block, exact in int64 across blocks.
-        signed = np.bincount(index, weights=rows[:, 1].astype(np.float64), minlength=self.num_rows)
-        self.histogram += signed.astype(np.int64)
-        self.reports += len(index)
-
-    def __len__(self) -> int:
-        return self.reports
 
     def estimate(self) -> RangeEstimate:
         """The announced range (:func:`estimate_range`): one FWHT of the histogram, then the arg-max bin."""
-        if self.reports == 0:
-            raise InvalidParameter("rows", "no reports to decode")
-        scale = hadamard_scale(self.config.round_epsilon) / self.reports
-        return announce_range(fwht(self.histogram.astype(np.float64)) * scale, self.config.range_params())
+        return announce_range(self.frequencies(), self.config.range_params())
 
 
 def _exact_sum(values: np.ndarray, counts: np.ndarray) -> float:

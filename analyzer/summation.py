@@ -21,6 +21,7 @@ from functools import partial
 import numpy as np
 
 from shuffledp.client.summation import clip_to_ball, scaled_rotation
+from shuffledp.analyzer.decoders import coordinate_rows
 from shuffledp.analyzer.protocols import Collector, Protocol, RoundPlan, Rounds, collected
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.wire.messages import ModularSumParams, VectorSumParams
@@ -133,12 +134,10 @@ class VectorSumCollector(Collector):
 
     def add_rows(self, rows: np.ndarray) -> None:
         """Fold in ``vector-sum`` report rows ``(coordinate, share)``."""
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
         dim = self.params.padded_dim
-        if rows.size and (rows[:, 0].min() < 0 or rows[:, 0].max() >= dim):
-            raise InvalidParameter("rows", f"coordinates must lie in [0, {dim})")
+        rows, counts = coordinate_rows(rows, dim)
         self.reports += rows.shape[0]
-        self.per_coordinate += np.bincount(rows[:, 0], minlength=dim)
+        self.per_coordinate += counts
         self._add_sums(coordinate_sums(rows, dim, self.params.modulus))
 
     def _add_sums(self, sums: np.ndarray) -> None:
