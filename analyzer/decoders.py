@@ -43,8 +43,13 @@ def hadamard_frequencies(rows: np.ndarray, bits: np.ndarray, num_rows: int, epsi
     n = len(rows)
     if n == 0:
         raise InvalidParameter("rows", "no reports to decode")
-    histogram = signed_row_histogram(rows, bits, num_rows)
-    return fwht(histogram) * (hadamard_scale(epsilon) / n)
+    return frequencies_from_histogram(signed_row_histogram(rows, bits, num_rows), n, epsilon)
+
+
+def frequencies_from_histogram(histogram: np.ndarray, reports: int, epsilon: float) -> np.ndarray:
+    """The bins' frequency estimates from the signed row histogram of ``reports`` Hadamard
+    responses at ``epsilon``: one FWHT, scaled by ``coth(eps/2) / reports``."""
+    return fwht(np.asarray(histogram, dtype=np.float64)) * (hadamard_scale(epsilon) / reports)
 
 
 def coordinate_rows(rows: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +91,7 @@ class HadamardRowCollector(Collector):
         """Unbiased estimates of the fraction of users in each bin (:func:`hadamard_frequencies`)."""
         if self.reports == 0:
             raise InvalidParameter("rows", "no reports to decode")
-        return fwht(self.histogram.astype(np.float64)) * (hadamard_scale(self.epsilon) / self.reports)
+        return frequencies_from_histogram(self.histogram, self.reports, self.epsilon)
 
 
 def hadamard_estimate_variance(true_fractions: np.ndarray, n: int, epsilon: float) -> np.ndarray:

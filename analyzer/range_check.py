@@ -85,14 +85,14 @@ DEFAULT_BETA = 0.01
 TRUST_ALPHA = 0.001
 
 
-def _check(epsilon: float, bins: int, n: int, level: float, name: str) -> None:
+def _check(epsilon: float, bins: int, n: int, level: float | None = None, name: str = "alpha") -> None:
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
         raise InvalidParameter("epsilon", f"must be finite and > 0, got {epsilon!r}")
     if not (isinstance(bins, (int, np.integer)) and bins >= 1):
         raise InvalidParameter("bins", f"must be an integer >= 1, got {bins!r}")
     if not (isinstance(n, (int, np.integer)) and n >= 1):
         raise InvalidParameter("n", f"must be an integer >= 1, got {n!r}")
-    if not 0 < level < 1:
+    if level is not None and not 0 < level < 1:
         raise InvalidParameter(name, f"must be in (0, 1), got {level!r}")
 
 
@@ -111,7 +111,7 @@ def users_needed(epsilon: float, bins: int, beta: float = DEFAULT_BETA) -> int:
 def range_p_value(frequency: float, epsilon: float, bins: int, n: int) -> float:
     """``p_f = min(1, K exp(-n fhat^2 / (2 c^2)))``: ``P(p_f <= x) <= x`` when the announced bin is
     empty, whichever of the ``K`` bins the arg-max chose (Hoeffding and a union bound; module docstring)."""
-    _check(epsilon, bins, n, 0.5, "alpha")
+    _check(epsilon, bins, n)
     if not frequency > 0:
         return 1.0
     scale = hadamard_scale(epsilon)

@@ -143,8 +143,6 @@ class Client:
         samples = as_real_array(samples, "samples", ndim=rank)
         if samples.shape[0] == 0 or samples.size == 0:
             raise InvalidParameter("samples", "must not be empty")
-        if not isinstance(ledger, PrivacyLedger):
-            raise InvalidParameter("ledger", f"must be a PrivacyLedger, got {type(ledger).__name__}")
         with np.errstate(over="ignore"):
             mean = samples.mean(axis=0)
         if not np.all(np.isfinite(mean)):

@@ -75,8 +75,6 @@ def range_study(config, seeds: int, first_seed: int = 0, progress: Progress | No
     if not (isinstance(seeds, int) and seeds >= 1):
         raise InvalidParameter("seeds", f"must be an integer >= 1, got {seeds!r}")
     protocol = ScalarMeanProtocol(config.protocol_config())
-    from shuffledp.analyzer.range_check import check_range_round
-
     failed = held_none = warned = missed = false_warnings = frequency_missed = frequency_false = 0
     worst = {True: 0.0, False: 0.0}
     for seed in range(first_seed, first_seed + seeds):
@@ -91,7 +89,8 @@ def range_study(config, seeds: int, first_seed: int = 0, progress: Progress | No
         warned += is_warned
         missed += is_failed and not is_warned
         false_warnings += is_warned and not is_failed
-        frequency_ok = check_range_round(found.frequencies, found.bin, len(means), protocol.config.round_epsilon).ok
+        check = outcome.range_check  # its round-1 figures are the frequency test's own
+        frequency_ok = check.announced_frequency >= check.threshold
         frequency_missed += is_failed and frequency_ok
         frequency_false += not frequency_ok and not is_failed
         z = abs(outcome.mean.estimate - true_mean) / outcome.mean.standard_error
