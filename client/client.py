@@ -6,7 +6,8 @@ signed round spec it
 1. verifies the analyzer's Ed25519 signature against the key it pinned,
 2. refuses expired rounds and rounds its :class:`PrivacyLedger` cannot afford,
 3. runs the round's randomizer on its local mean (the same vectorized function the
-   simulation uses, with a batch of one),
+   simulation uses, with a batch of one, or for the scalar mechanisms its exact scalar
+   twin, :func:`~shuffledp.client.mechanisms.randomize_one`: the same draws, without arrays),
 4. pads each report to the round's fixed size (so its length says nothing about its
    value) and seals it to the analyzer with HPKE, bound to the session and round:
    the inner layer,
@@ -35,7 +36,7 @@ import numpy as np
 
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.local_data import as_real_array
-from shuffledp.client.mechanisms import check_report_values, randomize_reports, report_ranges
+from shuffledp.client.mechanisms import check_report_values, randomize_one, randomize_reports, report_ranges
 from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.wire.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
@@ -282,13 +283,19 @@ class Client:
         if not getattr(spec.params, "LOCAL_GUARANTEE", True) and not self.accept_central_only:
             raise UntrustedRound(f"{spec.mechanism} has no local guarantee; this device answers only rounds that do")
         self.ledger.check(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
+        messages = None
         if values is None:
-            values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]
-        rows = np.asarray(values).reshape(len(values), -1)
-        if rows.dtype.kind in "iu":  # Python ints, as int() gives, without a call per value
-            messages = [tuple(row) for row in rows.tolist()]
-        else:
-            messages = [tuple(int(v) for v in row) for row in rows]
+            # The scalar twin of the batch-of-one randomizer where there is one (the same draws
+            # and messages), else the batch randomizer itself.
+            messages = randomize_one(spec.params, spec.epsilon0, spec.delta0, self.local_mean, self.source)
+            if messages is None:
+                values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]
+        if messages is None:
+            rows = np.asarray(values).reshape(len(values), -1)
+            if rows.dtype.kind in "iu":  # Python ints, as int() gives, without a call per value
+                messages = [tuple(row) for row in rows.tolist()]
+            else:
+                messages = [tuple(int(v) for v in row) for row in rows]
         if len(messages) != expected:
             raise InvalidParameter("values", f"the round takes {expected} message(s) per user, got {len(messages)}")
         return messages

@@ -34,6 +34,8 @@ _SUM_TOLERANCE = 1e-12
 
 
 def _real(value: object, name: str) -> float:
+    if type(value) is float and math.isfinite(value):  # the common case, decided at once
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidParameter(name, f"must be a real number, got {type(value).__name__}")
     value = float(value)

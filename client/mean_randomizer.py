@@ -17,6 +17,11 @@ to the fixed-point grid ``lower + step * u`` with ``u`` in ``{0, ..., G}``
 Sampling on the integer grid avoids the floating-point Laplace leak (Mironov 2012):
 the report is an integer, and the accounting covers the discretisation, because
 the sensitivity is taken in grid units after projection and rounding.
+
+Written once, vectorized over a batch of users (:func:`randomize_mean`), with a scalar
+twin for one user (:func:`randomize_mean_one`, what a device runs): the same Algorithm 2,
+the same noise and the same guarantee, drawing the same values from the same source
+calls in the same order, with the arithmetic around them in plain Python.
 """
 
 from __future__ import annotations
@@ -163,6 +168,91 @@ def randomize_mean(
         noise = source.discrete_gaussian(gaussian_sigma2(params, epsilon, delta), n)
     low, high = report_range(params, epsilon, delta)
     return np.clip(grid + noise.astype(np.int64), low, high)
+
+
+# --------------------------------------------------------------------------
+# One user, without arrays: the device's path
+# --------------------------------------------------------------------------
+#
+# Each function below is its vectorized twin above for a batch of one (and a
+# ProjectedMeanParams, not a PerUserGrid), line by line: the same source calls in the
+# same order with the same arguments (``bernoulli(frac, 1)``, then ``discrete_laplace(G /
+# eps, 1)`` or ``discrete_gaussian(sigma2, 1)``), and the same IEEE double operations in
+# the same order (Python floats are doubles, rounded as numpy's float64), so for any
+# source the result equals ``twin(np.array([y]), ...)[0]`` exactly.
+#
+# One argument changes form, not value: the twin passes the rounding probability as a
+# 1-element float64 array, this path as the same double. Both sources treat the two
+# alike (``_check_probability`` applies the same ``[0, 1]`` test to either; SeededSource
+# compares one ``random(1)`` draw with it; SystemSource draws one 53-bit integer against
+# ``floor(p * 2**53)`` of the same double), so the draws and the realised probability
+# are identical, and a secure source still rounds it down.
+
+
+def _real_scalar(value: object, name: str) -> float:
+    """``value`` as the one float a batch of one would hold; refused exactly as :func:`as_real_array`
+    refuses ``np.array([value])`` (same type, same message) if it is not a finite real."""
+    if (type(value) is float or type(value) is np.float64) and math.isfinite(value):
+        return float(value)
+    return float(as_real_array(np.array([value]), name)[0])
+
+
+def _clip(x, low, high):
+    """``np.clip`` of one number (``low <= high``): a value equal to a bound is kept as it is."""
+    return low if x < low else (high if x > high else x)
+
+
+def to_grid_one(local_mean: float, params: ProjectedMeanParams) -> tuple[int, float]:
+    """:func:`to_grid` of one finite local mean: ``(integer part, fractional part)``.
+
+    The same double operations as the twin: clip to ``[lower, upper]`` first,
+    ``u = (y - lower) / step``, ``floor(u)`` clipped to ``[0, G]`` (a double, -0.0 kept as
+    ``np.floor`` keeps it), then ``u - floor`` clipped to ``[0, 1]``. The validated params
+    keep ``upper - lower`` finite, so ``u`` lies in about ``[0, G]`` and every step is exact
+    as in numpy.
+    """
+    lower = float(params.lower)
+    y = _clip(local_mean, lower, float(params.upper))
+    u = (y - lower) / params.step
+    whole = math.floor(u)
+    floor = _clip(u if whole == u else float(whole), 0.0, float(params.grid_levels))
+    frac = _clip(u - floor, 0.0, 1.0)
+    return int(floor), frac
+
+
+@functools.lru_cache(maxsize=64, typed=True)
+def _noise_argument(params: ProjectedMeanParams, epsilon: float, delta: float) -> Fraction | float:
+    """What :func:`randomize_mean` hands the noise sampler: ``laplace_scale`` or ``gaussian_sigma2``
+    (pure functions of their arguments, so a cached value is the value; an error is not cached)."""
+    return laplace_scale(params, epsilon) if params.noise == "laplace" else gaussian_sigma2(params, epsilon, delta)
+
+
+_report_range_cached = functools.lru_cache(maxsize=64, typed=True)(report_range)
+
+
+def randomize_mean_one(
+    local_mean: float,
+    params: ProjectedMeanParams,
+    epsilon: float,
+    source: RandomSource,
+    delta: float = 0.0,
+) -> int:
+    """Algorithm 2 for one user: the grid value ``u + noise`` as an int, clamped to
+    :func:`report_range`, equal to ``randomize_mean(np.array([local_mean]), ...)[0]`` with the
+    same draws from ``source``. The same mechanism as the batch, without arrays, so the same
+    guarantee: pure ``eps``-LDP with Laplace noise, ``(eps, delta)`` with Gaussian noise
+    (CKS20 Thm. 7), the clamp being post-processing (see the module docstring)."""
+    y = _real_scalar(local_mean, "local_means")
+    floor, frac = to_grid_one(y, params)
+    grid = floor + int(source.bernoulli(frac, 1)[0])
+    if grid > params.grid_levels:  # np.minimum(grid, G)
+        grid = params.grid_levels
+    if params.noise == "laplace":
+        noise = source.discrete_laplace(_noise_argument(params, epsilon, delta), 1)
+    else:
+        noise = source.discrete_gaussian(_noise_argument(params, epsilon, delta), 1)
+    low, high = _report_range_cached(params, epsilon, delta)
+    return _clip(grid + int(noise[0]), low, high)
 
 
 def decode_values(grid_values: np.ndarray, params: GridParams) -> np.ndarray:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shuffledp.client.mean_randomizer import randomize_mean, report_range
-from shuffledp.client.range_randomizer import randomize_range
+from shuffledp.client.mean_randomizer import randomize_mean, randomize_mean_one, report_range
+from shuffledp.client.range_randomizer import randomize_range, randomize_range_one
 from shuffledp.protocol.errors import InvalidParameter, ValueOutOfRange
 from shuffledp.client.local_data import as_real_array
 from shuffledp.client.quantile_randomizer import randomize_coordinate_tree, randomize_shifted_norm
@@ -62,7 +62,8 @@ def randomize_round(
 
     ``local_data`` is one local mean per user (shape ``(n,)``) or, for vector
     mechanisms, one vector per user (``(n, d)``). The device client calls this with a
-    batch of one, the simulation engines with everyone: one randomizer, two paths.
+    batch of one (or, for the scalar mechanisms, its exact scalar twin :func:`randomize_one`),
+    the simulation engines with everyone: one randomizer, two paths.
     """
     if isinstance(params, HadamardRangeParams):
         rows, bits = randomize_range(local_data, params, epsilon0, source)
@@ -95,6 +96,32 @@ def randomize_round(
     if isinstance(params, LocalVectorParams):
         return randomize_local_vector(local_data, params, source)
     raise InvalidParameter("params", f"unsupported mechanism {getattr(params, 'MECHANISM', type(params).__name__)}")
+
+
+def randomize_one(
+    params: MechanismParams, epsilon0: float, delta0: float, local_mean: object, source: RandomSource
+) -> list[tuple[int, ...]] | None:
+    """One user's messages as int tuples, without arrays, or None: no scalar path here, use
+    :func:`randomize_round`.
+
+    For ``hadamard-range`` and ``projected-mean`` rounds and a float local mean, this is
+    ``[tuple(m) for m in randomize_round(params, epsilon0, delta0, np.array([local_mean]),
+    source)[0].tolist()]`` exactly, with the same calls to ``source`` (same methods, same
+    arguments, same order), so the same draws: the same mechanism (Algorithm 4, Lemma 1;
+    Algorithm 2 with discrete Laplace or Gaussian noise) with the same guarantee, at a
+    fraction of the cost of numpy on 1-element arrays (:func:`~shuffledp.client.range_randomizer.
+    randomize_range_one`, :func:`~shuffledp.client.mean_randomizer.randomize_mean_one`).
+    A non-finite local mean is refused as the batch path refuses it. Anything else (other
+    mechanisms, subclasses of the params, a local mean that is not a float) gets None.
+    """
+    if type(local_mean) is not float and type(local_mean) is not np.float64:
+        return None
+    kind = type(params)
+    if kind is HadamardRangeParams:
+        return [randomize_range_one(local_mean, params, epsilon0, source)]
+    if kind is ProjectedMeanParams:
+        return [(randomize_mean_one(local_mean, params, epsilon0, source, delta=delta0),)]
+    return None
 
 
 def randomize_reports(spec: RoundSpec, local_data: np.ndarray, source: RandomSource) -> np.ndarray:

@@ -12,8 +12,11 @@ output ``(j, b)`` the probability is ``p/K`` or ``(1-p)/K`` with
 ``p/(1-p) = e^eps``. The keep-probability passed to the random source is rounded
 *down* by secure sources (never up), which keeps the ratio at most ``e^eps``.
 
-Written once, vectorized over a batch of users; the device client calls it with a
-batch of one.
+Written once, vectorized over a batch of users (the simulation engines), with a scalar
+twin for one user (:func:`randomize_range_one`, what a device runs): the same mechanism,
+the same Algorithm 4 and the same guarantee, drawing the same values from the same
+source calls in the same order, with the arithmetic around them in plain Python
+instead of numpy on 1-element arrays.
 """
 
 from __future__ import annotations
@@ -72,3 +75,64 @@ def hadamard_response(nu: np.ndarray, padded_bins: int, epsilon: float, source: 
     true_sign = hadamard_entry(rows, nu)
     bits = np.where(keep, true_sign, -true_sign).astype(np.int8)
     return rows.astype(np.int64), bits
+
+
+# --------------------------------------------------------------------------
+# One user, without arrays: the device's path
+# --------------------------------------------------------------------------
+#
+# Each function below is its vectorized twin above for a batch of one, line by line:
+# the same source calls (``integers(K, 1)``, then ``bernoulli(p, 1)`` with the same
+# float ``p``) in the same order, and the same IEEE double operations in the same order
+# (Python floats are doubles, rounded as numpy's float64), so for any source the result
+# equals ``twin(np.array([y]), ...)[0]`` exactly. The keep probability reaches
+# ``bernoulli`` as the very float the twin passes, so a secure source rounds it down the
+# same way and consumes the same bits; only the draws are read back as Python ints.
+
+
+def _real_scalar(value: object, name: str) -> float:
+    """``value`` as the one float a batch of one would hold; refused exactly as :func:`as_real_array`
+    refuses ``np.array([value])`` (same type, same message) if it is not a finite real."""
+    if (type(value) is float or type(value) is np.float64) and math.isfinite(value):
+        return float(value)
+    return float(as_real_array(np.array([value]), name)[0])
+
+
+def bin_index_one(local_mean: float, params: HadamardRangeParams) -> int:
+    """:func:`bin_index` of one finite local mean: the nearest bin centre's index (clamped).
+
+    The same double operations as the twin: clip to ``[low, high]`` before anything else
+    (a value equal to a bound is kept, as ``np.clip`` keeps it), ``(y - low) / (2 tau)``,
+    floor, clip to ``[0, k - 1]``. The params' validation bounds ``(high - low) / (2 tau)``
+    by ``MAX_BINS``, so the quotient is finite and the floor an exact small int.
+    """
+    low = float(params.low)
+    high = float(params.high)
+    y = low if local_mean < low else (high if local_mean > high else local_mean)
+    index = math.floor((y - low) / (2.0 * params.tau))
+    last = params.num_bins - 1
+    return 0 if index < 0 else (last if index > last else index)
+
+
+def hadamard_response_one(nu: int, padded_bins: int, epsilon: float, source: RandomSource) -> tuple[int, int]:
+    """:func:`hadamard_response` of one input index ``nu`` in ``[0, padded_bins)``: ``(row, bit)``
+    as Python ints, ``row`` uniform on ``[0, K)`` and ``bit = ±H[row, nu]``, kept with probability
+    ``e^eps / (e^eps + 1)`` (rounded down by secure sources). Pure ``eps``-LDP for any input
+    index (Lemma 1 / Appendix A), as the twin: the same draws, ``source.integers(K, 1)`` then
+    ``source.bernoulli(keep_probability(eps), 1)``."""
+    row = int(source.integers(padded_bins, 1)[0])
+    keep = source.bernoulli(keep_probability(epsilon), 1)[0]
+    if row < 0 or nu < 0:
+        raise InvalidParameter("j, v", "Hadamard indices must be non-negative")  # as hadamard_entry
+    true_sign = 1 - 2 * ((row & nu).bit_count() & 1)  # H[row, nu] = (-1)^popcount(row & nu)
+    return row, (true_sign if keep else -true_sign)
+
+
+def randomize_range_one(
+    local_mean: float, params: HadamardRangeParams, epsilon: float, source: RandomSource
+) -> tuple[int, int]:
+    """Algorithm 4 for one user: ``(row, bit)``, equal to ``randomize_range(np.array([local_mean]),
+    ...)`` read back as ints, with the same draws from ``source``. Pure ``eps``-LDP (Lemma 1 /
+    Appendix A; see the module docstring): the same mechanism as the batch, without arrays."""
+    y = _real_scalar(local_mean, "local_means")
+    return hadamard_response_one(bin_index_one(y, params), params.padded_bins, epsilon, source)

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.wire.key_workers import KeyWorkers, worker_key
 from shuffledp.protocol.wire.messages import Admission, RoundSpec
-from shuffledp.protocol.wire.onion import EnvelopeOpener
+from shuffledp.protocol.wire.onion import EnvelopeOpener, checked_admission
 
 _worker_openers: dict[tuple[bytes, int], EnvelopeOpener] = {}
 
@@ -60,11 +60,19 @@ class OuterLayerPool:
 
     def open_many(self, spec: RoundSpec, items: list[bytes]) -> list[Admission | Exception]:
         """Each item's :class:`Admission`, or the exception its opening raised, in the items' order."""
+        return self._admissions(spec, self._workers.map_slices(_open_slice, items, spec))
+
+    async def open_many_async(self, spec: RoundSpec, items: list[bytes]) -> list[Admission | Exception]:
+        """:meth:`open_many` awaited: the shuffler's event loop serves other tasks while the workers open."""
+        return self._admissions(spec, await self._workers.map_slices_async(_open_slice, items, spec))
+
+    @staticmethod
+    def _admissions(spec: RoundSpec, slices: list[list[tuple]]) -> list[Admission | Exception]:
         out: list[Admission | Exception] = []
-        for results in self._workers.map_slices(_open_slice, items, spec):
+        for results in slices:
             for result in results:
-                if result[0] == "ok":
-                    out.append(Admission(spec.round_id, result[1], result[2], result[3]))
+                if result[0] == "ok":  # fields the worker's opener read off the round's fixed layout
+                    out.append(checked_admission(spec.round_id, result[1], result[2], result[3]))
                 elif result[0] == "error":
                     out.append(OpenedElsewhere(result[1], result[2]))
                 else:

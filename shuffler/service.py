@@ -202,6 +202,10 @@ class RoundAdmission:
         self.sealed_seen: set[bytes] = set()
         self.payloads: list[bytes] = []
         self.stats = RoundStats(spec.round_id)
+        # The round's limits, read once (the per-envelope checks use them).
+        self._instances = spec.shuffler_instances
+        self._quota = spec.messages_per_user
+        self._max_batch = spec.max_batch
         if spool is not None:
             for stored in spool.admitted(spec.session_id, spec.round_id):
                 self._record(AdmittedEnvelope(stored.client_id, stored.nonce, stored.sealed))
@@ -214,7 +218,8 @@ class RoundAdmission:
     def _record(self, admitted: AdmittedEnvelope) -> None:
         self.nonces[admitted.nonce] = admitted.sealed
         self.sealed_seen.add(admitted.sealed)
-        self.per_client[admitted.client_id] += 1
+        per_client = self.per_client
+        per_client[admitted.client_id] = per_client.get(admitted.client_id, 0) + 1  # a Counter's +=, without __missing__
         self.payloads.append(admitted.sealed)
         self.stats.admitted += 1
 
@@ -232,9 +237,9 @@ class RoundAdmission:
         client_id = None
         try:
             client_id = self.issuer.verify(admission.credential, self.revoked)
-            if self.spec.shuffler_instances > 1 and assigned_instance(client_id, self.spec.shuffler_instances, self.spec.digest) != self.instance:
-                raise WrongInstance(f"this credential is assigned to another of the round's {self.spec.shuffler_instances} instances")
-            if self.refusals[client_id] >= REFUSALS_PER_CREDENTIAL:
+            if self._instances > 1 and assigned_instance(client_id, self._instances, self.spec.digest) != self.instance:
+                raise WrongInstance(f"this credential is assigned to another of the round's {self._instances} instances")
+            if self.refusals.get(client_id, 0) >= REFUSALS_PER_CREDENTIAL:
                 raise RateLimited(f"credential refused {REFUSALS_PER_CREDENTIAL} times this round")
             known = self.nonces.get(nonce, pending.nonces.get(nonce))
             if known is not None:
@@ -243,10 +248,10 @@ class RoundAdmission:
                 raise ReplayedReport("nonce already admitted")
             if admission.sealed in self.sealed_seen or admission.sealed in pending.sealed:
                 raise DuplicateReport("this sealed report was already admitted (re-wrapped copy)")
-            if self.per_client[client_id] + pending.per_client[client_id] >= self.spec.messages_per_user:
-                raise QuotaExceeded(f"credential already sent {self.spec.messages_per_user} report(s) this round")
-            if len(self.payloads) + len(pending.envelopes) >= self.spec.max_batch:
-                raise RoundFull(f"round already holds its maximum batch of {self.spec.max_batch}")
+            if self.per_client.get(client_id, 0) + pending.per_client.get(client_id, 0) >= self._quota:
+                raise QuotaExceeded(f"credential already sent {self._quota} report(s) this round")
+            if len(self.payloads) + len(pending.envelopes) >= self._max_batch:
+                raise RoundFull(f"round already holds its maximum batch of {self._max_batch}")
         except ShuffleDPError as exc:
             if client_id is not None:
                 self.refusals[client_id] += 1
@@ -263,10 +268,25 @@ class RoundAdmission:
         envelopes whose outer layer opened are named (by nonce) in the receipts,
         except ``rate-limited`` ones, which are dropped unanswered.
         """
+        return self._admit_opened(self._open_all(unpack_envelopes(items, self.opener.format.size)))
+
+    async def offer_many_async(self, items: list[bytes]) -> Receipts:
+        """:meth:`offer_many`, with a large burst's outer layers opened on the worker processes while
+        the event loop serves other tasks (the service's receive loop). Every admission decision is
+        still made here, in arrival order, after the opening: the same receipts as :meth:`offer_many`."""
+        envelopes = unpack_envelopes(items, self.opener.format.size)
+        pool = self.opener_pool
+        if pool is None or len(envelopes) < pool.threshold or any(isinstance(item, Exception) for item in envelopes):
+            return self._admit_opened(self._open_all(envelopes))
+        return self._admit_opened(await pool.open_many_async(self.spec, envelopes))
+
+    def _admit_opened(self, opened_items: list[Admission | Exception]) -> Receipts:
+        """Judge each opened envelope (or the exception its opening raised) in order, spool the admitted
+        ones in one transaction, and return the receipts (:meth:`offer_many`)."""
         receipts = Receipts()
         pending = _Pending()
         retransmitted: list[bytes] = []
-        for opened in self._open_all(unpack_envelopes(items, self.opener.format.size)):
+        for opened in opened_items:
             try:
                 if isinstance(opened, Exception):
                     raise opened
@@ -383,7 +403,7 @@ class _Pending:
         self.envelopes.append(envelope)
         self.nonces[envelope.nonce] = envelope.sealed
         self.sealed.add(envelope.sealed)
-        self.per_client[envelope.client_id] += 1
+        self.per_client[envelope.client_id] = self.per_client.get(envelope.client_id, 0) + 1
 
 
 def batch_releasable(admitted: int, spec: RoundSpec) -> bool:
@@ -613,7 +633,7 @@ class Shuffler:
                 except TimeoutError:
                     break
                 burst = [first, *reports.get_nowait_all(BURST - 1)]
-                receipts = admission.offer_many(burst)
+                receipts = await admission.offer_many_async(burst)
                 if receipts:
                     await self._publish_receipts(spec, receipts, admission.stats)
         finally:

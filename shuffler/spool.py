@@ -92,7 +92,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Iterator, NamedTuple, Protocol
 
 from shuffledp.protocol.held_files import FD_DIR, held_files
 from shuffledp.protocol.errors import DuplicateReport, ReplayedReport, ShuffleDPError
@@ -137,8 +137,10 @@ class SpoolStorageError(SpoolError):
     reason = "storage-error"
 
 
-@dataclass(frozen=True)
-class AdmittedEnvelope:
+class AdmittedEnvelope(NamedTuple):
+    """One admitted envelope as the spool keeps it until its round is released (a named tuple: the
+    shuffler makes one per envelope)."""
+
     client_id: bytes
     nonce: bytes
     sealed: bytes

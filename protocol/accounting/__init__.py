@@ -7,104 +7,76 @@ the true central epsilon; the exact shuffled-randomized-response value is report
 a floor where it applies. See ``docs/accounting.md``.
 
 Server-side only (imports scipy and dp-accounting); never import it from the client.
+
+The names below load their module on first use (PEP 562), so that a module of this
+package that needs none of them (the answer cache, :mod:`.cache`) imports without
+scipy or dp-accounting, and a cached answer is served without loading them.
 """
 
-from shuffledp.protocol.accounting.clones import (
-    ClonePair,
-    WorstOfPairs,
-    fmt21_closed_form,
-    fmt21_closed_form_valid,
-    fmt21_pair,
-    strong_clone_pair,
-    variation_ratio_pair,
-)
-from shuffledp.protocol.accounting.guarantees import (
-    MECHANISMS,
-    AmplificationNotClaimed,
-    BlockPairType,
-    LocalGuarantee,
-    VariationRatio,
-    binary_rr_guarantee,
-    block_hadamard_pair_types,
-    block_hadamard_response_guarantee,
-    gaussian_mean_guarantee,
-    generic_guarantee,
-    hadamard_response_guarantee,
-    in_strong_clone_class,
-    k_rr_guarantee,
-    laplace_mean_guarantee,
-    randomizer_matrix,
-    variation_ratio_parameters,
-)
-from shuffledp.protocol.accounting.rdp import (
-    DEFAULT_ORDERS,
-    EXTENDED_ORDERS,
-    clone_pair_rdp,
-    girgis_rdp,
-    rdp_epsilon,
-    wor_subsampled_rdp,
-)
-from shuffledp.protocol.accounting.rr_any_n import RRCertificate, certify_epsilon, rr_monotone_epsilon
-from shuffledp.protocol.accounting.rr_exact import (
-    RR_EXACT_MAX_N,
-    rr_delta,
-    rr_exact_delta,
-    rr_exact_epsilon,
-    rr_lower_delta,
-    rr_lower_epsilon,
-)
-from shuffledp.protocol.accounting.session import SessionAccountant
-from shuffledp.protocol.accounting.shuffle_round import (
-    BOUND_NAMES,
-    RoundBound,
-    dominating_pairs,
-    round_delta_curve,
-    shuffled_round,
-)
+from __future__ import annotations
 
-__all__ = [
-    "AmplificationNotClaimed",
-    "BOUND_NAMES",
-    "BlockPairType",
-    "ClonePair",
-    "DEFAULT_ORDERS",
-    "EXTENDED_ORDERS",
-    "LocalGuarantee",
-    "MECHANISMS",
-    "RRCertificate",
-    "RR_EXACT_MAX_N",
-    "RoundBound",
-    "SessionAccountant",
-    "VariationRatio",
-    "WorstOfPairs",
-    "binary_rr_guarantee",
-    "block_hadamard_pair_types",
-    "block_hadamard_response_guarantee",
-    "certify_epsilon",
-    "clone_pair_rdp",
-    "dominating_pairs",
-    "fmt21_closed_form",
-    "fmt21_closed_form_valid",
-    "fmt21_pair",
-    "gaussian_mean_guarantee",
-    "generic_guarantee",
-    "girgis_rdp",
-    "hadamard_response_guarantee",
-    "in_strong_clone_class",
-    "k_rr_guarantee",
-    "laplace_mean_guarantee",
-    "randomizer_matrix",
-    "rdp_epsilon",
-    "round_delta_curve",
-    "rr_delta",
-    "rr_exact_delta",
-    "rr_exact_epsilon",
-    "rr_lower_delta",
-    "rr_lower_epsilon",
-    "rr_monotone_epsilon",
-    "shuffled_round",
-    "strong_clone_pair",
-    "variation_ratio_pair",
-    "variation_ratio_parameters",
-    "wor_subsampled_rdp",
-]
+import importlib
+from typing import Any
+
+#: Each public name and the module of this package that defines it.
+_EXPORTS = {
+    "AmplificationNotClaimed": "guarantees",
+    "BOUND_NAMES": "shuffle_round",
+    "BlockPairType": "guarantees",
+    "ClonePair": "clones",
+    "DEFAULT_ORDERS": "rdp",
+    "EXTENDED_ORDERS": "rdp",
+    "LocalGuarantee": "guarantees",
+    "MECHANISMS": "guarantees",
+    "RRCertificate": "rr_any_n",
+    "RR_EXACT_MAX_N": "rr_exact",
+    "RoundBound": "shuffle_round",
+    "SessionAccountant": "session",
+    "VariationRatio": "guarantees",
+    "WorstOfPairs": "clones",
+    "binary_rr_guarantee": "guarantees",
+    "block_hadamard_pair_types": "guarantees",
+    "block_hadamard_response_guarantee": "guarantees",
+    "certify_epsilon": "rr_any_n",
+    "clone_pair_rdp": "rdp",
+    "dominating_pairs": "shuffle_round",
+    "fmt21_closed_form": "clones",
+    "fmt21_closed_form_valid": "clones",
+    "fmt21_pair": "clones",
+    "gaussian_mean_guarantee": "guarantees",
+    "generic_guarantee": "guarantees",
+    "girgis_rdp": "rdp",
+    "hadamard_response_guarantee": "guarantees",
+    "in_strong_clone_class": "guarantees",
+    "k_rr_guarantee": "guarantees",
+    "laplace_mean_guarantee": "guarantees",
+    "randomizer_matrix": "guarantees",
+    "rdp_epsilon": "rdp",
+    "round_delta_curve": "shuffle_round",
+    "rr_delta": "rr_exact",
+    "rr_exact_delta": "rr_exact",
+    "rr_exact_epsilon": "rr_exact",
+    "rr_lower_delta": "rr_exact",
+    "rr_lower_epsilon": "rr_exact",
+    "rr_monotone_epsilon": "rr_any_n",
+    "shuffled_round": "shuffle_round",
+    "strong_clone_pair": "clones",
+    "variation_ratio_pair": "clones",
+    "variation_ratio_parameters": "guarantees",
+    "wor_subsampled_rdp": "rdp",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups find it directly
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -12,8 +12,9 @@ Not imported by ``shuffledp.client``: devices never start worker processes.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -46,6 +47,14 @@ class KeyWorkers:
     def map_slices(self, fn: Callable[..., Any], items: Sequence, *args: Any) -> list[Any]:
         """``[fn(*args, slice) for each slice]``: ``items`` cut into at most ``workers``
         consecutive slices, run in parallel, results in slice order."""
+        return [future.result() for future in self.submit_slices(fn, items, *args)]
+
+    async def map_slices_async(self, fn: Callable[..., Any], items: Sequence, *args: Any) -> list[Any]:
+        """:meth:`map_slices` awaited: the event loop serves other tasks while the workers run."""
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in self.submit_slices(fn, items, *args))))
+
+    def submit_slices(self, fn: Callable[..., Any], items: Sequence, *args: Any) -> list[Future]:
+        """The futures of :meth:`map_slices`'s calls, one per slice, in slice order."""
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 self.workers,
@@ -54,8 +63,7 @@ class KeyWorkers:
                 initargs=(self._private_bytes,),
             )
         step = max(1, -(-len(items) // self.workers))
-        futures = [self._pool.submit(fn, *args, items[i : i + step]) for i in range(0, len(items), step)]
-        return [future.result() for future in futures]
+        return [self._pool.submit(fn, *args, items[i : i + step]) for i in range(0, len(items), step)]
 
     def close(self) -> None:
         if self._pool is not None:

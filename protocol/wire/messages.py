@@ -859,7 +859,8 @@ class Report:
 def _byte_strings(values: tuple, name: str, low: int, high: int) -> None:
     _require(isinstance(values, tuple), name, "must be a tuple of bytes")
     for v in values:
-        _require(isinstance(v, bytes) and low <= len(v) <= high, name, f"each must be {low}..{high} bytes")
+        if not (isinstance(v, bytes) and low <= len(v) <= high):  # one check per item, no call (batches hold thousands)
+            _require(False, name, f"each must be {low}..{high} bytes")
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,9 @@ class FixedLayout:
         self._fixed.append((position, encoded[position:]))
         #: For :meth:`build`: which given value goes in each field's place, and its length.
         self._order = [variable.index(name) for _, name, _ in spans]
+        #: For :meth:`values`: each given field's slice, in the ``variable`` order.
+        self._spans_in_given_order = [(start, start + length) for start, name, length in
+                                      sorted(spans, key=lambda span: variable.index(span[1]))]
         self._lengths = [length for _, name, length in spans]
 
     def build(self, *values: bytes) -> bytes | None:
@@ -225,8 +228,18 @@ class FixedLayout:
                 return None
         return {name: data[start:end] for name, start, end in self._fields}
 
+    def values(self, data: bytes) -> tuple[bytes, ...] | None:
+        """The variable fields of ``data`` in the constructor's ``variable`` order, or None if it is
+        not this layout: :meth:`fields` without building a dict (the shuffler's per-envelope path)."""
+        if len(data) != self.size:
+            return None
+        for start, expected in self._fixed:
+            if data[start : start + len(expected)] != expected:
+                return None
+        return tuple([data[start:end] for start, end in self._spans_in_given_order])
 
-def _checked_admission(round_id: int, credential: bytes, nonce: bytes, sealed: bytes) -> Admission:
+
+def checked_admission(round_id: int, credential: bytes, nonce: bytes, sealed: bytes) -> Admission:
     """An :class:`Admission` whose fields the round's fixed layout has already checked (its round id is
     the round's, its credential, nonce and sealed report are bytes of the round's lengths), built
     without running the constructor's checks a second time (the shuffler's per-envelope path)."""
@@ -270,15 +283,15 @@ class EnvelopeOpener:
             if byte_length(data) > codec.MESSAGE_TYPES["envelope"][1]:  # typed refusal of non-bytes, before copying
                 raise MessageTooLarge("envelope over its size limit")
             data = as_bytes(data)
-        fields = self._envelope_layout.fields(data)
-        outer = fields["outer"] if fields is not None else self._outer_slow(data)
+        fields = self._envelope_layout.values(data)
+        outer = fields[0] if fields is not None else self._outer_slow(data)
         try:
             plaintext = SUITE.decrypt(outer, self._private, info=self._info)
         except (InvalidTag, ValueError) as exc:
             raise SealingError(f"envelope does not open for this session, round and spec ({type(exc).__name__})") from None
-        fields = self._admission_layout.fields(plaintext)
+        fields = self._admission_layout.values(plaintext)
         if fields is not None:  # the one valid encoding: the constructor's checks all hold
-            return _checked_admission(self._spec.round_id, fields["credential"], fields["nonce"], fields["sealed"])
+            return checked_admission(self._spec.round_id, *fields)
         return self._admission_slow(plaintext)
 
     def _outer_slow(self, data: bytes) -> bytes:

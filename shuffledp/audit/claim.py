@@ -534,7 +534,7 @@ def _compose(rows: list[dict[str, Any]], amplified: list[tuple[Any, int]], delta
 @functools.lru_cache(maxsize=32)
 def _amplified_composition(amplified: tuple[tuple[Any, int], ...], delta: float) -> tuple[float, float]:
     """``(SessionAccountant epsilon, basic composition at delta/k each)`` of shuffled rounds ``(local, users)``,
-    as :func:`shuffledp.simulation.scalar._central_for` composes the scalar protocol's rounds (memoized: seconds a call)."""
+    as :func:`shuffledp.protocol.accounting.composition.shuffled_session` composes a simulated protocol's rounds (memoized: seconds a call)."""
     from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
 
     accountant = SessionAccountant()

@@ -35,6 +35,7 @@ import numpy as np
 from shuffledp.client.client import Client, PreparedRound, verified_spec
 from shuffledp.deploy.fleet import Fleet, FleetRound, _Pending as _PendingEnvelope, cancel_and_wait
 from shuffledp.protocol.transport.channel import Channel, InProcessChannel, reports_topic, spec_topic
+from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE, pack_envelopes
 from shuffledp.protocol.wire.sealing import Sealer
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.wire.messages import RoundSpec
@@ -45,6 +46,8 @@ PROGRESS_STEP = 1024
 #: Users per block a sealing worker seals at once (:class:`SealingWorkers`).
 SEAL_BLOCK = 512
 
+#: Envelopes to a message on the in-process channel when the devices seal on workers (the most a message may carry).
+IN_PROCESS_PACK = MAX_ENVELOPES_PER_MESSAGE
 #: Envelopes the simulated devices keep in flight on the in-process channel when they seal on workers.
 IN_PROCESS_WINDOW = 4096
 #: Fewest users for which the message engine (:func:`shuffledp.simulation.engine.run_messages`) starts worker processes by default (``workers=None``):
@@ -72,11 +75,16 @@ def message_workers(users: int, workers: int | None = None) -> int:
 
 def preload_workers() -> None:
     """Have the forkserver (every worker process's parent) import what the workers run, once, so each
-    worker starts as a fork that has it already instead of importing it again. Takes effect only if
-    the forkserver has not started yet in this process; ``__main__`` stays first, as by default."""
+    worker starts as a fork that has it already instead of importing it again, and start it now:
+    it imports them in its own process while this one goes on (setting up users and parties), so
+    the first worker forks without waiting. Takes effect only if the forkserver has not started yet
+    in this process; ``__main__`` stays first, as by default."""
+    import multiprocessing.forkserver
+
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         ["__main__", "shuffledp.simulation.client_pool", "shuffledp.shuffler.parallel_open", "shuffledp.analyzer.service"]
     )
+    multiprocessing.forkserver.ensure_running()  # returns at once; the server imports in the background
 
 
 _worker_rounds: dict[bytes, PreparedRound] = {}
@@ -316,8 +324,11 @@ class ClientPool(Fleet):
         if indices:
             submit()
         loop = asyncio.get_running_loop()
-        # The in-process channel delivers at once and never blocks: publish without a task per envelope.
+        # The in-process channel delivers at once and never blocks: publish without a task per envelope,
+        # a block's envelopes packed IN_PROCESS_PACK to a message per reports topic (the shuffler splits
+        # them and judges each on its own: protocol/wire/envelope_packing.py).
         direct = isinstance(self.channel, InProcessChannel)
+        packs: dict[str, list[bytes]] = {}
         try:
             for block_indices, future in blocks:
                 results = await future
@@ -341,10 +352,15 @@ class ClientPool(Fleet):
                     for nonce, envelope in zip(nonces, envelopes):
                         pending[nonce] = _PendingEnvelope(envelope, topic, instance, next(order), loop.time())
                         if direct:
-                            await self._publish_now(topic, envelope, state)
+                            packs.setdefault(topic, []).append(envelope)
                         else:
                             await publisher.publish(topic, envelope)
                         state.sent += 1
+                if direct:
+                    for topic, envelopes in packs.items():
+                        for payload in pack_envelopes(envelopes, IN_PROCESS_PACK):
+                            await self._publish_now(topic, payload, state)
+                    packs.clear()
                 if progress is not None:
                     progress.on_progress(len(block_indices))
                     progress.reported += len(block_indices)

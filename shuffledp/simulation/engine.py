@@ -13,7 +13,9 @@
   (:class:`~shuffledp.simulation.client_pool.ClientPool`, a :class:`~shuffledp.deploy.fleet.Fleet`) keep
   each envelope until the shuffler's signed receipt names it and send it again, byte
   for byte, if it seems lost, so a run over a broker survives a broker restart
-  (the in-process channel loses nothing, and nothing is sent twice there).
+  (the in-process channel loses nothing, and nothing is sent twice there). The shuffler
+  keeps its spool in memory (:class:`~shuffledp.shuffler.memory_spool.MemorySpool`: nothing to
+  resume in one process, so no SQLite write per envelope), under the same admission rules.
 
 Randomness: round ``r``'s draws for the users of block ``b`` (users ``[b B, (b+1) B)``,
 ``B`` = :func:`draw_block_users`: :data:`FAST_BLOCK`, or fewer for wide vectors so a block
@@ -258,9 +260,12 @@ async def run_messages_on(
     from shuffledp.simulation.client_pool import IN_PROCESS_WINDOW, ClientPool, SealingWorkers, message_workers, preload_workers
     from shuffledp.deploy.deployment import Deployment
     from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
+    from shuffledp.shuffler.memory_spool import MemorySpool
 
     data = _check_data(protocol, local_data)
     workers = message_workers(len(data), workers)
+    if workers > 1:
+        preload_workers()  # the worker processes' parent starts now, while the parties are set up
     coordinator_channel, shuffler_channel, pool_channel = channels
     deployment = Deployment()
     on_open = (lambda k: progress("opened reports", k)) if progress else None
@@ -274,15 +279,14 @@ async def run_messages_on(
     # Over a broker, an envelope without a receipt is sent again (a restarted broker drops
     # what it had not delivered); the in-process channel loses nothing, so nothing is.
     retry_interval = math.inf if isinstance(pool_channel, InProcessChannel) else 2.0
-    if workers > 1:
-        preload_workers()
     sealing = SealingWorkers(workers) if workers > 1 else None
     # In process, a larger publishing window lets the shuffler take the sealed blocks in bursts of
     # thousands (its key workers then open each burst in a few large slices).
     window = IN_PROCESS_WINDOW if sealing is not None and isinstance(pool_channel, InProcessChannel) else 256
     pool = ClientPool(pool_channel, coordinator.session_id, clients, None, draw=seeded_draw(seed),
                       on_progress=on_sealed, retry_interval=retry_interval, sealing=sealing, window=window)
-    shuffler = deployment.shuffler(shuffler_channel, workers=workers)
+    # An in-process simulation has nothing to resume, so it skips the durable spool; the admission rules are the shuffler's and unchanged.
+    shuffler = deployment.shuffler(shuffler_channel, workers=workers, spool=MemorySpool())
     shuffler_task = asyncio.create_task(shuffler.serve())
     pool_task = asyncio.create_task(pool.serve(rounds=1 << 30))
     protocol_task = asyncio.create_task(coordinator.run_protocol(protocol, len(clients)))
@@ -311,8 +315,9 @@ async def run_messages_on(
         sent = pool.rounds[spec.round_id]
         topic = reports_topic(spec.session_id, spec.round_id)
         # Every envelope of a round has one size: the bytes of the users' envelopes, each
-        # once, are the first transmissions at the size measured on the wire.
-        copies_on_wire = pool_channel.messages_by_topic.get(topic, 0)
+        # once, are the first transmissions at the size measured on the wire (a message may
+        # carry several envelopes; each copy sent again for want of a receipt went alone).
+        copies_on_wire = sent.sent + sent.retransmitted
         wire_bytes = pool_channel.bytes_by_topic.get(topic, 0)
         envelope_bytes = wire_bytes // copies_on_wire * sent.sent if copies_on_wire else 0
         runs.append(

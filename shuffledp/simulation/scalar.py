@@ -222,51 +222,13 @@ def central_guarantee_at(protocol, n: int, delta: float) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=32)
 def _central_for(round_epsilon: float, padded_bins: int, n: int, delta: float, grid_levels: int | None = None) -> dict[str, Any]:
-    from shuffledp.protocol.accounting import (
-        SessionAccountant,
-        hadamard_response_guarantee,
-        laplace_mean_guarantee,
-        shuffled_round,
-    )
-    from shuffledp.protocol.errors import ShuffleDPError
+    """The scalar protocol's two rounds by the accountant's one composition rule
+    (:func:`shuffledp.protocol.accounting.composition.shuffled_session`): the range round as
+    Hadamard response over its padded bins, the mean round as the projected Laplace report on its grid."""
+    from shuffledp.protocol.accounting.composition import shuffled_session
 
-    guarantees = [hadamard_response_guarantee(round_epsilon, max(2, padded_bins)), laplace_mean_guarantee(round_epsilon, grid_levels)]
-    try:
-        per_round = [shuffled_round(g, n, delta / 2) for g in guarantees]
-        session = SessionAccountant()
-        for g in guarantees:
-            session.add_round(g, n)
-        session_eps = session.epsilon(delta)
-    except ShuffleDPError as exc:
-        return {"epsilon": None, "delta": delta, "method": f"none: {exc}"}
-    basic = sum(r.epsilon for r in per_round)
-    return {
-        "epsilon": min(session_eps, basic),
-        "delta": delta,
-        "method": "min(session composition, basic composition of per-round bounds at delta/2 each)",
-        "session_composition_epsilon": session_eps,
-        "basic_composition_epsilon": basic,
-        "per_round": [{"epsilon": r.epsilon, "delta": r.delta, "method": r.method} for r in per_round],
-    }
-
-
-class _AccountantImports:
-    """The accountant's libraries (scipy's special functions and FFT, dp-accounting: 1-2 s of
-    imports), loaded when the accounting starts (:meth:`join`), not while the protocol runs: a
-    thread importing them then would compete with the message engine for the interpreter. A
-    failed import here is ignored: the accounting step imports them again and reports it."""
-
-    def join(self) -> None:
-        try:
-            import dp_accounting.pld.privacy_loss_distribution  # noqa: F401
-            import shuffledp.protocol.accounting  # noqa: F401
-        except Exception:  # noqa: BLE001 - reported by the accounting step's own import
-            pass
-
-
-def _accountant_imports() -> _AccountantImports:
-    """What loads the accountant's libraries once the accounting starts (``.join()``; see :class:`_AccountantImports`)."""
-    return _AccountantImports()
+    rounds = (("hadamard-response", round_epsilon, max(2, padded_bins), 1), ("laplace-mean", round_epsilon, grid_levels, 1))
+    return shuffled_session(rounds, n, delta)
 
 
 def run_simulation(config: SimulationConfig, progress: Progress | None = None, client: Any = None) -> SimulationResult:
@@ -277,7 +239,6 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None, c
     result is the local engine's to the last bit."""
     check_engine(config.path, client)
     started = time.perf_counter()
-    accountant_imports = _accountant_imports()
     protocol = config.protocol_config()
     means, true_mean = _local_means(config, progress)
     scalar_mean = ScalarMeanProtocol(protocol)
@@ -303,11 +264,8 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None, c
     if progress:
         progress("privacy accounting", 0)
     accounting_started = time.perf_counter()
-    accountant_imports.join()  # the accountant's libraries, loaded now (timed apart from the computation)
-    imported = time.perf_counter()
-    central = central_guarantee(config)
-    extra["accounting_seconds"] = time.perf_counter() - imported
-    extra["accounting_import_seconds"] = imported - accounting_started
+    central = central_guarantee(config)  # the accountant's libraries load here, and only for an answer not in its cache
+    extra["accounting_seconds"] = time.perf_counter() - accounting_started
     in_range = float(np.mean((means >= found.lower) & (means <= found.upper)))
     range_params = protocol.range_params()
     true_bins = np.bincount(bin_index(means, range_params), minlength=range_params.num_bins) / n

@@ -120,7 +120,6 @@ def run_vector_simulation(
     result is the local engine's to the last bit."""
     check_engine(config.path, client)
     started = time.perf_counter()
-    accountant_imports = _accountant_imports() if config.central_delta is not None else None
     protocol = config.protocol_config()
     population = config.population
     users = population.users(config.n, config.seed)
@@ -144,10 +143,9 @@ def run_vector_simulation(
         truth.add_truth(rotated)
     truth.n = outcome.reports
     true_mean = total / (config.n * population.m)
-    if accountant_imports is not None:
+    if config.central_delta is not None:
         if progress:
             progress("privacy accounting", 0)
-        accountant_imports.join()
         central = central_guarantee_at(protocol, config.n, config.central_delta)
     else:
         central = {"epsilon": None, "delta": None, "method": "not accounted: no central delta given"}
@@ -156,13 +154,6 @@ def run_vector_simulation(
     result.central = central
     result.seconds = time.perf_counter() - started
     return result
-
-
-def _accountant_imports():
-    """What loads the accountant's libraries once the accounting starts (see ``simulation/scalar.py``)."""
-    from shuffledp.simulation.scalar import _accountant_imports as load
-
-    return load()
 
 
 def central_guarantee_at(protocol: VectorMeanConfig, n: int, delta: float) -> dict[str, Any]:
@@ -237,53 +228,13 @@ def central_guarantee_at(protocol: VectorMeanConfig, n: int, delta: float) -> di
     return {**_central_for(key, n, delta), "rounds": rounds}
 
 
-def accounted_guarantee(mechanism: str, epsilon0: float, size: int | None = None):
-    """The local guarantee a round of :func:`central_guarantee_at` is amplified from: ``mechanism`` its
-    ``accounted_as``, ``size`` its Hadamard rows (``hadamard-response``) or grid levels (``laplace-mean``)."""
-    from shuffledp.protocol.accounting import generic_guarantee, hadamard_response_guarantee, laplace_mean_guarantee
-
-    if mechanism == "hadamard-response":
-        return hadamard_response_guarantee(epsilon0, size)
-    if mechanism == "laplace-mean":
-        return laplace_mean_guarantee(epsilon0, size)
-    return generic_guarantee(epsilon0)
-
-
 @functools.lru_cache(maxsize=32)
 def _central_for(rounds: tuple, n: int, delta: float) -> dict[str, Any]:
-    """``rounds``: ``(mechanism, epsilon0, size, count)`` per group of identical shuffled rounds, ``size``
-    the Hadamard rows of a ``hadamard-response`` round or the grid levels of a ``laplace-mean`` one."""
-    from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
-    from shuffledp.protocol.errors import ShuffleDPError
+    """``rounds``: ``(accounted_as, epsilon0, size, count)`` per group of identical shuffled rounds, composed
+    by the accountant's one rule (:func:`shuffledp.protocol.accounting.composition.shuffled_session`)."""
+    from shuffledp.protocol.accounting.composition import shuffled_session
 
-    local = accounted_guarantee
-
-    shares = sum(count for *_, count in rounds)
-    try:
-        session = SessionAccountant()
-        per_round = []
-        for mechanism, epsilon0, bins, count in rounds:
-            guarantee = local(mechanism, epsilon0, bins)
-            session.add_round(guarantee, n, count=count)
-            bound = shuffled_round(guarantee, n, delta / shares)
-            per_round.append({"epsilon": bound.epsilon, "delta": bound.delta, "method": bound.method, "count": count})
-        session_eps = session.epsilon(delta)
-    except ShuffleDPError as exc:
-        return {"epsilon": None, "delta": delta, "method": f"none: {exc}"}
-    basic = sum(r["epsilon"] * r["count"] for r in per_round)
-    local_total = sum(epsilon0 * count for _, epsilon0, _, count in rounds)
-    if local_total < min(session_eps, basic):  # shuffling is post-processing: never worse than the LDP guarantee
-        best, method = local_total, "the local guarantee (no amplification at this n: shuffling is post-processing)"
-    else:
-        best, method = min(session_eps, basic), "min(session composition, basic composition of per-round bounds at an equal share of delta)"
-    return {
-        "epsilon": best,
-        "delta": delta,
-        "method": method,
-        "session_composition_epsilon": session_eps,
-        "basic_composition_epsilon": basic,
-        "per_round": per_round,
-    }
+    return shuffled_session(rounds, n, delta)
 
 
 def _result(config, protocol, estimate, mean_acc: VectorMeanAccumulator, true_mean, sq_norm: float, inside: int, started: float, check=None):

@@ -39,30 +39,35 @@ def test_help_and_unknown_words_still_see_every_command():
         assert {name.rpartition(".")[2] for name in COMMAND_MODULES} <= set(choices)
 
 
-def test_the_accountant_loads_when_the_accounting_starts_not_during_the_protocol():
-    seen = _fresh("""
-        import json, sys, threading
-        import shuffledp.simulation.scalar as scalar
-        from shuffledp.simulation import SimulationConfig, run_simulation
-        from shuffledp.simulation.population import Population
+_ACCOUNTED_RUN = """
+    import json, sys, threading
+    import shuffledp.simulation.scalar as scalar
+    from shuffledp.simulation import SimulationConfig, run_simulation
+    from shuffledp.simulation.population import Population
 
-        during = []
-        real = scalar.run_messages
+    during = []
+    real = scalar.run_messages
 
-        def spy(*args, **kwargs):
-            during.append(threading.active_count())
-            result = real(*args, **kwargs)
-            during.append("dp_accounting" in sys.modules)
-            return result
+    def spy(*args, **kwargs):
+        during.append(threading.active_count())
+        result = real(*args, **kwargs)
+        during.append("dp_accounting" in sys.modules)
+        return result
 
-        scalar.run_messages = spy
-        before = threading.active_count()
-        result = run_simulation(SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 5), 300, 1.0, path="messages", seed=1))
-        print(json.dumps({"threads_before": before, "threads_during": during[0], "accountant_during": during[1],
-                          "accountant_after": "dp_accounting" in sys.modules, "epsilon": result.central["epsilon"],
-                          "import_seconds": result.extra["accounting_import_seconds"]}))
-    """)
-    assert seen["threads_during"] == seen["threads_before"]  # no import thread beside the protocol
-    assert seen["accountant_during"] is False
-    assert seen["accountant_after"] is True and 0 < seen["epsilon"] < 1.0
-    assert seen["import_seconds"] >= 0
+    scalar.run_messages = spy
+    before = threading.active_count()
+    result = run_simulation(SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 5), 300, 1.0, path="messages", seed=1))
+    print(json.dumps({"threads_before": before, "threads_during": during[0], "accountant_during": during[1],
+                      "accountant_after": "dp_accounting" in sys.modules, "epsilon": result.central["epsilon"]}))
+"""
+
+
+def test_the_accountant_loads_when_the_accounting_starts_not_during_the_protocol(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHUFFLEDP_ACCOUNTING_CACHE", str(tmp_path / "accounting.sqlite"))
+    first = _fresh(_ACCOUNTED_RUN)  # an empty cache: the answer is computed
+    assert first["threads_during"] == first["threads_before"]  # no import thread beside the protocol
+    assert first["accountant_during"] is False
+    assert first["accountant_after"] is True and 0 < first["epsilon"] < 1.0
+    again = _fresh(_ACCOUNTED_RUN)  # the same question: answered from the cache, the accountant never loaded
+    assert again["accountant_after"] is False
+    assert again["epsilon"] == first["epsilon"]

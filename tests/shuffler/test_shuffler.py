@@ -657,10 +657,29 @@ def test_opening_on_worker_processes_decides_exactly_as_in_process():
     try:
         parallel = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, opener_pool=pool)
         r_parallel = parallel.offer_many(items)
+        # The service's path: the burst's opening awaited while the event loop runs other tasks.
+        awaited = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, opener_pool=pool)
+        ticks = []
+
+        async def offer_while_ticking():
+            async def tick():
+                while True:
+                    ticks.append(1)
+                    await asyncio.sleep(0)
+
+            ticker = asyncio.create_task(tick())
+            try:
+                return await awaited.offer_many_async(items)
+            finally:
+                ticker.cancel()
+
+        r_awaited = asyncio.run(offer_while_ticking())
     finally:
         pool.close()
     serial = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER)
     r_serial = serial.offer_many(items)
-    assert parallel.payloads == serial.payloads and parallel.stats.as_dict() == serial.stats.as_dict()
-    assert (r_parallel.admitted, r_parallel.refused, r_parallel.reasons) == (r_serial.admitted, r_serial.refused, r_serial.reasons)
+    assert len(ticks) > 1  # the loop ran other tasks while the workers opened
+    for other, receipts in ((parallel, r_parallel), (awaited, r_awaited)):
+        assert other.payloads == serial.payloads and other.stats.as_dict() == serial.stats.as_dict()
+        assert (receipts.admitted, receipts.refused, receipts.reasons) == (r_serial.admitted, r_serial.refused, r_serial.reasons)
     assert serial.stats.rejected["malformed"] == 1 and serial.stats.rejected["unknown-round"] == 1

@@ -1,5 +1,8 @@
 """The shuffler's durable spool: state machine, uniqueness, resume after a restart,
-and a real ``kill -9`` of a process in the middle of admitting envelopes."""
+and a real ``kill -9`` of a process in the middle of admitting envelopes.
+
+The tests of the spool's rules (not of files or restarts) run on both spools, the SQLite one
+and the in-memory one of simulations (the ``spool`` fixture): their semantics must be the same."""
 
 from __future__ import annotations
 
@@ -19,15 +22,16 @@ from cryptography.hazmat.primitives import serialization
 
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.protocol.wire import codec
-from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, batch_topic, reports_topic
+from shuffledp.protocol.transport.channel import InProcessChannel, announce_topic, batch_topic, receipts_topic, reports_topic
 from shuffledp.protocol.errors import DuplicateReport, QuotaExceeded, ReplayedReport
-from shuffledp.protocol.wire.messages import RoundSpec, ShuffledBatch
-from shuffledp.protocol.wire.onion import EnvelopeOpener
+from shuffledp.protocol.wire.messages import AdmissionReceipts, RoundSpec, ShuffledBatch
+from shuffledp.protocol.wire.onion import EnvelopeOpener, decode_verified
+from shuffledp.shuffler.memory_spool import MemorySpool
 from shuffledp.shuffler.service import RoundAdmission, Shuffler
 from shuffledp.shuffler.spool import AdmittedEnvelope, SqliteSpool
 
 import parties
-from parties import DEPLOYMENT, SESSION, SHUFFLER_KEYS, ISSUER
+from parties import DEPLOYMENT, ISSUER, OTHER_SESSION, SESSION, SHUFFLER_KEYS
 
 ANALYZER = DEPLOYMENT.analyzer()
 
@@ -55,8 +59,15 @@ def shuffler(channel, spool=None) -> Shuffler:
     return DEPLOYMENT.shuffler(channel, spool=spool)
 
 
-def test_round_states_only_move_forward(tmp_path):
-    spool = SqliteSpool(tmp_path / "s.db")
+@pytest.fixture(params=["sqlite", "memory"])
+def spool(request, tmp_path):
+    """Each implementation of the spool's interface: SQLite on a file, and the in-memory spool."""
+    made = SqliteSpool(tmp_path / "s.db") if request.param == "sqlite" else MemorySpool()
+    yield made
+    made.close()
+
+
+def test_round_states_only_move_forward(spool):
     assert spool.open_round(SESSION, 1, b"spec").state == "open"
     spool.admit(SESSION, 1, AdmittedEnvelope(b"c" * 16, b"n" * 16, b"s" * 100))
     spool.release(SESSION, 1, b"b" * 16, [b"chunk0", b"chunk1"])
@@ -74,8 +85,7 @@ def test_round_states_only_move_forward(tmp_path):
     assert spool.admitted(SESSION, 2) == []  # a failed round's reports are deleted, never forwarded
 
 
-def test_spool_refuses_copies_itself(tmp_path):
-    spool = SqliteSpool(tmp_path / "s.db")
+def test_spool_refuses_copies_itself(spool):
     spool.open_round(SESSION, 1, b"spec")
     spool.admit(SESSION, 1, AdmittedEnvelope(b"c" * 16, b"n" * 16, b"s" * 100))
     with pytest.raises(ReplayedReport):
@@ -86,6 +96,88 @@ def test_spool_refuses_copies_itself(tmp_path):
     with pytest.raises(ReplayedReport):  # a group commit is all or nothing
         spool.admit_many(SESSION, 1, [AdmittedEnvelope(b"e" * 16, b"o" * 16, b"u" * 100), AdmittedEnvelope(b"e" * 16, b"n" * 16, b"v" * 100)])
     assert len(spool.admitted(SESSION, 1)) == 1 and len(spool.admitted(SESSION, 2)) == 1
+
+
+def _env(i: int, nonce: int | None = None, sealed: int | None = None) -> AdmittedEnvelope:
+    """A stand-in admitted envelope; ``nonce`` / ``sealed`` reuse another one's."""
+    return AdmittedEnvelope(bytes([i]) * 16, bytes([i if nonce is None else nonce]) * 16,
+                            bytes([i if sealed is None else sealed]) * 100)
+
+
+def test_spool_keeps_rounds_and_the_order_of_admission(spool):
+    assert spool.round(SESSION, 1) is None and spool.admitted(SESSION, 1) == [] and spool.rounds("open") == []
+    assert spool.open_round(SESSION, 1, b"spec").signed_spec == b"spec"
+    assert spool.open_round(SESSION, 1, b"other") == spool.round(SESSION, 1)  # the first spec stays
+    assert spool.round(SESSION, 1).signed_spec == b"spec" and spool.round(SESSION, 1).state == "open"
+    spool.admit_many(SESSION, 1, [_env(3), _env(1), _env(2)])
+    spool.admit(SESSION, 1, _env(0))
+    spool.admit_many(SESSION, 1, [])
+    assert spool.admitted(SESSION, 1) == [_env(3), _env(1), _env(2), _env(0)]  # in order of admission
+    with pytest.raises(DuplicateReport):  # nonce and report both seen: the report is named
+        spool.admit(SESSION, 1, _env(9, nonce=3, sealed=3))
+    with pytest.raises(ReplayedReport):  # a copy inside one admission
+        spool.admit_many(SESSION, 1, [_env(4), _env(5, nonce=4)])
+    with pytest.raises(DuplicateReport):
+        spool.admit_many(SESSION, 1, [_env(4), _env(5, sealed=4)])
+    with pytest.raises(DuplicateReport):  # the first refused envelope in order decides
+        spool.admit_many(SESSION, 1, [_env(6, sealed=1), _env(7, nonce=1)])
+    assert spool.admitted(SESSION, 1) == [_env(3), _env(1), _env(2), _env(0)]  # nothing of them written
+    spool.admit(SESSION, 1, _env(4))  # the refused admissions left no trace
+    spool.open_round(OTHER_SESSION, 1, b"spec")
+    spool.admit(OTHER_SESSION, 1, _env(3))  # another session: fine
+    spool.open_round(SESSION, 0, b"spec0")
+    assert [(r.session_id, r.round_id) for r in spool.rounds("open")] == [(SESSION, 0), (SESSION, 1), (OTHER_SESSION, 1)]
+
+
+def test_spool_releases_acknowledges_and_expires_batches_once(spool):
+    for round_id in (3, 1, 2, 4):
+        spool.open_round(SESSION, round_id, b"spec")
+        spool.admit(SESSION, round_id, _env(round_id))
+    spool.release(SESSION, 3, b"3" * 16, [b"c0", b"c1", b"c2"])
+    spool.release(SESSION, 1, b"1" * 16, [b"d0"])
+    spool.release(SESSION, 2, b"2" * 16, [])
+    assert spool.admitted(SESSION, 3) == spool.admitted(SESSION, 1) == []  # deleted at the release
+    assert spool.admitted(SESSION, 4) == [_env(4)]
+    pending = spool.unacknowledged()
+    assert [(b.batch_id, b.session_id, b.round_id, b.chunks) for b in pending] == [
+        (b"1" * 16, SESSION, 1, [b"d0"]), (b"2" * 16, SESSION, 2, []), (b"3" * 16, SESSION, 3, [b"c0", b"c1", b"c2"])]
+    assert [r.round_id for r in spool.rounds("released")] == [1, 2, 3]
+    spool.fail(SESSION, 3, "late")  # a released round does not fail
+    assert spool.round(SESSION, 3).state == "released"
+    # given up: released -> failed, once; an acknowledgement afterwards changes nothing
+    assert spool.expire(b"3" * 16) == (SESSION, 3)
+    assert spool.round(SESSION, 3).state == "failed"
+    assert spool.expire(b"3" * 16) is None and spool.acknowledge(b"3" * 16) is None
+    assert spool.round(SESSION, 3).state == "failed"
+    assert spool.open_round(SESSION, 3, b"replayed").state == "failed"  # never re-opened
+    # acknowledged: served, once; a later expiry changes nothing
+    assert spool.acknowledge(b"1" * 16) == (SESSION, 1)
+    assert spool.expire(b"1" * 16) is None and spool.acknowledge(b"1" * 16) is None
+    assert spool.round(SESSION, 1).state == "served"
+    assert spool.expire(b"x" * 16) is None and spool.acknowledge(b"x" * 16) is None  # unknown batches
+    # expiry fails only a released round: a batch stored for a round never opened leaves that round open
+    spool.release(SESSION, 7, b"7" * 16, [b"e0"])
+    assert spool.round(SESSION, 7) is None and spool.open_round(SESSION, 7, b"spec").state == "open"
+    assert spool.expire(b"7" * 16) == (SESSION, 7) and spool.round(SESSION, 7).state == "open"
+    assert [b.batch_id for b in spool.unacknowledged()] == [b"2" * 16]
+    # an open round fails with its reports deleted; only from open (expire needs a released round)
+    spool.fail(SESSION, 4, "batch-too-small")
+    assert spool.round(SESSION, 4).state == "failed" and spool.admitted(SESSION, 4) == []
+    assert [r.round_id for r in spool.rounds("failed")] == [3, 4] and [r.round_id for r in spool.rounds("open")] == [7]
+    spool.close()
+    spool.close()  # idempotent
+
+
+def test_memory_spool_refuses_misuse_without_changing_anything():
+    spool = MemorySpool()
+    spool.open_round(SESSION, 1, b"spec")
+    spool.release(SESSION, 1, b"b" * 16, [b"chunk"])
+    with pytest.raises(ValueError):  # a batch id is stored once (SQLite: an IntegrityError)
+        spool.release(SESSION, 2, b"b" * 16, [b"other"])
+    assert [(b.round_id, b.chunks) for b in spool.unacknowledged()] == [(1, [b"chunk"])]
+    spool.close()
+    with pytest.raises(ValueError):  # closed (SQLite: a ProgrammingError)
+        spool.round(SESSION, 1)
 
 
 def test_admission_resumes_from_the_spool(tmp_path):
@@ -166,14 +258,14 @@ async def test_restarted_shuffler_resumes_the_round_and_never_reopens_a_served_o
     assert await asyncio.wait_for(batches.get(), 1) == raw
 
 
-async def test_policy_admits_until_max_or_deadline_not_until_min(tmp_path):
+async def test_policy_admits_until_max_or_deadline_not_until_min(spool):
     """Honest clients answering before the deadline are not dropped because min_batch was reached."""
     channel = InProcessChannel()
     spec = make_spec(min_batch=2, max_batch=100, deadline=time.time() + 0.6)
     data = envelopes(spec, 7)
     batches = await channel.subscribe(batch_topic(SESSION, 0))
     await channel.publish(announce_topic(SESSION), ANALYZER.sign_spec(spec), retain=True)
-    service = shuffler(channel)
+    service = shuffler(channel, spool)
     task = asyncio.create_task(service.serve())
     await asyncio.sleep(0.05)
     for d in data:
@@ -182,6 +274,49 @@ async def test_policy_admits_until_max_or_deadline_not_until_min(tmp_path):
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert codec.decode(raw, ShuffledBatch).size == 7
+
+
+async def test_a_shuffler_on_the_memory_spool_admits_refuses_and_releases_as_on_sqlite():
+    """The same envelopes (a replay of an admitted nonce and an exact retransmission among them) to a
+    shuffler on each spool: the same admissions, refusals, receipts and released batch."""
+    spec = make_spec(min_batch=6, max_batch=6)
+    data = envelopes(spec, 6)
+    first = EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec).open(data[0])
+    replay = parties.envelope(spec, parties.credential(99), bytes(len(first.sealed)), first.nonce)
+
+    async def run(spool):
+        channel = InProcessChannel()
+        batches = await channel.subscribe(batch_topic(SESSION, spec.round_id))
+        receipts = await channel.subscribe(receipts_topic(SESSION, spec.round_id))
+        await channel.publish(announce_topic(SESSION), ANALYZER.sign_spec(spec), retain=True)
+        service = shuffler(channel, spool)
+        task = asyncio.create_task(service.serve())
+        try:
+            await asyncio.sleep(0.05)
+            for d in [*data[:3], replay, data[0], *data[3:]]:
+                await channel.publish(reports_topic(SESSION, spec.round_id), d)
+            batch = codec.decode(await asyncio.wait_for(batches.get(), 5), ShuffledBatch)
+            await asyncio.sleep(0.05)  # the last receipts
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        signed = [decode_verified(r, AdmissionReceipts, SHUFFLER_KEYS.signing_public) for r in receipts.get_nowait_all()]
+        admitted = Counter(n for r in signed for n in r.admitted)
+        refused = [(n, why) for r in signed for n, why in zip(r.refused, r.reasons)]
+        return service.rounds[spec.round_id].as_dict(), batch, admitted, refused
+
+    spools = SqliteSpool(":memory:"), MemorySpool()
+    on_sqlite, on_memory = [await run(spool) for spool in spools]
+    for stats, batch, admitted, refused in (on_sqlite, on_memory):
+        assert stats["admitted"] == stats["forwarded"] == 6 and stats["retransmitted"] == 1
+        assert stats["rejected"] == {"replay": 1}
+        assert refused == [(first.nonce, "replay")]
+        assert admitted == Counter({first.nonce: 2}) + Counter(EnvelopeOpener(SHUFFLER_KEYS.hpke_private, spec).open(d).nonce for d in data[1:])
+        assert batch.size == 6 and Counter(batch.payloads) == Counter(sealed_of(spec, data))
+    assert on_memory[0] == on_sqlite[0] and on_memory[2:] == on_sqlite[2:]
+    for spool, (_, batch, _, _) in zip(spools, (on_sqlite, on_memory)):
+        assert spool.round(SESSION, spec.round_id).state == "released" and spool.admitted(SESSION, spec.round_id) == []
+        assert [b.batch_id for b in spool.unacknowledged()] == [batch.batch_id]
 
 
 _CHILD = textwrap.dedent(

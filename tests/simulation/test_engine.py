@@ -307,8 +307,13 @@ def test_the_multi_process_message_engine_gives_the_single_process_result(index,
     monkeypatch.setattr(shuffler_service, "OuterLayerPool", EveryBurst)
     monkeypatch.setattr(analyzer_service, "PARALLEL_THRESHOLD", 1)
     opened_elsewhere = []
-    real_open_many = EveryBurst.open_many
-    monkeypatch.setattr(EveryBurst, "open_many", lambda self, spec, items: opened_elsewhere.append(len(items)) or real_open_many(self, spec, items))
+    real_open_many = EveryBurst.open_many_async
+
+    async def counted_open_many(self, spec, items):
+        opened_elsewhere.append(len(items))
+        return await real_open_many(self, spec, items)
+
+    monkeypatch.setattr(EveryBurst, "open_many_async", counted_open_many)
     sealed_elsewhere = []
     real_submit = client_pool.SealingWorkers.submit
     monkeypatch.setattr(client_pool.SealingWorkers, "submit",

@@ -93,9 +93,9 @@ def test_every_sampled_round_is_accounted_by_the_audits_rule(kw):
     run = run_fast(VectorMeanProtocol(config), np.random.default_rng(0).normal(0.5, 0.1, (200, 4)), seed=1)
     assert len(run.rounds) == len(rounds)
     for accounted, executed in zip(rounds, run.rounds):
-        from shuffledp.simulation.vector import accounted_guarantee
+        from shuffledp.protocol.accounting.composition import round_guarantee
 
         size = accounted.get("num_bins", accounted.get("grid_levels"))
         assert accounted["report_epsilon0"] == executed.plan.epsilon0
-        assert accounted_guarantee(accounted["accounted_as"], accounted["report_epsilon0"], size) == plan_guarantee(
+        assert round_guarantee(accounted["accounted_as"], accounted["report_epsilon0"], size) == plan_guarantee(
             executed.plan.params, executed.plan.epsilon0)
