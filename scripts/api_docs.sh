@@ -83,6 +83,13 @@ with warnings.catch_warnings(record=True) as caught:
             if not info.ispkg and not info.name.rpartition(".")[2].startswith("_"):
                 names.append(info.name)
 
+    # A package whose names load on first use (PEP 562 ``__getattr__``: shuffledp.protocol.accounting)
+    # has each of its ``__all__`` resolved first, so pdoc finds them on the package's page.
+    for package in packages:
+        module = importlib.import_module(package)
+        for name in getattr(module, "__all__", ()):
+            getattr(module, name)
+
     import shuffledp
 
     pdoc.render.configure(
