@@ -220,16 +220,6 @@ def to_grid_one(local_mean: float, params: ProjectedMeanParams) -> tuple[int, fl
     return int(floor), frac
 
 
-@functools.lru_cache(maxsize=64, typed=True)
-def _noise_argument(params: ProjectedMeanParams, epsilon: float, delta: float) -> Fraction | float:
-    """What :func:`randomize_mean` hands the noise sampler: ``laplace_scale`` or ``gaussian_sigma2``
-    (pure functions of their arguments, so a cached value is the value; an error is not cached)."""
-    return laplace_scale(params, epsilon) if params.noise == "laplace" else gaussian_sigma2(params, epsilon, delta)
-
-
-_report_range_cached = functools.lru_cache(maxsize=64, typed=True)(report_range)
-
-
 def randomize_mean_one(
     local_mean: float,
     params: ProjectedMeanParams,
@@ -248,10 +238,10 @@ def randomize_mean_one(
     if grid > params.grid_levels:  # np.minimum(grid, G)
         grid = params.grid_levels
     if params.noise == "laplace":
-        noise = source.discrete_laplace(_noise_argument(params, epsilon, delta), 1)
+        noise = source.discrete_laplace(laplace_scale(params, epsilon), 1)
     else:
-        noise = source.discrete_gaussian(_noise_argument(params, epsilon, delta), 1)
-    low, high = _report_range_cached(params, epsilon, delta)
+        noise = source.discrete_gaussian(gaussian_sigma2(params, epsilon, delta), 1)
+    low, high = report_range(params, epsilon, delta)  # looked up here, as the batch path does (an audit's planted fault reaches both)
     return _clip(grid + int(noise[0]), low, high)
 
 

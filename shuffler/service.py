@@ -207,21 +207,22 @@ class RoundAdmission:
         self._quota = spec.messages_per_user
         self._max_batch = spec.max_batch
         if spool is not None:
-            for stored in spool.admitted(spec.session_id, spec.round_id):
-                self._record(AdmittedEnvelope(stored.client_id, stored.nonce, stored.sealed))
+            self._record(spool.admitted(spec.session_id, spec.round_id))
             self.stats.resumed = self.stats.admitted
 
     @property
     def full(self) -> bool:
         return len(self.payloads) >= self.spec.max_batch
 
-    def _record(self, admitted: AdmittedEnvelope) -> None:
-        self.nonces[admitted.nonce] = admitted.sealed
-        self.sealed_seen.add(admitted.sealed)
-        per_client = self.per_client
-        per_client[admitted.client_id] = per_client.get(admitted.client_id, 0) + 1  # a Counter's +=, without __missing__
-        self.payloads.append(admitted.sealed)
-        self.stats.admitted += 1
+    def _record(self, batch: list[AdmittedEnvelope]) -> None:
+        """Count committed envelopes as admitted: their nonces, sealed reports and credentials' quotas."""
+        nonces, sealed_seen, per_client, payloads = self.nonces, self.sealed_seen, self.per_client, self.payloads
+        for client_id, nonce, sealed in batch:
+            nonces[nonce] = sealed
+            sealed_seen.add(sealed)
+            per_client[client_id] = per_client.get(client_id, 0) + 1  # a Counter's +=, without __missing__
+            payloads.append(sealed)
+        self.stats.admitted += len(batch)
 
     def _check(self, data: bytes, pending: "_Pending") -> tuple[bytes, AdmittedEnvelope | None]:
         """The nonce and the envelope to admit (None: an exact retransmission), or a typed error.
@@ -367,9 +368,8 @@ class RoundAdmission:
                 "shuffler: round %d: %d envelope(s) not admitted, no receipt sent (their clients send them again): %s",
                 spec.round_id, unwritten, failure,
             )
-        for envelope in batch:
-            self._record(envelope)
-            receipts.admitted.append(envelope.nonce)
+        self._record(batch)
+        receipts.admitted.extend([envelope.nonce for envelope in batch])
         return failure
 
     def admit(self, data: bytes) -> None:

@@ -244,10 +244,8 @@ def checked_admission(round_id: int, credential: bytes, nonce: bytes, sealed: by
     the round's, its credential, nonce and sealed report are bytes of the round's lengths), built
     without running the constructor's checks a second time (the shuffler's per-envelope path)."""
     admission = object.__new__(Admission)
-    object.__setattr__(admission, "round_id", round_id)
-    object.__setattr__(admission, "credential", credential)
-    object.__setattr__(admission, "nonce", nonce)
-    object.__setattr__(admission, "sealed", sealed)
+    # A frozen dataclass without slots keeps its fields in its __dict__: set them there at once.
+    admission.__dict__.update(round_id=round_id, credential=credential, nonce=nonce, sealed=sealed)
     return admission
 
 

@@ -155,9 +155,11 @@ def _padding_off(original: Callable) -> Callable:
 
 
 def _analyzer_gets_credentials(original: Callable) -> Callable:
-    def _record(self, admitted) -> None:
-        original(self, admitted)
-        self.payloads[-1] = self.payloads[-1] + admitted.client_id
+    def _record(self, batch) -> None:
+        start = len(self.payloads)
+        original(self, batch)
+        for index, admitted in enumerate(batch, start):
+            self.payloads[index] = self.payloads[index] + admitted.client_id
 
     return _record
 

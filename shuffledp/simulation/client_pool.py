@@ -44,7 +44,7 @@ from shuffledp.protocol.mechanisms.randomness import RandomSource
 #: Clients per progress report while a round is sealed.
 PROGRESS_STEP = 1024
 #: Users per block a sealing worker seals at once (:class:`SealingWorkers`).
-SEAL_BLOCK = 512
+SEAL_BLOCK = 1024
 
 #: Envelopes to a message on the in-process channel when the devices seal on workers (the most a message may carry).
 IN_PROCESS_PACK = MAX_ENVELOPES_PER_MESSAGE
