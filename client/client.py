@@ -290,6 +290,10 @@ class Client:
             messages = randomize_one(spec.params, spec.epsilon0, spec.delta0, self.local_mean, self.source)
             if messages is None:
                 values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]
+        if messages is None and type(values) is list and all(
+            type(message) is tuple and all(type(v) is int for v in message) for message in values
+        ):
+            messages = values  # pre-drawn messages, already tuples of Python ints (a batch caller)
         if messages is None:
             rows = np.asarray(values).reshape(len(values), -1)
             if rows.dtype.kind in "iu":  # Python ints, as int() gives, without a call per value

@@ -15,8 +15,11 @@ from __future__ import annotations
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.wire.key_workers import KeyWorkers, worker_key
-from shuffledp.protocol.wire.messages import Admission, RoundSpec
-from shuffledp.protocol.wire.onion import EnvelopeOpener, checked_admission
+from shuffledp.protocol.wire.messages import RoundSpec
+from shuffledp.protocol.wire.onion import EnvelopeOpener
+
+#: An opened admission's ``(credential, nonce, sealed)`` (:meth:`EnvelopeOpener.open_fields`).
+OpenedFields = tuple[bytes, bytes, bytes]
 
 _worker_openers: dict[tuple[bytes, int], EnvelopeOpener] = {}
 
@@ -30,8 +33,7 @@ def _open_slice(spec: RoundSpec, items: list[bytes]) -> list[tuple]:
     out: list[tuple] = []
     for data in items:
         try:
-            a = opener.open(data)
-            out.append(("ok", a.credential, a.nonce, a.sealed))
+            out.append(("ok", *opener.open_fields(data)))
         except ShuffleDPError as exc:
             out.append(("error", exc.reason, str(exc)))
         except Exception as exc:  # a bug, not an input class: reported to the parent, counted there
@@ -58,21 +60,22 @@ class OuterLayerPool:
         self.threshold = threshold
         self._workers = KeyWorkers(private, workers)
 
-    def open_many(self, spec: RoundSpec, items: list[bytes]) -> list[Admission | Exception]:
-        """Each item's :class:`Admission`, or the exception its opening raised, in the items' order."""
+    def open_many(self, spec: RoundSpec, items: list[bytes]) -> list[OpenedFields | Exception]:
+        """Each item's admission as ``(credential, nonce, sealed)`` (:meth:`EnvelopeOpener.open_fields`),
+        or the exception its opening raised, in the items' order."""
         return self._admissions(spec, self._workers.map_slices(_open_slice, items, spec))
 
-    async def open_many_async(self, spec: RoundSpec, items: list[bytes]) -> list[Admission | Exception]:
+    async def open_many_async(self, spec: RoundSpec, items: list[bytes]) -> list[OpenedFields | Exception]:
         """:meth:`open_many` awaited: the shuffler's event loop serves other tasks while the workers open."""
         return self._admissions(spec, await self._workers.map_slices_async(_open_slice, items, spec))
 
     @staticmethod
-    def _admissions(spec: RoundSpec, slices: list[list[tuple]]) -> list[Admission | Exception]:
-        out: list[Admission | Exception] = []
+    def _admissions(spec: RoundSpec, slices: list[list[tuple]]) -> list[OpenedFields | Exception]:
+        out: list[OpenedFields | Exception] = []
         for results in slices:
             for result in results:
-                if result[0] == "ok":  # fields the worker's opener read off the round's fixed layout
-                    out.append(checked_admission(spec.round_id, result[1], result[2], result[3]))
+                if result[0] == "ok":  # fields the worker's opener checked
+                    out.append(result[1:])
                 elif result[0] == "error":
                     out.append(OpenedElsewhere(result[1], result[2]))
                 else:

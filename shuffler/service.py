@@ -96,7 +96,6 @@ from shuffledp.protocol.errors import (
 )
 from shuffledp.protocol.wire.messages import (
     BATCH_ID_BYTES,
-    Admission,
     MAX_RECEIPTS,
     AdmissionReceipts,
     BatchAck,
@@ -107,7 +106,7 @@ from shuffledp.protocol.wire.messages import (
 )
 from shuffledp.protocol.wire.envelope_packing import unpack_envelopes
 from shuffledp.protocol.wire.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
-from shuffledp.shuffler.parallel_open import OuterLayerPool
+from shuffledp.shuffler.parallel_open import OpenedFields, OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.spool import AdmittedEnvelope, SpoolStorageError, SqliteSpool, Spool
 
@@ -230,24 +229,24 @@ class RoundAdmission:
         An error raised after the outer layer opened carries the envelope's nonce
         (``exc.nonce``), so the receipts can name the refusal.
         """
-        return self._check_opened(self.opener.open(data), pending)
+        return self._check_opened(self.opener.open_fields(data), pending)
 
-    def _check_opened(self, admission: Admission, pending: "_Pending") -> tuple[bytes, AdmittedEnvelope | None]:
-        """:meth:`_check` after the outer layer opened."""
-        nonce = admission.nonce
+    def _check_opened(self, opened: OpenedFields, pending: "_Pending") -> tuple[bytes, AdmittedEnvelope | None]:
+        """:meth:`_check` after the outer layer opened (its admission's ``(credential, nonce, sealed)``)."""
+        credential, nonce, sealed = opened
         client_id = None
         try:
-            client_id = self.issuer.verify(admission.credential, self.revoked)
+            client_id = self.issuer.verify(credential, self.revoked)
             if self._instances > 1 and assigned_instance(client_id, self._instances, self.spec.digest) != self.instance:
                 raise WrongInstance(f"this credential is assigned to another of the round's {self._instances} instances")
             if self.refusals.get(client_id, 0) >= REFUSALS_PER_CREDENTIAL:
                 raise RateLimited(f"credential refused {REFUSALS_PER_CREDENTIAL} times this round")
             known = self.nonces.get(nonce, pending.nonces.get(nonce))
             if known is not None:
-                if known == admission.sealed:
+                if known == sealed:
                     return nonce, None  # the same envelope again (a client retrying): acknowledge, count once
                 raise ReplayedReport("nonce already admitted")
-            if admission.sealed in self.sealed_seen or admission.sealed in pending.sealed:
+            if sealed in self.sealed_seen or sealed in pending.sealed:
                 raise DuplicateReport("this sealed report was already admitted (re-wrapped copy)")
             if self.per_client.get(client_id, 0) + pending.per_client.get(client_id, 0) >= self._quota:
                 raise QuotaExceeded(f"credential already sent {self._quota} report(s) this round")
@@ -258,7 +257,7 @@ class RoundAdmission:
                 self.refusals[client_id] += 1
             exc.nonce = nonce  # type: ignore[attr-defined]
             raise
-        return nonce, AdmittedEnvelope(client_id, nonce, admission.sealed)
+        return nonce, AdmittedEnvelope(client_id, nonce, sealed)
 
     def offer_many(self, items: list[bytes]) -> Receipts:
         """Process received messages, each one envelope or several packed back to back
@@ -281,7 +280,7 @@ class RoundAdmission:
             return self._admit_opened(self._open_all(envelopes))
         return self._admit_opened(await pool.open_many_async(self.spec, envelopes))
 
-    def _admit_opened(self, opened_items: list[Admission | Exception]) -> Receipts:
+    def _admit_opened(self, opened_items: list[OpenedFields | Exception]) -> Receipts:
         """Judge each opened envelope (or the exception its opening raised) in order, spool the admitted
         ones in one transaction, and return the receipts (:meth:`offer_many`)."""
         receipts = Receipts()
@@ -315,8 +314,8 @@ class RoundAdmission:
                 receipts.admitted.append(nonce)
         return receipts
 
-    def _open_all(self, items: list) -> list[Admission | Exception]:
-        """Each item's opened :class:`Admission` or the exception its opening raised, in order (an item
+    def _open_all(self, items: list) -> list[OpenedFields | Exception]:
+        """Each item's opened admission (``(credential, nonce, sealed)``) or the exception its opening raised, in order (an item
         that already is an exception, a refused packed message, stays one)."""
         refused = {i: item for i, item in enumerate(items) if isinstance(item, Exception)}
         envelopes = [item for item in items if not isinstance(item, Exception)] if refused else items
@@ -327,7 +326,7 @@ class RoundAdmission:
             opened = []
             for data in envelopes:
                 try:
-                    opened.append(self.opener.open(data))
+                    opened.append(self.opener.open_fields(data))
                 except Exception as exc:  # typed refusals, and bugs (counted as internal-error by the caller)
                     opened.append(exc)
         if not refused:

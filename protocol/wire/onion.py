@@ -277,6 +277,12 @@ class EnvelopeOpener:
         return self._spec
 
     def open(self, data: bytes) -> Admission:
+        """The :class:`Admission` inside ``data``, or the typed error (class docstring)."""
+        return checked_admission(self._spec.round_id, *self.open_fields(data))
+
+    def open_fields(self, data: bytes) -> tuple[bytes, bytes, bytes]:
+        """:meth:`open`'s admission as its ``(credential, nonce, sealed)``, every one checked as
+        :meth:`open` checks it (the shuffler's per-envelope path, which needs no object)."""
         if not isinstance(data, bytes):
             if byte_length(data) > codec.MESSAGE_TYPES["envelope"][1]:  # typed refusal of non-bytes, before copying
                 raise MessageTooLarge("envelope over its size limit")
@@ -289,8 +295,9 @@ class EnvelopeOpener:
             raise SealingError(f"envelope does not open for this session, round and spec ({type(exc).__name__})") from None
         fields = self._admission_layout.values(plaintext)
         if fields is not None:  # the one valid encoding: the constructor's checks all hold
-            return checked_admission(self._spec.round_id, *fields)
-        return self._admission_slow(plaintext)
+            return fields
+        admission = self._admission_slow(plaintext)
+        return admission.credential, admission.nonce, admission.sealed
 
     def _outer_slow(self, data: bytes) -> bytes:
         """The general decoder's reading of an envelope not in the round's layout (raises its typed error)."""

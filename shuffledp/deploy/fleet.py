@@ -120,7 +120,7 @@ class FleetRound:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """An envelope without a receipt: where it goes, when and in which order its last copy left."""
 

@@ -296,6 +296,9 @@ class ClientPool(Fleet):
             return
         progress = values if isinstance(values, _Progress) else None
         raw = progress.values if progress is not None else values
+        if isinstance(raw, np.ndarray) and raw.dtype.kind in "iu":
+            # Every user's messages as tuples of Python ints, in one conversion (what begin_round makes of an array).
+            raw = [[tuple(message) for message in user] for user in raw.reshape(len(raw), -1, raw.shape[-1]).tolist()]
         blocks: list[tuple[list[int], asyncio.Future]] = []
         indices: list[int] = []
         credentials: list[bytes] = []
@@ -329,9 +332,11 @@ class ClientPool(Fleet):
         # them and judges each on its own: protocol/wire/envelope_packing.py).
         direct = isinstance(self.channel, InProcessChannel)
         packs: dict[str, list[bytes]] = {}
+        topics: dict[int, str] = {}
         try:
             for block_indices, future in blocks:
                 results = await future
+                now = loop.time()
                 for index, result in zip(block_indices, results):
                     instance = assigned[index]
                     if result[0] != "ok":
@@ -348,9 +353,11 @@ class ClientPool(Fleet):
                         state.declined[exc.reason] += 1
                         continue
                     answered[instance].append(client)
-                    topic = reports_topic(spec.session_id, spec.round_id, instance)
+                    topic = topics.get(instance)
+                    if topic is None:
+                        topic = topics[instance] = reports_topic(spec.session_id, spec.round_id, instance)
                     for nonce, envelope in zip(nonces, envelopes):
-                        pending[nonce] = _PendingEnvelope(envelope, topic, instance, next(order), loop.time())
+                        pending[nonce] = _PendingEnvelope(envelope, topic, instance, next(order), now)
                         if direct:
                             packs.setdefault(topic, []).append(envelope)
                         else:

@@ -517,3 +517,19 @@ def test_begin_round_many_clients_scalar_path():
     want = [vector_messages(params, spec.epsilon0, spec.delta0, c.local_mean, slow_source) for c in clients]
     assert got == want
     assert fast_source.generator.random() == slow_source.generator.random()
+
+
+def test_begin_round_takes_pre_drawn_messages_as_int_tuples_or_as_an_array():
+    """A batch caller may hand a user's drawn messages as tuples of Python ints (the simulated fleet
+    converts a round's array once): the same messages as from the array; anything else goes the
+    array's way, with its checks."""
+    params = HadamardRangeParams(-20.0, 20.0, 0.8)
+    spec = parties.make_spec(params, round_id=14, min_batch=1, deadline=NOW + 60)
+    drawn = randomize_round(params, spec.epsilon0, spec.delta0, np.array([1.5, -3.0, 7.25]), SeededSource(3))
+    for user, as_tuples in zip(drawn, [[tuple(m) for m in user] for user in drawn.tolist()]):
+        client = DEPLOYMENT.client(np.array([0.0]), PrivacyLedger(10.0), clock=lambda: NOW)
+        assert client.begin_round(spec, as_tuples) == client.begin_round(spec, user) == [tuple(int(v) for v in user[0])]
+    client = DEPLOYMENT.client(np.array([0.0]), PrivacyLedger(10.0), clock=lambda: NOW)
+    assert client.begin_round(spec, [(3.0, 1)]) == [(3, 1)]  # not ints: read as an array, as before
+    with pytest.raises(InvalidParameter):
+        client.begin_round(spec, [(3, 1), (4, -1)])  # two messages in a one-message round
