@@ -226,9 +226,17 @@ class Analyzer:
         if self.workers == 1 or len(payloads) < PARALLEL_THRESHOLD:
             yield _open_rows(self.keys.hpke_private, spec.session_id, spec.round_id, spec.digest, spec.mechanism, payloads)
             return
+        yield from self._key_workers().map_slices(_worker_open, payloads, spec.session_id, spec.round_id, spec.digest, spec.mechanism)
+
+    def start_workers(self) -> None:
+        """Start the worker processes now (with ``workers`` > 1) rather than at the first large chunk."""
+        if self.workers > 1:
+            self._key_workers().start()
+
+    def _key_workers(self) -> KeyWorkers:
         if self._pool is None:
             self._pool = KeyWorkers(self.keys.hpke_private, self.workers)
-        yield from self._pool.map_slices(_worker_open, payloads, spec.session_id, spec.round_id, spec.digest, spec.mechanism)
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None:

@@ -82,5 +82,9 @@ class OuterLayerPool:
                     out.append(OpenerBug(result[1]))
         return out
 
+    def start(self) -> None:
+        """Start the worker processes now rather than at the first large burst."""
+        self._workers.start()
+
     def close(self) -> None:
         self._workers.close()

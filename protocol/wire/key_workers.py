@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -32,6 +34,14 @@ def worker_key() -> X25519PrivateKey:
     if _worker_private is None:  # pragma: no cover - only reachable outside a KeyWorkers process
         raise RuntimeError("worker_key() is only available inside a KeyWorkers process")
     return _worker_private
+
+
+def start_processes(pool: ProcessPoolExecutor, workers: int) -> None:
+    """Have ``pool`` start its ``workers`` processes now, from a background thread: a process pool
+    starts a process when a task finds none idle, and starting one waits for the forkserver (which
+    may still be importing what the workers run), so the caller's event loop does not wait."""
+    threading.Thread(target=lambda: [pool.submit(os.getpid) for _ in range(workers)], daemon=True,
+                     name="start worker processes").start()
 
 
 class KeyWorkers:
@@ -55,6 +65,15 @@ class KeyWorkers:
 
     def submit_slices(self, fn: Callable[..., Any], items: Sequence, *args: Any) -> list[Future]:
         """The futures of :meth:`map_slices`'s calls, one per slice, in slice order."""
+        pool = self._executor()
+        step = max(1, -(-len(items) // self.workers))
+        return [pool.submit(fn, *args, items[i : i + step]) for i in range(0, len(items), step)]
+
+    def start(self) -> None:
+        """Start the worker processes now rather than on first use (:func:`start_processes`)."""
+        start_processes(self._executor(), self.workers)
+
+    def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 self.workers,
@@ -62,8 +81,7 @@ class KeyWorkers:
                 initializer=_init,
                 initargs=(self._private_bytes,),
             )
-        step = max(1, -(-len(items) // self.workers))
-        return [self._pool.submit(fn, *args, items[i : i + step]) for i in range(0, len(items), step)]
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None:

@@ -2,27 +2,41 @@
 
 The scalar-mean simulation (:mod:`shuffledp.simulation.scalar`) is the package's public
 entry point, re-exported here: ``from shuffledp.simulation import SimulationConfig,
-run_simulation``.
+run_simulation``. The names load their module on first use (PEP 562), so a process that
+needs one submodule (a message-engine worker needs :mod:`.client_pool`) imports only it.
 """
 
-from shuffledp.simulation.scalar import (
-    SimulationConfig,
-    SimulationResult,
-    broker_connection,
-    central_guarantee,
-    central_guarantee_at,
-    parse_broker,
-    party_channels,
-    run_simulation,
-)
+from __future__ import annotations
 
-__all__ = [
-    "SimulationConfig",
-    "SimulationResult",
-    "broker_connection",
-    "central_guarantee",
-    "central_guarantee_at",
-    "parse_broker",
-    "party_channels",
-    "run_simulation",
-]
+import importlib
+from typing import Any
+
+#: Each public name and the module of this package that defines it.
+_EXPORTS = {
+    name: "scalar"
+    for name in (
+        "SimulationConfig",
+        "SimulationResult",
+        "broker_connection",
+        "central_guarantee",
+        "central_guarantee_at",
+        "parse_broker",
+        "party_channels",
+        "run_simulation",
+    )
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups find it directly
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

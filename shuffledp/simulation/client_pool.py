@@ -35,6 +35,8 @@ import numpy as np
 from shuffledp.client.client import Client, PreparedRound, verified_spec
 from shuffledp.deploy.fleet import Fleet, FleetRound, _Pending as _PendingEnvelope, cancel_and_wait
 from shuffledp.protocol.transport.channel import Channel, InProcessChannel, reports_topic, spec_topic
+from shuffledp.protocol.wire.key_workers import start_processes
+from shuffledp.simulation.worker_parent import PARALLEL_USERS, cpus, start_worker_parent
 from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE, pack_envelopes
 from shuffledp.protocol.wire.sealing import Sealer
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
@@ -50,9 +52,6 @@ SEAL_BLOCK = 1024
 IN_PROCESS_PACK = MAX_ENVELOPES_PER_MESSAGE
 #: Envelopes the simulated devices keep in flight on the in-process channel when they seal on workers.
 IN_PROCESS_WINDOW = 4096
-#: Fewest users for which the message engine (:func:`shuffledp.simulation.engine.run_messages`) starts worker processes by default (``workers=None``):
-#: below it, starting the processes costs more than they save.
-PARALLEL_USERS = 4096
 
 
 def message_workers(users: int, workers: int | None = None) -> int:
@@ -69,22 +68,15 @@ def message_workers(users: int, workers: int | None = None) -> int:
     path = getattr(main, "__file__", None)
     if getattr(main, "__spec__", None) is None and path is not None and not os.path.isfile(path):
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cpus if cpus > 1 and users >= PARALLEL_USERS else 1
+    available = cpus()
+    return available if available > 1 and users >= PARALLEL_USERS else 1
 
 
 def preload_workers() -> None:
-    """Have the forkserver (every worker process's parent) import what the workers run, once, so each
-    worker starts as a fork that has it already instead of importing it again, and start it now:
-    it imports them in its own process while this one goes on (setting up users and parties), so
-    the first worker forks without waiting. Takes effect only if the forkserver has not started yet
-    in this process; ``__main__`` stays first, as by default."""
-    import multiprocessing.forkserver
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["__main__", "shuffledp.simulation.client_pool", "shuffledp.shuffler.parallel_open", "shuffledp.analyzer.service"]
-    )
-    multiprocessing.forkserver.ensure_running()  # returns at once; the server imports in the background
+    """Start the worker processes' parent now, importing what they run
+    (:func:`~shuffledp.simulation.worker_parent.start_worker_parent`): it imports in its own process
+    while this one goes on (setting up users and parties), so the first worker forks without waiting."""
+    start_worker_parent()
 
 
 _worker_rounds: dict[bytes, PreparedRound] = {}
@@ -110,6 +102,15 @@ def _seal_block(spec: RoundSpec, credentials: list[bytes], messages: list[list[t
     return out
 
 
+def _as_int_tuples(values: np.ndarray) -> Iterator[list[tuple[int, ...]]]:
+    """Each user's messages of an int ``(users, messages, width)`` array as tuples of Python ints (what
+    :meth:`Client.begin_round` makes of a user's rows), converted a block of users at a time, so the
+    first block goes to the workers without waiting for the rest."""
+    for start in range(0, len(values), SEAL_BLOCK):
+        for user in values[start : start + SEAL_BLOCK].tolist():
+            yield [tuple(message) for message in user]
+
+
 class SealingWorkers:
     """``workers`` processes that seal blocks of simulated users' reports (:func:`_seal_block`).
 
@@ -128,9 +129,16 @@ class SealingWorkers:
 
     def submit(self, spec: RoundSpec, credentials: list[bytes], messages: list[list[tuple[int, ...]]]) -> asyncio.Future:
         """Seal one block on a worker; an asyncio future of :func:`_seal_block`'s result."""
+        return asyncio.wrap_future(self._executor().submit(_seal_block, spec, credentials, messages))
+
+    def start(self) -> None:
+        """Start the worker processes now rather than on first use (:func:`~shuffledp.protocol.wire.key_workers.start_processes`)."""
+        start_processes(self._executor(), self.workers)
+
+    def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"))
-        return asyncio.wrap_future(self._pool.submit(_seal_block, spec, credentials, messages))
+        return self._pool
 
     def close(self) -> None:
         if self._pool is not None:
@@ -297,8 +305,7 @@ class ClientPool(Fleet):
         progress = values if isinstance(values, _Progress) else None
         raw = progress.values if progress is not None else values
         if isinstance(raw, np.ndarray) and raw.dtype.kind in "iu":
-            # Every user's messages as tuples of Python ints, in one conversion (what begin_round makes of an array).
-            raw = [[tuple(message) for message in user] for user in raw.reshape(len(raw), -1, raw.shape[-1]).tolist()]
+            raw = _as_int_tuples(raw)
         blocks: list[tuple[list[int], asyncio.Future]] = []
         indices: list[int] = []
         credentials: list[bytes] = []

@@ -328,3 +328,28 @@ def test_the_multi_process_message_engine_gives_the_single_process_result(index,
     for s, m in zip(single.rounds, multi.rounds):
         assert (s.reports, s.messages, s.envelope_bytes) == (m.reports, m.messages, m.envelope_bytes)
         assert m.rejected_at_shuffler == {} and m.rejected_at_analyzer == {} and m.retransmitted == 0
+
+
+def test_the_message_engine_restores_the_garbage_collector():
+    """The collector is set for many long-lived parties while a run lasts (engine.py::_CollectRarely),
+    and put back as it was afterwards: the same thresholds, nothing left frozen."""
+    import gc
+
+    import shuffledp.simulation.engine as engine_module
+
+    before = gc.get_threshold()
+    frozen = gc.get_freeze_count()
+    seen = []
+    real = engine_module._CollectRarely.__init__
+
+    def spy(self):
+        real(self)
+        seen.append((gc.get_threshold(), gc.get_freeze_count()))
+
+    engine_module._CollectRarely.__init__ = spy
+    try:
+        run_messages(ScalarMeanProtocol(ScalarMeanConfig(bound=8.0, tau=2.0, epsilon0=2.0)), np.linspace(-1, 1, 40), seed=3, workers=1)
+    finally:
+        engine_module._CollectRarely.__init__ = real
+    assert seen and seen[0][0][0] == 100_000 and seen[0][1] > frozen  # set for the run
+    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen  # and restored
