@@ -42,10 +42,11 @@ sends the opened rows, which the protocol folds into the same collector.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -258,15 +259,24 @@ async def run_messages_on(
     for a seed (the users' reports are drawn here, before any sealing). The workers import the
     main module again, as any multiprocessing child does: a script keeps its top level under
     ``if __name__ == "__main__":`` or passes ``workers=1``."""
-    from shuffledp.simulation.client_pool import IN_PROCESS_WINDOW, ClientPool, SealingWorkers, message_workers, preload_workers
-    from shuffledp.deploy.deployment import Deployment
-    from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
-    from shuffledp.shuffler.memory_spool import MemorySpool
+    from shuffledp.simulation.client_pool import message_workers, preload_workers
 
     data = _check_data(protocol, local_data)
     workers = message_workers(len(data), workers)
     if workers > 1:
         preload_workers()  # the worker processes' parent starts now, while the parties are set up
+    with _collecting_rarely():  # while the parties are set up and run
+        return await _run_parties(protocol, data, channels, seed, progress, round_timeout, workers)
+
+
+async def _run_parties(protocol: Protocol, data: np.ndarray, channels: tuple, seed: int, progress: Progress | None,
+                       round_timeout: float, workers: int) -> EngineRun:
+    """:func:`run_messages_on`'s parties, set up and run (``data`` checked, ``workers`` decided)."""
+    from shuffledp.simulation.client_pool import IN_PROCESS_WINDOW, ClientPool, SealingWorkers
+    from shuffledp.deploy.deployment import Deployment
+    from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
+    from shuffledp.shuffler.memory_spool import MemorySpool
+
     coordinator_channel, shuffler_channel, pool_channel = channels
     deployment = Deployment()
     on_open = (lambda k: progress("opened reports", k)) if progress else None
@@ -294,7 +304,6 @@ async def run_messages_on(
     shuffler_task = asyncio.create_task(shuffler.serve())
     pool_task = asyncio.create_task(pool.serve(rounds=1 << 30))
     protocol_task = asyncio.create_task(coordinator.run_protocol(protocol, len(clients)))
-    collector = _CollectRarely()
     try:
         # The pool answers every round until cancelled: if it ends first, it failed; say why
         # at once rather than let the coordinator wait out the round's deadline.
@@ -309,7 +318,6 @@ async def run_messages_on(
         shuffler_task.cancel()
         pool_task.cancel()
         await asyncio.gather(shuffler_task, pool_task, protocol_task, return_exceptions=True)
-        collector.restore()
         shuffler.close()
         analyzer.close()
         if sealing is not None:
@@ -342,25 +350,25 @@ async def run_messages_on(
     return EngineRun(result, runs, "messages")
 
 
-class _CollectRarely:
-    """CPython's cyclic garbage collector, set for a run of many simulated parties, until :meth:`restore`.
+@contextlib.contextmanager
+def _collecting_rarely() -> Iterator[None]:
+    """CPython's cyclic garbage collector, set for a run of many simulated parties while the block runs.
 
     The parties of a message-engine run hold hundreds of thousands of long-lived objects (clients,
     ledgers, what was sent, envelopes awaiting receipts) and make few reference cycles, yet each
-    full collection scans them all: the default run made 8 full collections, none of which found
-    garbage, and they cost it about a quarter of a second. So the objects that exist once the
-    parties are set up are frozen (:func:`gc.freeze`: never scanned), and the first generation is
-    collected every 100,000 allocations instead of 700, so cycles are still collected and memory
-    stays bounded. :meth:`restore` puts the thresholds back and unfreezes the objects, which may
-    then be collected as usual."""
-
-    def __init__(self) -> None:
-        self._thresholds = gc.get_threshold()
-        gc.freeze()
-        gc.set_threshold(100_000, *self._thresholds[1:])
-
-    def restore(self) -> None:
-        gc.set_threshold(*self._thresholds)
+    full collection scans them all: the default run made several full collections while setting
+    its parties up and running the protocol, none of which found garbage, at about a quarter of a
+    second in all. So the objects that exist when the block starts are frozen (:func:`gc.freeze`:
+    never scanned), the youngest generation is collected every 100,000 allocations instead of
+    700 and the older ones rarely; cycles are still collected, so memory stays bounded. On exit the
+    thresholds are restored and the objects unfrozen, to be collected as usual."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
 
 

@@ -330,8 +330,8 @@ def test_the_multi_process_message_engine_gives_the_single_process_result(index,
         assert m.rejected_at_shuffler == {} and m.rejected_at_analyzer == {} and m.retransmitted == 0
 
 
-def test_the_message_engine_restores_the_garbage_collector():
-    """The collector is set for many long-lived parties while a run lasts (engine.py::_CollectRarely),
+def test_the_message_engine_restores_the_garbage_collector(monkeypatch):
+    """The collector is set for many long-lived parties while a run lasts (engine.py::_collecting_rarely),
     and put back as it was afterwards: the same thresholds, nothing left frozen."""
     import gc
 
@@ -340,16 +340,13 @@ def test_the_message_engine_restores_the_garbage_collector():
     before = gc.get_threshold()
     frozen = gc.get_freeze_count()
     seen = []
-    real = engine_module._CollectRarely.__init__
+    real = engine_module._run_parties
 
-    def spy(self):
-        real(self)
+    async def spy(*args, **kwargs):
         seen.append((gc.get_threshold(), gc.get_freeze_count()))
+        return await real(*args, **kwargs)
 
-    engine_module._CollectRarely.__init__ = spy
-    try:
-        run_messages(ScalarMeanProtocol(ScalarMeanConfig(bound=8.0, tau=2.0, epsilon0=2.0)), np.linspace(-1, 1, 40), seed=3, workers=1)
-    finally:
-        engine_module._CollectRarely.__init__ = real
+    monkeypatch.setattr(engine_module, "_run_parties", spy)
+    run_messages(ScalarMeanProtocol(ScalarMeanConfig(bound=8.0, tau=2.0, epsilon0=2.0)), np.linspace(-1, 1, 40), seed=3, workers=1)
     assert seen and seen[0][0][0] == 100_000 and seen[0][1] > frozen  # set for the run
     assert gc.get_threshold() == before and gc.get_freeze_count() == frozen  # and restored
