@@ -74,6 +74,17 @@ class SentRound:
         return sum(1 for status in self.receipts.values() if status == "admitted")
 
 
+def _as_messages(values) -> list[tuple[int, ...]]:
+    """One user's report values (``(messages, width)``) as one tuple of Python ints per message;
+    messages given as such tuples already (a batch caller converts a round at once) are kept."""
+    if type(values) is list and all(type(message) is tuple and all(type(v) is int for v in message) for message in values):
+        return values
+    rows = np.asarray(values).reshape(len(values), -1)
+    if rows.dtype.kind in "iu":  # Python ints, as int() gives, without a call per value
+        return [tuple(row) for row in rows.tolist()]
+    return [tuple(int(v) for v in row) for row in rows]
+
+
 class PreparedRound:
     """What every report of one verified round needs, computed once per round: the value
     ranges an honest randomizer can report, the padded report layout, the analyzer's
@@ -283,23 +294,14 @@ class Client:
         if not getattr(spec.params, "LOCAL_GUARANTEE", True) and not self.accept_central_only:
             raise UntrustedRound(f"{spec.mechanism} has no local guarantee; this device answers only rounds that do")
         self.ledger.check(spec.session_id, spec.round_id, spec.epsilon0, spec.delta0)
-        messages = None
-        if values is None:
+        if values is not None:
+            messages = _as_messages(values)
+        else:
             # The scalar twin of the batch-of-one randomizer where there is one (the same draws
             # and messages), else the batch randomizer itself.
             messages = randomize_one(spec.params, spec.epsilon0, spec.delta0, self.local_mean, self.source)
             if messages is None:
-                values = randomize_reports(spec, np.array([self.local_mean]), self.source)[0]
-        if messages is None and type(values) is list and all(
-            type(message) is tuple and all(type(v) is int for v in message) for message in values
-        ):
-            messages = values  # pre-drawn messages, already tuples of Python ints (a batch caller)
-        if messages is None:
-            rows = np.asarray(values).reshape(len(values), -1)
-            if rows.dtype.kind in "iu":  # Python ints, as int() gives, without a call per value
-                messages = [tuple(row) for row in rows.tolist()]
-            else:
-                messages = [tuple(int(v) for v in row) for row in rows]
+                messages = _as_messages(randomize_reports(spec, np.array([self.local_mean]), self.source)[0])
         if len(messages) != expected:
             raise InvalidParameter("values", f"the round takes {expected} message(s) per user, got {len(messages)}")
         return messages

@@ -33,10 +33,10 @@ from shuffledp.shuffler.spool import (
     BATCH_EXPIRED,
     BATCH_PENDING,
     NOT_ACKNOWLEDGED,
-    ROUND_STATES,
     AdmittedEnvelope,
     StoredBatch,
     StoredRound,
+    states_before,
 )
 
 _Key = tuple[bytes, int]  # (session id, round id)
@@ -187,11 +187,8 @@ class MemorySpool:
         """Move a known round to ``state`` if that is later than its current state (as
         :meth:`SqliteSpool._advance <shuffledp.shuffler.spool.SqliteSpool._advance>`: ``failed`` only
         from ``open``, unless ``after`` names the states it may follow)."""
-        earlier = ROUND_STATES[: ROUND_STATES.index(state)]
-        if state == "failed":
-            earlier = after if after is not None else ("open",)
         stored = self._rounds.get(key)
-        if stored is not None and stored.state in earlier:
+        if stored is not None and stored.state in states_before(state, after):
             stored.state, stored.reason = state, reason
 
     def _check_open(self) -> None:

@@ -16,10 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.wire.key_workers import KeyWorkers, worker_key
 from shuffledp.protocol.wire.messages import RoundSpec
-from shuffledp.protocol.wire.onion import EnvelopeOpener
-
-#: An opened admission's ``(credential, nonce, sealed)`` (:meth:`EnvelopeOpener.open_fields`).
-OpenedFields = tuple[bytes, bytes, bytes]
+from shuffledp.protocol.wire.onion import EnvelopeOpener, OpenedFields
 
 _worker_openers: dict[tuple[bytes, int], EnvelopeOpener] = {}
 

@@ -105,8 +105,8 @@ from shuffledp.protocol.wire.messages import (
     ShuffledBatch,
 )
 from shuffledp.protocol.wire.envelope_packing import unpack_envelopes
-from shuffledp.protocol.wire.onion import EnvelopeOpener, ShufflerKeys, decode_verified, signed, verified_spec
-from shuffledp.shuffler.parallel_open import OpenedFields, OuterLayerPool
+from shuffledp.protocol.wire.onion import EnvelopeOpener, OpenedFields, ShufflerKeys, decode_verified, signed, verified_spec
+from shuffledp.shuffler.parallel_open import OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.spool import AdmittedEnvelope, SpoolStorageError, SqliteSpool, Spool
 
@@ -274,11 +274,12 @@ class RoundAdmission:
         """:meth:`offer_many`, with a large burst's outer layers opened on the worker processes while
         the event loop serves other tasks (the service's receive loop). Every admission decision is
         still made here, in arrival order, after the opening: the same receipts as :meth:`offer_many`."""
-        envelopes = unpack_envelopes(items, self.opener.format.size)
-        pool = self.opener_pool
-        if pool is None or len(envelopes) < pool.threshold or any(isinstance(item, Exception) for item in envelopes):
-            return self._admit_opened(self._open_all(envelopes))
-        return self._admit_opened(await pool.open_many_async(self.spec, envelopes))
+        refused, envelopes = self._split(unpack_envelopes(items, self.opener.format.size))
+        if self._on_workers(envelopes):
+            opened = await self.opener_pool.open_many_async(self.spec, envelopes)
+        else:
+            opened = self._open_here(envelopes)
+        return self._admit_opened(self._merged(refused, opened))
 
     def _admit_opened(self, opened_items: list[OpenedFields | Exception]) -> Receipts:
         """Judge each opened envelope (or the exception its opening raised) in order, spool the admitted
@@ -315,24 +316,38 @@ class RoundAdmission:
         return receipts
 
     def _open_all(self, items: list) -> list[OpenedFields | Exception]:
-        """Each item's opened admission (``(credential, nonce, sealed)``) or the exception its opening raised, in order (an item
-        that already is an exception, a refused packed message, stays one)."""
+        """Each item's opened admission (``(credential, nonce, sealed)``) or the exception its opening
+        raised, in order (an item that already is an exception, a refused packed message, stays one)."""
+        refused, envelopes = self._split(items)
+        opened = self.opener_pool.open_many(self.spec, envelopes) if self._on_workers(envelopes) else self._open_here(envelopes)
+        return self._merged(refused, opened)
+
+    @staticmethod
+    def _split(items: list) -> tuple[dict[int, Exception], list]:
+        """The items that already are exceptions, by position, and the envelopes to open."""
         refused = {i: item for i, item in enumerate(items) if isinstance(item, Exception)}
-        envelopes = [item for item in items if not isinstance(item, Exception)] if refused else items
-        pool = self.opener_pool
-        if pool is not None and len(envelopes) >= pool.threshold:
-            opened = list(pool.open_many(self.spec, envelopes))
-        else:
-            opened = []
-            for data in envelopes:
-                try:
-                    opened.append(self.opener.open_fields(data))
-                except Exception as exc:  # typed refusals, and bugs (counted as internal-error by the caller)
-                    opened.append(exc)
+        return refused, ([item for item in items if not isinstance(item, Exception)] if refused else items)
+
+    def _on_workers(self, envelopes: list) -> bool:
+        """Whether these envelopes are opened on the worker processes (a pool, and a large burst)."""
+        return self.opener_pool is not None and len(envelopes) >= self.opener_pool.threshold
+
+    def _open_here(self, envelopes: list) -> list[OpenedFields | Exception]:
+        opened: list[OpenedFields | Exception] = []
+        for data in envelopes:
+            try:
+                opened.append(self.opener.open_fields(data))
+            except Exception as exc:  # typed refusals, and bugs (counted as internal-error by the caller)
+                opened.append(exc)
+        return opened
+
+    @staticmethod
+    def _merged(refused: dict[int, Exception], opened: list) -> list:
+        """``opened`` with the refused items put back at their positions."""
         if not refused:
             return opened
         rest = iter(opened)
-        return [refused[i] if i in refused else next(rest) for i in range(len(items))]
+        return [refused[i] if i in refused else next(rest) for i in range(len(opened) + len(refused))]
 
     def _commit(self, batch: list[AdmittedEnvelope], receipts: Receipts) -> SpoolStorageError | None:
         """Spool ``batch`` and record what was committed; the storage failure, if any.

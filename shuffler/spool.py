@@ -115,6 +115,15 @@ CHECKPOINT_WAIT_MS = 100
 SCRUB_RETRY_S = 5.0
 
 
+def states_before(state: str, after: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The states a round may move to ``state`` from: the earlier ones of :data:`ROUND_STATES`
+    (never backwards, never out of ``served`` or ``failed``); ``failed`` only from ``open``,
+    unless ``after`` names the states it may follow. Every spool moves rounds by this rule."""
+    if state == "failed":
+        return after if after is not None else ("open",)
+    return ROUND_STATES[: ROUND_STATES.index(state)]
+
+
 class SpoolError(ShuffleDPError):
     """The spool cannot be used as asked."""
 
@@ -671,9 +680,7 @@ class SqliteSpool:
                  after: tuple[str, ...] | None = None) -> None:
         """Move a round to ``state`` if that is later than its current state (never backwards, never out of
         ``served`` or ``failed``); ``failed`` only from ``open``, unless ``after`` names the states it may follow."""
-        earlier = ROUND_STATES[: ROUND_STATES.index(state)]
-        if state == "failed":
-            earlier = after if after is not None else ("open",)
+        earlier = states_before(state, after)
         assert set(earlier) <= {"open", "released"}, earlier
         marks = ",".join("?" * len(earlier))
         self._db.execute(

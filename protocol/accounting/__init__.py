@@ -15,8 +15,7 @@ scipy or dp-accounting, and a cached answer is served without loading them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from shuffledp.protocol.lazy_exports import lazy_exports
 
 #: Each public name and the module of this package that defines it.
 _EXPORTS = {
@@ -69,14 +68,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups find it directly
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -5,7 +5,8 @@ layers on several processes; both need the same thing: processes started once
 (``forkserver``, so no event loop or thread state is forked), the party's private
 key handed to each at start through the pool's initializer (the processes are the
 party's own), and a list of items cut into one slice per worker, whose results come
-back in the items' order. Worker functions read the key with :func:`worker_key`.
+back in the items' order. Worker functions read the key with :func:`worker_key`. The
+process handling itself (:class:`WorkerProcesses`) also serves the simulation's sealing workers.
 
 Not imported by ``shuffledp.client``: devices never start worker processes.
 """
@@ -36,23 +37,45 @@ def worker_key() -> X25519PrivateKey:
     return _worker_private
 
 
-def start_processes(pool: ProcessPoolExecutor, workers: int) -> None:
-    """Have ``pool`` start its ``workers`` processes now, from a background thread: a process pool
-    starts a process when a task finds none idle, and starting one waits for the forkserver (which
-    may still be importing what the workers run), so the caller's event loop does not wait."""
-    threading.Thread(target=lambda: [pool.submit(os.getpid) for _ in range(workers)], daemon=True,
-                     name="start worker processes").start()
+class WorkerProcesses:
+    """``workers`` processes from the ``forkserver``, each running ``initializer(*initargs)`` first;
+    started on first use or by :meth:`start`, stopped by :meth:`close`. The shared part of the
+    parties' key workers (:class:`KeyWorkers`) and the simulation's sealing workers."""
+
+    def __init__(self, workers: int, initializer: Callable[..., None] | None = None, initargs: tuple = ()) -> None:
+        if workers < 2:
+            raise ValueError(f"{type(self).__name__} needs at least 2 workers")
+        self.workers = workers
+        self._initializer = initializer
+        self._initargs = initargs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def executor(self) -> ProcessPoolExecutor:
+        """The process pool (created on first use; it starts a process when a task finds none idle)."""
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
+                                             initializer=self._initializer, initargs=self._initargs)
+        return self._pool
+
+    def start(self) -> None:
+        """Start the worker processes now rather than on first use, from a background thread:
+        starting a process waits for the forkserver (which may still be importing what the workers
+        run), and the caller's event loop does not wait."""
+        pool, workers = self.executor(), self.workers
+        threading.Thread(target=lambda: [pool.submit(os.getpid) for _ in range(workers)], daemon=True,
+                         name="start worker processes").start()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
 
-class KeyWorkers:
-    """``workers`` processes holding ``private``; started on first use, stopped by :meth:`close`."""
+class KeyWorkers(WorkerProcesses):
+    """``workers`` processes holding ``private`` (:func:`worker_key`)."""
 
     def __init__(self, private: X25519PrivateKey, workers: int) -> None:
-        if workers < 2:
-            raise ValueError("KeyWorkers needs at least 2 workers")
-        self.workers = workers
-        self._private_bytes = private.private_bytes_raw()
-        self._pool: ProcessPoolExecutor | None = None
+        super().__init__(workers, _init, (private.private_bytes_raw(),))
 
     def map_slices(self, fn: Callable[..., Any], items: Sequence, *args: Any) -> list[Any]:
         """``[fn(*args, slice) for each slice]``: ``items`` cut into at most ``workers``
@@ -65,25 +88,6 @@ class KeyWorkers:
 
     def submit_slices(self, fn: Callable[..., Any], items: Sequence, *args: Any) -> list[Future]:
         """The futures of :meth:`map_slices`'s calls, one per slice, in slice order."""
-        pool = self._executor()
+        pool = self.executor()
         step = max(1, -(-len(items) // self.workers))
         return [pool.submit(fn, *args, items[i : i + step]) for i in range(0, len(items), step)]
-
-    def start(self) -> None:
-        """Start the worker processes now rather than on first use (:func:`start_processes`)."""
-        start_processes(self._executor(), self.workers)
-
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(
-                self.workers,
-                mp_context=multiprocessing.get_context("forkserver"),
-                initializer=_init,
-                initargs=(self._private_bytes,),
-            )
-        return self._pool
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None

@@ -171,7 +171,7 @@ class FixedLayout:
 
     Built from a template message in which the ``variable`` bytes fields hold random
     markers: everything else (map header, keys, the round's fixed values) is the same
-    bytes in every valid message of the round. :meth:`fields` checks those bytes and
+    bytes in every valid message of the round. :meth:`values` checks those bytes and
     slices the variable fields out, with no general CBOR parse. Because the wire format
     admits only the deterministic encoding, bytes that pass are exactly the valid
     messages of the round with those field lengths; callers fall back to the general
@@ -184,11 +184,9 @@ class FixedLayout:
         spans = sorted((encoded.index(marker), name, len(marker)) for name, marker in markers.items())
         self.size = len(encoded)
         self._fixed: list[tuple[int, bytes]] = []
-        self._fields: list[tuple[str, int, int]] = []
         position = 0
         for start, name, length in spans:
             self._fixed.append((position, encoded[position:start]))
-            self._fields.append((name, start, start + length))
             position = start + length
         self._fixed.append((position, encoded[position:]))
         #: For :meth:`build`: which given value goes in each field's place, and its length.
@@ -219,18 +217,9 @@ class FixedLayout:
             raise TypeError(f"expected {len(self._order)} field values, got {len(values)}")
         return [values[i] for i in self._order]
 
-    def fields(self, data: bytes) -> dict[str, bytes] | None:
-        """The variable fields of ``data``, or None if it is not this layout."""
-        if len(data) != self.size:
-            return None
-        for start, expected in self._fixed:
-            if data[start : start + len(expected)] != expected:
-                return None
-        return {name: data[start:end] for name, start, end in self._fields}
-
     def values(self, data: bytes) -> tuple[bytes, ...] | None:
         """The variable fields of ``data`` in the constructor's ``variable`` order, or None if it is
-        not this layout: :meth:`fields` without building a dict (the shuffler's per-envelope path)."""
+        not this layout."""
         if len(data) != self.size:
             return None
         for start, expected in self._fixed:
@@ -239,14 +228,8 @@ class FixedLayout:
         return tuple([data[start:end] for start, end in self._spans_in_given_order])
 
 
-def checked_admission(round_id: int, credential: bytes, nonce: bytes, sealed: bytes) -> Admission:
-    """An :class:`Admission` whose fields the round's fixed layout has already checked (its round id is
-    the round's, its credential, nonce and sealed report are bytes of the round's lengths), built
-    without running the constructor's checks a second time (the shuffler's per-envelope path)."""
-    admission = object.__new__(Admission)
-    # A frozen dataclass without slots keeps its fields in its __dict__: set them there at once.
-    admission.__dict__.update(round_id=round_id, credential=credential, nonce=nonce, sealed=sealed)
-    return admission
+#: An opened admission's ``(credential, nonce, sealed)`` (:meth:`EnvelopeOpener.open_fields`).
+OpenedFields = tuple[bytes, bytes, bytes]
 
 
 class EnvelopeOpener:
@@ -278,9 +261,9 @@ class EnvelopeOpener:
 
     def open(self, data: bytes) -> Admission:
         """The :class:`Admission` inside ``data``, or the typed error (class docstring)."""
-        return checked_admission(self._spec.round_id, *self.open_fields(data))
+        return Admission(self._spec.round_id, *self.open_fields(data))
 
-    def open_fields(self, data: bytes) -> tuple[bytes, bytes, bytes]:
+    def open_fields(self, data: bytes) -> OpenedFields:
         """:meth:`open`'s admission as its ``(credential, nonce, sealed)``, every one checked as
         :meth:`open` checks it (the shuffler's per-envelope path, which needs no object)."""
         if not isinstance(data, bytes):

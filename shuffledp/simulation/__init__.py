@@ -8,8 +8,7 @@ needs one submodule (a message-engine worker needs :mod:`.client_pool`) imports 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from shuffledp.protocol.lazy_exports import lazy_exports
 
 #: Each public name and the module of this package that defines it.
 _EXPORTS = {
@@ -29,14 +28,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # later lookups find it directly
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

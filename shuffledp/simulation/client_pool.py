@@ -23,11 +23,9 @@ on the workers, each message on its own, as the device's own code does.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import sys
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -35,8 +33,8 @@ import numpy as np
 from shuffledp.client.client import Client, PreparedRound, verified_spec
 from shuffledp.deploy.fleet import Fleet, FleetRound, _Pending as _PendingEnvelope, cancel_and_wait
 from shuffledp.protocol.transport.channel import Channel, InProcessChannel, reports_topic, spec_topic
-from shuffledp.protocol.wire.key_workers import start_processes
-from shuffledp.simulation.worker_parent import PARALLEL_USERS, cpus, start_worker_parent
+from shuffledp.protocol.wire.key_workers import WorkerProcesses
+from shuffledp.simulation.worker_parent import PARALLEL_USERS, cpus
 from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE, pack_envelopes
 from shuffledp.protocol.wire.sealing import Sealer
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
@@ -72,13 +70,6 @@ def message_workers(users: int, workers: int | None = None) -> int:
     return available if available > 1 and users >= PARALLEL_USERS else 1
 
 
-def preload_workers() -> None:
-    """Start the worker processes' parent now, importing what they run
-    (:func:`~shuffledp.simulation.worker_parent.start_worker_parent`): it imports in its own process
-    while this one goes on (setting up users and parties), so the first worker forks without waiting."""
-    start_worker_parent()
-
-
 _worker_rounds: dict[bytes, PreparedRound] = {}
 
 
@@ -111,7 +102,7 @@ def _as_int_tuples(values: np.ndarray) -> Iterator[list[tuple[int, ...]]]:
             yield [tuple(message) for message in user]
 
 
-class SealingWorkers:
+class SealingWorkers(WorkerProcesses):
     """``workers`` processes that seal blocks of simulated users' reports (:func:`_seal_block`).
 
     What a device does alone (pad, seal to the analyzer, wrap for the shuffler, each message
@@ -121,29 +112,9 @@ class SealingWorkers:
     The workers hold no private key. Started on first use (``forkserver``, as the key workers),
     stopped by :meth:`close`."""
 
-    def __init__(self, workers: int) -> None:
-        if workers < 2:
-            raise ValueError("SealingWorkers needs at least 2 workers")
-        self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
-
     def submit(self, spec: RoundSpec, credentials: list[bytes], messages: list[list[tuple[int, ...]]]) -> asyncio.Future:
         """Seal one block on a worker; an asyncio future of :func:`_seal_block`'s result."""
-        return asyncio.wrap_future(self._executor().submit(_seal_block, spec, credentials, messages))
-
-    def start(self) -> None:
-        """Start the worker processes now rather than on first use (:func:`~shuffledp.protocol.wire.key_workers.start_processes`)."""
-        start_processes(self._executor(), self.workers)
-
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"))
-        return self._pool
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+        return asyncio.wrap_future(self.executor().submit(_seal_block, spec, credentials, messages))
 
 
 class _Progress:

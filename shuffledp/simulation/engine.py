@@ -259,12 +259,13 @@ async def run_messages_on(
     for a seed (the users' reports are drawn here, before any sealing). The workers import the
     main module again, as any multiprocessing child does: a script keeps its top level under
     ``if __name__ == "__main__":`` or passes ``workers=1``."""
-    from shuffledp.simulation.client_pool import message_workers, preload_workers
+    from shuffledp.simulation.client_pool import message_workers
+    from shuffledp.simulation.worker_parent import start_worker_parent
 
     data = _check_data(protocol, local_data)
     workers = message_workers(len(data), workers)
     if workers > 1:
-        preload_workers()  # the worker processes' parent starts now, while the parties are set up
+        start_worker_parent()  # the worker processes' parent starts now, while the parties are set up
     with _collecting_rarely():  # while the parties are set up and run
         return await _run_parties(protocol, data, channels, seed, progress, round_timeout, workers)
 

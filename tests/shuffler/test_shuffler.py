@@ -48,6 +48,7 @@ from shuffledp.protocol.wire.onion import ShufflerKeys, decode_verified, verify_
 from shuffledp.protocol.wire.report_format import report_format
 from shuffledp.protocol.wire.sealing import SUITE, open_sealed
 from shuffledp.shuffler.permutation import secure_permutation
+from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE
 from shuffledp.shuffler.service import REFUSALS_PER_CREDENTIAL, RoundAdmission, batch_chunks
 
 from parties import ISSUER, OTHER_SESSION, PARAMS, SESSION, SHUFFLER_KEYS, credential, envelope, make_spec, nonce
@@ -653,6 +654,7 @@ def test_opening_on_worker_processes_decides_exactly_as_in_process():
         items.append(envelope(spec, credential(i % 120), sealed_bytes(i, spec), nonce(i % 280)))  # quota, replays
     items += [b"junk", envelope(spec, credential(1), sealed_bytes(5, spec), nonce(9999)), items[0]]  # junk, copy, retransmit
     items += [envelope(spec, credential(3), sealed_bytes(7, spec), nonce(7777), round_id=4)]  # another round
+    items.insert(150, b"".join([items[0]] * (MAX_ENVELOPES_PER_MESSAGE + 1)))  # over-packed: refused before opening
     pool = OuterLayerPool(SHUFFLER_KEYS.hpke_private, 2, threshold=16)
     try:
         parallel = RoundAdmission(spec, SHUFFLER_KEYS, ISSUER, opener_pool=pool)
@@ -683,3 +685,4 @@ def test_opening_on_worker_processes_decides_exactly_as_in_process():
         assert other.payloads == serial.payloads and other.stats.as_dict() == serial.stats.as_dict()
         assert (receipts.admitted, receipts.refused, receipts.reasons) == (r_serial.admitted, r_serial.refused, r_serial.reasons)
     assert serial.stats.rejected["malformed"] == 1 and serial.stats.rejected["unknown-round"] == 1
+    assert serial.stats.rejected["too-large"] == 1
