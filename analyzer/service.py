@@ -43,7 +43,7 @@ from shuffledp.protocol.wire.messages import (
     ShuffledBatch,
     SignedRoundSpec,
 )
-from shuffledp.protocol.wire.onion import sign_spec_bytes, signed, verify_encoded, verify_signed
+from shuffledp.protocol.wire.onion import sign_spec_bytes, signed_encoding, verify_encoded, verify_signed
 from shuffledp.protocol.wire.report_format import (
     BatchChunk,
     WrongSize,
@@ -219,7 +219,7 @@ class Analyzer:
 
     def acknowledge(self, spec: RoundSpec, batch_id: bytes) -> bytes:
         """The encoded, signed :class:`BatchAck` of a batch this analyzer has opened."""
-        return codec.encode(signed(self.keys.signing_private, BatchAck(spec.session_id, spec.round_id, spec.digest, batch_id, bytes(64))))
+        return signed_encoding(self.keys.signing_private, BatchAck(spec.session_id, spec.round_id, spec.digest, batch_id, bytes(64)))
 
     def open_rows(self, spec: RoundSpec, payloads: list[bytes]):
         """Open de-duplicated, right-sized payloads; yields ``(rows, rejected)`` per slice (in parallel if large)."""

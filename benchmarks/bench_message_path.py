@@ -49,7 +49,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 from shuffledp.shuffler.service import RoundAdmission, batch_chunks
 from shuffledp.analyzer.scalar_mean import ScalarMeanProtocol
 from shuffledp.simulation import SimulationConfig
-from shuffledp.simulation.client_pool import message_workers
+from shuffledp.simulation.worker_parent import message_workers
 from shuffledp.simulation.engine import run_messages
 
 N = 20_000

@@ -70,7 +70,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from shuffledp.protocol.wire import codec
 from shuffledp.protocol.transport.channel import (
     Channel,
     acks_topic,
@@ -105,7 +104,7 @@ from shuffledp.protocol.wire.messages import (
     ShuffledBatch,
 )
 from shuffledp.protocol.wire.envelope_packing import unpack_envelopes
-from shuffledp.protocol.wire.onion import EnvelopeOpener, OpenedFields, ShufflerKeys, decode_verified, signed, verified_spec
+from shuffledp.protocol.wire.onion import EnvelopeOpener, OpenedFields, ShufflerKeys, decode_verified, signed_encoding, verified_spec
 from shuffledp.shuffler.parallel_open import OuterLayerPool
 from shuffledp.shuffler.permutation import secure_permutation
 from shuffledp.shuffler.spool import AdmittedEnvelope, SpoolStorageError, SqliteSpool, Spool
@@ -436,12 +435,10 @@ def batch_chunks(
     starts = range(0, total, chunk_size)
     chunks = len(starts)
     return [
-        codec.encode(
-            signed(
-                keys.signing_private,
-                ShuffledBatch(spec.session_id, spec.round_id, spec.digest, batch_id, index, chunks, total,
-                              tuple(payloads[s : s + chunk_size])),
-            )
+        signed_encoding(
+            keys.signing_private,
+            ShuffledBatch(spec.session_id, spec.round_id, spec.digest, batch_id, index, chunks, total,
+                          tuple(payloads[s : s + chunk_size])),
         )
         for index, s in enumerate(starts)
     ]
@@ -697,7 +694,7 @@ class Shuffler:
                     tuple(receipts.reasons[start : start + half]),
                 )
                 await self.channel.publish(
-                    receipts_topic(spec.session_id, spec.round_id, self.instance), codec.encode(signed(self.keys.signing_private, message))
+                    receipts_topic(spec.session_id, spec.round_id, self.instance), signed_encoding(self.keys.signing_private, message)
                 )
         except ShuffleDPError as exc:
             stats.receipts_unsent += 1
@@ -712,11 +709,11 @@ class Shuffler:
         self, session_id: bytes, round_id: int, spec_digest: bytes, outcome: str, reason: str, admitted: int,
         batch_id: bytes = bytes(BATCH_ID_BYTES),
     ) -> None:
-        message = signed(
+        message = signed_encoding(
             self.keys.signing_private,
             RoundOutcome(session_id, round_id, spec_digest, outcome, reason, admitted, batch_id, self.instance),
         )
-        await self.channel.publish(outcome_topic(session_id, round_id, self.instance), codec.encode(message), retain=True)
+        await self.channel.publish(outcome_topic(session_id, round_id, self.instance), message, retain=True)
 
     async def republish_unacknowledged(self) -> int:
         """Publish again every released batch of this session the analyzer has not acknowledged;

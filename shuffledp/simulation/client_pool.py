@@ -23,8 +23,6 @@ on the workers, each message on its own, as the device's own code does.
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections import Counter
 from typing import Callable, Iterator, Sequence
 
@@ -34,40 +32,29 @@ from shuffledp.client.client import Client, PreparedRound, verified_spec
 from shuffledp.deploy.fleet import Fleet, FleetRound, _Pending as _PendingEnvelope, cancel_and_wait
 from shuffledp.protocol.transport.channel import Channel, InProcessChannel, reports_topic, spec_topic
 from shuffledp.protocol.wire.key_workers import WorkerProcesses
-from shuffledp.simulation.worker_parent import PARALLEL_USERS, cpus
 from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE, pack_envelopes
 from shuffledp.protocol.wire.sealing import Sealer
-from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
+from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.wire.messages import RoundSpec
 from shuffledp.protocol.mechanisms.randomness import RandomSource
 
 #: Clients per progress report while a round is sealed.
 PROGRESS_STEP = 1024
-#: Users per block a sealing worker seals at once (:class:`SealingWorkers`).
+#: Users per block a sealing worker seals at once (:class:`SealingWorkers`), until the round's end nears.
 SEAL_BLOCK = 1024
+
+
+def seal_block_users(remaining: int, workers: int) -> int:
+    """Users in the next block sent to the sealing workers, with ``remaining`` users of the round
+    still to be taken: :data:`SEAL_BLOCK`, tapering to an eighth of it over the round's last
+    ``2 * workers`` blocks' worth of users, so the workers finish the round together (the last
+    block one worker seals while the other waits is small)."""
+    return min(SEAL_BLOCK, max(SEAL_BLOCK // 8, remaining // (2 * workers)))
 
 #: Envelopes to a message on the in-process channel when the devices seal on workers (the most a message may carry).
 IN_PROCESS_PACK = MAX_ENVELOPES_PER_MESSAGE
 #: Envelopes the simulated devices keep in flight on the in-process channel when they seal on workers.
 IN_PROCESS_WINDOW = 4096
-
-
-def message_workers(users: int, workers: int | None = None) -> int:
-    """Processes the message engine uses for ``users``: ``workers`` if given, else every CPU this
-    process may run on when there are more than one and at least :data:`PARALLEL_USERS` users, else 1."""
-    if workers is not None:
-        if workers < 1:
-            raise InvalidParameter("workers", f"must be >= 1, got {workers}")
-        return workers
-    # The workers start as multiprocessing's forkserver children, which import the main module
-    # again as ``__mp_main__``; a main module read from stdin cannot be (the workers would fail to
-    # start), so such a process stays in one process unless told otherwise.
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if getattr(main, "__spec__", None) is None and path is not None and not os.path.isfile(path):
-        return 1
-    available = cpus()
-    return available if available > 1 and users >= PARALLEL_USERS else 1
 
 
 _worker_rounds: dict[bytes, PreparedRound] = {}
@@ -282,6 +269,9 @@ class ClientPool(Fleet):
         credentials: list[bytes] = []
         messages: list[list[tuple[int, ...]]] = []
 
+        workers = self.sealing.workers
+        block = seal_block_users(len(self.clients), workers)
+
         def submit() -> None:
             blocks.append((list(indices), self.sealing.submit(spec, list(credentials), list(messages))))
             indices.clear()
@@ -300,8 +290,9 @@ class ClientPool(Fleet):
             indices.append(index)
             credentials.append(client.credential)
             messages.append(user_messages)
-            if len(indices) == SEAL_BLOCK:
+            if len(indices) >= block:
                 submit()
+                block = seal_block_users(len(self.clients) - index - 1, workers)
         if indices:
             submit()
         loop = asyncio.get_running_loop()

@@ -251,7 +251,7 @@ async def run_messages_on(
 ) -> EngineRun:
     """Run ``protocol`` on the message engine over ``(coordinator, shuffler, clients)`` channels.
 
-    ``workers`` (:func:`~shuffledp.simulation.client_pool.message_workers`; ``None``: all CPUs for a large run, else 1): with more
+    ``workers`` (:func:`~shuffledp.simulation.worker_parent.message_workers`; ``None``: all CPUs for a large run, else 1): with more
     than one, the simulated devices seal blocks of users on that many worker processes
     (:class:`~shuffledp.simulation.client_pool.SealingWorkers`), and the shuffler's outer opens and
     the analyzer's inner opens of large bursts run on as many (their key workers). What each party
@@ -259,8 +259,7 @@ async def run_messages_on(
     for a seed (the users' reports are drawn here, before any sealing). The workers import the
     main module again, as any multiprocessing child does: a script keeps its top level under
     ``if __name__ == "__main__":`` or passes ``workers=1``."""
-    from shuffledp.simulation.client_pool import message_workers
-    from shuffledp.simulation.worker_parent import start_worker_parent
+    from shuffledp.simulation.worker_parent import message_workers, start_worker_parent
 
     data = _check_data(protocol, local_data)
     workers = message_workers(len(data), workers)
@@ -378,7 +377,7 @@ def run_messages(
     workers: int | None = None,
 ) -> EngineRun:
     """Run ``protocol`` on the message engine, in-process or over the MQTT ``broker``; ``workers``:
-    processes to seal and open on (:func:`~shuffledp.simulation.client_pool.message_workers`; the result is the
+    processes to seal and open on (:func:`~shuffledp.simulation.worker_parent.message_workers`; the result is the
     same for a seed)."""
     from shuffledp.simulation import party_channels
 

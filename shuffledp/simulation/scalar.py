@@ -41,6 +41,7 @@ from shuffledp.simulation.engine import run_messages
 from shuffledp.client.mean_randomizer import noise_variance, rounding_variance
 from shuffledp.client.range_randomizer import bin_index
 from shuffledp.simulation.population import Population, generated_users, local_means
+from shuffledp.simulation.worker_parent import start_worker_parent_for
 from shuffledp.protocol.transport.channel import InProcessChannel
 from shuffledp.protocol.errors import InvalidParameter
 
@@ -239,6 +240,8 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None, c
     result is the local engine's to the last bit."""
     check_engine(config.path, client)
     started = time.perf_counter()
+    if config.path == "messages":
+        start_worker_parent_for(config.n)  # the workers' parent imports while the users' data is made
     protocol = config.protocol_config()
     means, true_mean = _local_means(config, progress)
     scalar_mean = ScalarMeanProtocol(protocol)

@@ -15,6 +15,9 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import sys
+
+from shuffledp.protocol.errors import InvalidParameter
 
 #: Fewest users for which the message engine starts worker processes by default (on more than one CPU).
 PARALLEL_USERS = 4096
@@ -33,3 +36,29 @@ def start_worker_parent() -> None:
 def cpus() -> int:
     """CPUs this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def message_workers(users: int, workers: int | None = None) -> int:
+    """Processes the message engine uses for ``users``: ``workers`` if given, else every CPU this
+    process may run on when there are more than one and at least :data:`PARALLEL_USERS` users, else 1."""
+    if workers is not None:
+        if workers < 1:
+            raise InvalidParameter("workers", f"must be >= 1, got {workers}")
+        return workers
+    # The workers start as multiprocessing's forkserver children, which import the main module
+    # again as ``__mp_main__``; a main module read from stdin cannot be (the workers would fail to
+    # start), so such a process stays in one process unless told otherwise.
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is None and path is not None and not os.path.isfile(path):
+        return 1
+    available = cpus()
+    return available if available > 1 and users >= PARALLEL_USERS else 1
+
+
+def start_worker_parent_for(users: int, workers: int | None = None) -> None:
+    """:func:`start_worker_parent` if the message engine will run ``users`` on worker processes
+    (:func:`message_workers`): a caller that knows the run's size early starts the workers' parent
+    while it still makes the users' data."""
+    if message_workers(users, workers) > 1:
+        start_worker_parent()

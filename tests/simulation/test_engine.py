@@ -350,3 +350,19 @@ def test_the_message_engine_restores_the_garbage_collector(monkeypatch):
     run_messages(ScalarMeanProtocol(ScalarMeanConfig(bound=8.0, tau=2.0, epsilon0=2.0)), np.linspace(-1, 1, 40), seed=3, workers=1)
     assert seen and seen[0][0][0] == 100_000 and seen[0][1] > frozen  # set for the run
     assert gc.get_threshold() == before and gc.get_freeze_count() == frozen  # and restored
+
+
+def test_sealing_blocks_taper_to_the_round_end():
+    """Full blocks while much of the round remains, then smaller ones, never below an eighth: the
+    last block (one worker seals it while the others wait) is small."""
+    from shuffledp.simulation.client_pool import SEAL_BLOCK, seal_block_users
+
+    for workers in (2, 3, 8):
+        remaining, sizes = 20_000, []
+        while remaining > 0:
+            size = seal_block_users(remaining, workers)
+            assert SEAL_BLOCK // 8 <= size <= SEAL_BLOCK
+            sizes.append(min(size, remaining))
+            remaining -= sizes[-1]
+        assert sizes[0] == SEAL_BLOCK and sizes == sorted(sizes, reverse=True)
+        assert sizes[-1] <= SEAL_BLOCK // 8
