@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -131,6 +131,48 @@ class PreparedRound:
         return envelopes, nonces
 
 
+def device_settings(
+    analyzer_signing_key: bytes,
+    shuffler_signing_key: bytes | None = None,
+    shuffler_key: bytes | None = None,
+    min_batch_floor: int = 1,
+    accept_central_only: bool = False,
+    source: RandomSource | None = None,
+    clock=time.time,
+) -> dict[str, Any]:
+    """A device's settings from its enrollment, checked (a typed error otherwise), as the attributes
+    :class:`Client` holds them. ``source`` None: each device draws from its own :class:`SystemSource`.
+
+    * ``analyzer_signing_key``: the analyzer whose signed specs the device answers.
+    * ``shuffler_signing_key``, ``shuffler_key``: the shuffler this device trusts (pinned at
+      enrollment), its signing key and its sealing (X25519) key, or None for both to take the
+      shuffler the analyzer's signed spec names. Pinning keeps a malicious analyzer from naming
+      itself (or a colluder) as the shuffler, which would void the amplification, not the local
+      guarantee. Both keys are pinned together: a spec that kept the pinned signing key but named
+      another sealing key would have the device seal its outer layer (credential, nonce, and for
+      summation every share of one user) to whoever holds that key, the analyzer included.
+    * ``min_batch_floor``: refuse rounds whose batch holds fewer users than this (``min_batch``
+      over the reports each user sends): the crowd the amplification relies on.
+    * ``accept_central_only``: answer rounds whose mechanism has no local guarantee (multi-message
+      summation: a user's shares, linked, reveal its value), and only with a pinned shuffler. Off
+      by default: such a round trusts the shuffler with the value, not just with the crowd.
+    """
+    if (shuffler_signing_key is None) != (shuffler_key is None):
+        raise InvalidParameter(
+            "shuffler_key", "a device pins both of its shuffler's keys (signing and sealing) or neither")
+    if accept_central_only and shuffler_signing_key is None:
+        raise InvalidParameter("shuffler_signing_key", "a device that accepts central-only rounds must pin its shuffler")
+    return {
+        "analyzer_signing_key": analyzer_signing_key,
+        "shuffler_signing_key": shuffler_signing_key,
+        "shuffler_key": shuffler_key,
+        "min_batch_floor": min_batch_floor,
+        "accept_central_only": accept_central_only,
+        "source": source,
+        "clock": clock,
+    }
+
+
 class Client:
     """One user's device: its samples, its pinned analyzer key, its budget and its credential."""
 
@@ -162,10 +204,8 @@ class Client:
         #: The local mean the randomizers see: a float for scalar samples ``(m,)``, a
         #: vector for vector samples ``(m, d)``.
         self.local_mean: float | np.ndarray = float(mean) if samples.ndim == 1 else mean
-        self._configure(
-            analyzer_signing_key, ledger, credential, shuffler_signing_key, shuffler_key, min_batch_floor,
-            accept_central_only, source, clock,
-        )
+        self._take(ledger, credential, device_settings(
+            analyzer_signing_key, shuffler_signing_key, shuffler_key, min_batch_floor, accept_central_only, source, clock))
 
     @classmethod
     def many(
@@ -187,58 +227,28 @@ class Client:
         if not (len(ledgers) == len(credentials) == values.shape[0]):
             raise InvalidParameter("ledgers", "need one ledger and one credential per row of values")
         means = values.tolist() if rank == 1 else list(values.copy())  # a row's mean is the row itself
+        settings = device_settings(analyzer_signing_key, **options)  # shared by every client: checked once
         out = []
         for mean, ledger, credential in zip(means, ledgers, credentials):
             client = cls.__new__(cls)
             client.local_mean = mean
-            client._configure(analyzer_signing_key, ledger, credential, **options)
+            client._take(ledger, credential, settings)
             out.append(client)
         return out
 
-    def _configure(
-        self,
-        analyzer_signing_key: bytes,
-        ledger: PrivacyLedger,
-        credential: bytes,
-        shuffler_signing_key: bytes | None = None,
-        shuffler_key: bytes | None = None,
-        min_batch_floor: int = 1,
-        accept_central_only: bool = False,
-        source: RandomSource | None = None,
-        clock=time.time,
-    ) -> None:
-        """Everything of the constructor but the samples (see :meth:`many`)."""
+    def _take(self, ledger: PrivacyLedger, credential: bytes, settings: dict[str, Any]) -> None:
+        """Everything of the constructor but the samples: this device's ledger and credential, checked,
+        and the checked :func:`device_settings` it shares with the devices of its enrollment."""
         if not isinstance(ledger, PrivacyLedger):
             raise InvalidParameter("ledger", f"must be a PrivacyLedger, got {type(ledger).__name__}")
-        self.analyzer_signing_key = analyzer_signing_key
-        self.ledger = ledger
         if not isinstance(credential, bytes) or len(credential) != CREDENTIAL_BYTES:
             raise InvalidParameter("credential", f"must be the {CREDENTIAL_BYTES}-byte credential issued at enrollment")
+        self.__dict__.update(settings)
+        self.ledger = ledger
         #: Shown only to the shuffler, inside the outer layer.
         self.credential = credential
-        #: The shuffler this device trusts (pinned at enrollment): its signing key and its
-        #: sealing (X25519) key, or None for both to take the shuffler the analyzer's signed spec
-        #: names. Pinning keeps a malicious analyzer from naming itself (or a colluder) as the
-        #: shuffler, which would void the amplification, not the local guarantee. Both keys are
-        #: pinned together: a spec that kept the pinned signing key but named another sealing key
-        #: would have the device seal its outer layer (credential, nonce, and for summation every
-        #: share of one user) to whoever holds that key, the analyzer included.
-        if (shuffler_signing_key is None) != (shuffler_key is None):
-            raise InvalidParameter(
-                "shuffler_key", "a device pins both of its shuffler's keys (signing and sealing) or neither")
-        self.shuffler_signing_key = shuffler_signing_key
-        self.shuffler_key = shuffler_key
-        #: Refuse rounds whose batch holds fewer users than this (``min_batch`` over the reports
-        #: each user sends): the crowd the amplification relies on.
-        self.min_batch_floor = min_batch_floor
-        #: Answer rounds whose mechanism has no local guarantee (multi-message summation: a
-        #: user's shares, linked, reveal its value), and only with a pinned shuffler. Off by
-        #: default: such a round trusts the shuffler with the value, not just with the crowd.
-        self.accept_central_only = accept_central_only
-        if accept_central_only and shuffler_signing_key is None:
-            raise InvalidParameter("shuffler_signing_key", "a device that accepts central-only rounds must pin its shuffler")
-        self.source = source if source is not None else SystemSource()
-        self.clock = clock
+        if self.source is None:
+            self.source = SystemSource()
         #: (session id, round id) -> what was sent and what the shuffler said of it.
         self.sent: dict[tuple[bytes, int], SentRound] = {}
 

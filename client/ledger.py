@@ -65,6 +65,22 @@ class PrivacyLedger:
         if not 0 <= self.delta_budget < 1:
             raise InvalidParameter("delta_budget", f"must be in [0, 1), got {self.delta_budget}")
 
+    @classmethod
+    def many(cls, epsilon_budget: float, delta_budget: float, count: int) -> "list[PrivacyLedger]":
+        """``count`` fresh ledgers of one budget: ``[PrivacyLedger(epsilon_budget, delta_budget) for
+        each]``, the budget checked once (a simulation sets up thousands of users)."""
+        if not isinstance(count, int) or count < 0:
+            raise InvalidParameter("count", f"must be a non-negative integer, got {count!r}")
+        first = cls(epsilon_budget, delta_budget)
+        epsilon, delta = first.epsilon_budget, first.delta_budget
+        out = [first]
+        for _ in range(count - 1):
+            ledger = cls.__new__(cls)
+            ledger.epsilon_budget, ledger.delta_budget, ledger.spent_epsilon, ledger.spent_delta = epsilon, delta, 0.0, 0.0
+            ledger.answered, ledger.outcomes, ledger._lock = set(), {}, threading.Lock()
+            out.append(ledger)
+        return out[:count]
+
     @property
     def remaining_epsilon(self) -> float:
         return self.epsilon_budget - self.spent_epsilon

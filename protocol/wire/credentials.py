@@ -69,6 +69,16 @@ class CredentialIssuer:
             raise InvalidParameter("client_id", f"must be {CLIENT_ID_BYTES} bytes")
         return client_id + self._tag(client_id)
 
+    def issue_many(self, count: int) -> list[bytes]:
+        """``count`` credentials for fresh random ids (as many :meth:`issue` calls; one read of the OS
+        CSPRNG for all the ids)."""
+        if not isinstance(count, int) or count < 0:
+            raise InvalidParameter("count", f"must be a non-negative integer, got {count!r}")
+        ids = os.urandom(CLIENT_ID_BYTES * count)
+        tag = self._tag
+        return [client_id + tag(client_id) for client_id in
+                (ids[i : i + CLIENT_ID_BYTES] for i in range(0, len(ids), CLIENT_ID_BYTES))]
+
     def verify(self, credential: bytes, revoked: frozenset[bytes] | set[bytes] = frozenset()) -> bytes:
         """The credential's client id, or :class:`BadCredential` (constant-time tag check)."""
         if not isinstance(credential, bytes) or len(credential) != CREDENTIAL_BYTES:

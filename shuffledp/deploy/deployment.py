@@ -72,5 +72,5 @@ class Deployment:
     def clients(self, values: np.ndarray, ledgers: list[PrivacyLedger], **options: Any) -> list[Client]:
         """Enrolled clients holding one row of ``values`` each (:meth:`Client.many`: ``client(values[i][None],
         ledgers[i], **options)`` for every row, set up in bulk)."""
-        credentials = [self.enroll() for _ in range(len(ledgers))]
+        credentials = self.issuer.issue_many(len(ledgers))
         return Client.many(values, self.analyzer_signing_key, ledgers, credentials, **options)

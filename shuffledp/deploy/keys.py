@@ -246,7 +246,7 @@ def init_keys(directory: Path | str, *, clients: int = 0, force: bool = False) -
     _write_atomic(directory / ANALYZER_KEY, _party_key_bytes(analyzer.hpke_private, analyzer.signing_private), _PRIVATE_MODE)
     _write_atomic(directory / SHUFFLER_KEY, _party_key_bytes(shuffler.hpke_private, shuffler.signing_private), _PRIVATE_MODE)
     _write_atomic(directory / ISSUER_KEY, issuer.key, _PRIVATE_MODE)
-    credentials = [issuer.issue() for _ in range(clients)]
+    credentials = issuer.issue_many(clients)
     _write_atomic(directory / CREDENTIALS_JSON, _credentials_document(session_id, credentials), _PRIVATE_MODE)
     public = PublicInfo(
         session_id=session_id,
@@ -269,7 +269,7 @@ def enroll(directory: Path | str, count: int) -> int:
         raise KeyFileError(f"count: must be a positive integer, got {count!r}")
     directory = Path(directory)
     side = load_enrollment(directory)
-    credentials = list(_read_credentials(directory, side.public)) + [side.issuer.issue() for _ in range(count)]
+    credentials = list(_read_credentials(directory, side.public)) + side.issuer.issue_many(count)
     _write_atomic(directory / CREDENTIALS_JSON, _credentials_document(side.public.session_id, credentials), _PRIVATE_MODE)
     _sync_directory(directory)
     return len(credentials)

@@ -285,7 +285,7 @@ async def _run_parties(protocol: Protocol, data: np.ndarray, channels: tuple, se
     epsilon, delta = protocol.budget
     central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public,
                "shuffler_key": deployment.shuffler_keys.hpke_public}
-    clients = deployment.clients(data, [PrivacyLedger(epsilon, delta) for _ in range(len(data))], **central)
+    clients = deployment.clients(data, PrivacyLedger.many(epsilon, delta, len(data)), **central)
     on_sealed = (lambda k: progress("sealed users", k)) if progress else None
     # Over a broker, an envelope without a receipt is sent again (a restarted broker drops
     # what it had not delivered); the in-process channel loses nothing, so nothing is.
@@ -305,13 +305,14 @@ async def _run_parties(protocol: Protocol, data: np.ndarray, channels: tuple, se
     pool_task = asyncio.create_task(pool.serve(rounds=1 << 30))
     protocol_task = asyncio.create_task(coordinator.run_protocol(protocol, len(clients)))
     try:
-        # The pool answers every round until cancelled: if it ends first, it failed; say why
+        # The pool and the shuffler serve until cancelled: if either ends first, it failed; say why
         # at once rather than let the coordinator wait out the round's deadline.
-        await asyncio.wait({protocol_task, pool_task}, return_when=asyncio.FIRST_COMPLETED)
-        if pool_task.done() and not protocol_task.done():
-            protocol_task.cancel()
-            pool_task.result()
-            raise RuntimeError("the client pool stopped answering rounds")  # pragma: no cover - it serves until cancelled
+        await asyncio.wait({protocol_task, pool_task, shuffler_task}, return_when=asyncio.FIRST_COMPLETED)
+        for party, task in (("client pool", pool_task), ("shuffler", shuffler_task)):
+            if task.done() and not protocol_task.done():
+                protocol_task.cancel()
+                task.result()
+                raise RuntimeError(f"the {party} stopped serving rounds")  # pragma: no cover - it serves until cancelled
         result, records = protocol_task.result()
     finally:
         protocol_task.cancel()

@@ -17,7 +17,7 @@ from shuffledp.protocol.wire.report_format import report_format
 from shuffledp.protocol.wire.sealing import Sealer, open_sealed
 
 FIELDS = ("analyzer_signing_key", "credential", "shuffler_signing_key", "shuffler_key", "min_batch_floor",
-          "accept_central_only", "sent")
+          "accept_central_only", "sent", "clock")
 
 
 @pytest.mark.parametrize("shape", [(7,), (7, 3)])
@@ -35,6 +35,8 @@ def test_many_is_one_by_one(shape):
         np.testing.assert_array_equal(a.local_mean, b.local_mean)
         assert all(getattr(a, f) == getattr(b, f) for f in FIELDS)
         assert type(a.source) is type(b.source)
+        assert vars(a).keys() == vars(b).keys()  # no attribute one way of setting up has and the other lacks
+    assert len({id(c.source) for c in bulk}) == len(bulk)  # each device its own source
     assert len(deployment.clients(values, [PrivacyLedger(1.0) for _ in values], **options)) == len(values)
 
 
@@ -72,3 +74,42 @@ def test_a_prepared_round_answers_as_the_client_does_and_is_shared_only_for_the_
     other = RoundSpec(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "round_id": 3})
     with pytest.raises(InvalidParameter):
         clients[0].answer_verified(other, sealer, np.array([[3, -1]]), prepared=prepared)
+
+
+def test_many_refuses_bad_shared_settings_and_bad_ledgers_or_credentials_as_the_constructor_does():
+    deployment = Deployment()
+    key, values = deployment.analyzer_signing_key, np.zeros(2)
+    ledgers, credentials = PrivacyLedger.many(1.0, 0.0, 2), deployment.issuer.issue_many(2)
+    for options in ({"shuffler_key": deployment.shuffler_keys.hpke_public},  # one pinned key without the other
+                    {"accept_central_only": True}):  # central-only rounds without a pinned shuffler
+        with pytest.raises(InvalidParameter):
+            Client(values[:1], key, ledgers[0], credential=credentials[0], **options)
+        with pytest.raises(InvalidParameter):
+            Client.many(values, key, ledgers, credentials, **options)
+    with pytest.raises(InvalidParameter, match="ledger"):
+        Client.many(values, key, [ledgers[0], object()], credentials)
+    with pytest.raises(InvalidParameter, match="credential"):
+        Client.many(values, key, ledgers, [credentials[0], credentials[1][:-1]])
+
+
+def test_ledgers_made_in_bulk_are_ledgers_made_one_by_one_and_share_nothing():
+    bulk = PrivacyLedger.many(2.5, 1e-6, 4)
+    assert bulk == [PrivacyLedger(2.5, 1e-6) for _ in range(4)]
+    assert vars(bulk[1]).keys() == vars(PrivacyLedger(2.5, 1e-6)).keys()
+    bulk[1].spend(b"s" * 16, 0, 1.0, 0.0)
+    assert [ledger.remaining_epsilon for ledger in bulk] == [2.5, 1.5, 2.5, 2.5]
+    assert len({id(ledger.answered) for ledger in bulk}) == len({id(ledger._lock) for ledger in bulk}) == 4
+    assert PrivacyLedger.many(1.0, 0.0, 0) == []
+    for bad in ((-1.0, 0.0, 2), (1.0, 1.0, 2), (1.0, 0.0, -1), (1.0, 0.0, 2.0)):
+        with pytest.raises(InvalidParameter):
+            PrivacyLedger.many(*bad)
+
+
+def test_credentials_issued_in_bulk_verify_and_are_distinct():
+    issuer = Deployment().issuer
+    credentials = issuer.issue_many(50)
+    assert len(set(credentials)) == 50
+    assert [issuer.verify(c) for c in credentials] == [c[:16] for c in credentials]
+    assert issuer.issue_many(0) == []
+    with pytest.raises(InvalidParameter):
+        issuer.issue_many(-1)

@@ -138,6 +138,20 @@ def test_fast_engine_output_is_permuted():
     assert not np.array_equal(rows[:, 0], np.sort(rows[:, 0]))
 
 
+def test_a_shuffler_failure_surfaces_instead_of_waiting_for_the_deadline(monkeypatch):
+    """If the shuffler's service stops (a bug in admission), the engine raises it at once, not after the round's hour."""
+    import shuffledp.shuffler.service as shuffler_service
+
+    def broken(self, opened_items):
+        raise RuntimeError("admission bug")
+
+    monkeypatch.setattr(shuffler_service.RoundAdmission, "_admit_opened", broken)
+    channel = InProcessChannel()
+    protocol = _protocols()[1][1]
+    with pytest.raises(RuntimeError, match="admission bug"):
+        asyncio.run(asyncio.wait_for(run_messages_on(protocol, np.zeros(150), (channel,) * 3, round_timeout=3600), 60))
+
+
 def test_engines_refuse_data_of_the_wrong_shape():
     name, vector, _ = _protocols()[2]
     with pytest.raises(InvalidParameter, match="local_data"):
