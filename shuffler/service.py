@@ -284,6 +284,10 @@ class RoundAdmission:
         """Judge each opened envelope (or the exception its opening raised) in order, spool the admitted
         ones in one transaction, and return the receipts (:meth:`offer_many`)."""
         receipts = Receipts()
+        clean = self._admissible_burst(opened_items)
+        if clean is not None:  # every envelope is admitted: the same decisions, taken for the burst at once
+            self._commit(clean, receipts)
+            return receipts
         pending = _Pending()
         retransmitted: list[bytes] = []
         for opened in opened_items:
@@ -313,6 +317,34 @@ class RoundAdmission:
                 self.stats.retransmitted += 1
                 receipts.admitted.append(nonce)
         return receipts
+
+    def _admissible_burst(self, opened_items: list) -> list[AdmittedEnvelope] | None:
+        """The burst's envelopes to admit if :meth:`_check_opened` would admit every one of them in
+        order, else None (the caller then judges them one by one).
+
+        That is so exactly when each opened, its credential verifies and is not revoked, one instance
+        serves the round, no credential is rate-limited, every nonce and every sealed report is
+        unseen (in the round and in the burst), no credential goes over its quota and the round has
+        room for all; each condition is checked here for the whole burst with set operations, and
+        the per-envelope checks then have nothing to refuse. Credentials are still checked one by one."""
+        if not opened_items or self._instances > 1 or len(self.payloads) + len(opened_items) > self._max_batch:
+            return None
+        verify, revoked = self.issuer.verify, self.revoked
+        try:
+            burst = [AdmittedEnvelope(verify(credential, revoked), nonce, sealed) for credential, nonce, sealed in opened_items]
+        except Exception:  # a refusal, an item that did not open (or a bug): judged one by one, and counted there
+            return None
+        nonces = {envelope.nonce for envelope in burst}
+        sealed = {envelope.sealed for envelope in burst}
+        if len(nonces) != len(burst) or len(sealed) != len(burst) or not self.sealed_seen.isdisjoint(sealed) \
+                or not self.nonces.keys().isdisjoint(nonces):
+            return None
+        senders = Counter(envelope.client_id for envelope in burst)
+        per_client, refusals, quota = self.per_client, self.refusals, self._quota
+        for client_id, count in senders.items():
+            if per_client.get(client_id, 0) + count > quota or refusals.get(client_id, 0) >= REFUSALS_PER_CREDENTIAL:
+                return None
+        return burst
 
     def _open_all(self, items: list) -> list[OpenedFields | Exception]:
         """Each item's opened admission (``(credential, nonce, sealed)``) or the exception its opening

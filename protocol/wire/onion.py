@@ -20,9 +20,10 @@ signature field is 64 bytes; the signature covers
     "shuffledp/v3/signed/" || type tag || SHA-256(encoding with the signature field zeroed)
 
 The field has a fixed size, so "the encoding with the signature zeroed" is the same
-bytes whether one re-encodes the message or zeroes the field in place: the analyzer
-checks a large batch chunk by hashing it once where it lies
-(:func:`verify_encoded`). The type tag in the signed string keeps a signature on one
+bytes whether one re-encodes the message or zeroes the field in place: a signer encodes a
+message once and writes the signature over the zeroed field (:func:`signed_encoding`), and a
+receiver hashes the bytes it received once, where they lie (:func:`verify_encoded` for the
+analyzer's batch chunks, :func:`decode_verified` for any signed message). The type tag in the signed string keeps a signature on one
 message type from being replayed as another. Every signed message of a round carries
 the round's spec digest (:attr:`RoundSpec.digest`) as a field, so the signature also
 covers which exact spec it speaks of; receivers compare it with the spec they hold.

@@ -686,3 +686,80 @@ def test_opening_on_worker_processes_decides_exactly_as_in_process():
         assert (receipts.admitted, receipts.refused, receipts.reasons) == (r_serial.admitted, r_serial.refused, r_serial.reasons)
     assert serial.stats.rejected["malformed"] == 1 and serial.stats.rejected["unknown-round"] == 1
     assert serial.stats.rejected["too-large"] == 1
+
+
+def _state(adm: RoundAdmission) -> tuple:
+    return (adm.payloads, adm.nonces, adm.sealed_seen, dict(adm.per_client), dict(adm.refusals), adm.stats.as_dict())
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    # few credentials (quotas bind), many nonces and reports (most bursts clean, some with a copy)
+    choices=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 40), st.integers(0, 40), st.sampled_from(["ok"] * 14 + ["forged", "junk"])),
+                     max_size=24),
+    quota=st.sampled_from([1, 2, 4]),
+    max_batch=st.sampled_from([4, 8, 64]),
+    burst=st.integers(1, 12),
+    flood=st.booleans(),
+)
+def test_a_burst_admitted_at_once_is_admitted_as_one_by_one(choices, quota, max_batch, burst, flood):
+    """Every burst judged with the whole-burst shortcut leaves the round exactly as judging its envelopes
+    one by one does (receipts, counts, admitted reports, quotas, refusals): over bursts that hold
+    retransmissions, replays, re-wrapped copies, a credential over its quota or rate-limited, a
+    forged or revoked credential, junk, and more than the round has room for."""
+    spec = make_spec(messages_per_user=quota, min_batch=1, max_batch=max_batch)
+    revoked = frozenset({(4).to_bytes(16, "big")})
+    items = []
+    for c, n, r, kind in choices:  # credential 4 is revoked
+        if kind == "junk":
+            items.append(b"\x00" * 5)
+            continue
+        cred = credential(c)
+        if kind == "forged":
+            cred = cred[:-1] + bytes([cred[-1] ^ 1])
+        items.append(envelope(spec, cred, sealed_bytes(r, spec), nonce(n)))
+    if flood:  # a credential refused often enough to be rate-limited, then sending more
+        items = [envelope(spec, credential(0), sealed_bytes(90 + i, spec), nonce(0)) for i in range(REFUSALS_PER_CREDENTIAL + 1)] + items
+    shortcut, one_by_one = admission(spec, revoked=revoked), admission(spec, revoked=revoked)
+    one_by_one._admissible_burst = lambda opened: None  # this one never takes the shortcut
+    for start in range(0, len(items), burst):
+        chunk = items[start : start + burst]
+        assert shortcut.offer_many(chunk) == one_by_one.offer_many(chunk)
+        assert _state(shortcut) == _state(one_by_one)
+
+
+def test_the_whole_burst_shortcut_takes_clean_bursts_and_only_those(monkeypatch):
+    spec = make_spec(messages_per_user=1, min_batch=1, max_batch=10)
+    adm = admission(spec)
+    taken = []
+    real = RoundAdmission._admissible_burst
+
+    def spy(self, opened):
+        result = real(self, opened)
+        taken.append(result is not None)
+        return result
+
+    monkeypatch.setattr(RoundAdmission, "_admissible_burst", spy)
+    adm.offer_many([envelope(spec, credential(i), sealed_bytes(i, spec), nonce(i)) for i in range(3)])
+    adm.offer_many([envelope(spec, credential(0), sealed_bytes(7, spec), nonce(7))])  # over its quota of 1
+    adm.offer_many([envelope(spec, credential(5), sealed_bytes(8, spec), nonce(8))])
+    assert taken == [True, False, True] and adm.stats.admitted == 4
+
+
+@pytest.mark.parametrize("burst", [
+    [(0, 1, 1), (1, 2, 1)],  # one sealed report re-wrapped under two credentials
+    [(0, 1, 1), (0, 1, 1)],  # an exact retransmission inside the burst
+    [(0, 1, 1), (1, 1, 2)],  # one nonce, two reports
+    [(0, 1, 1), (0, 2, 2)],  # a credential over its quota of one
+    [(0, 1, 1), (1, 2, 2), (2, 3, 3), (3, 4, 4), (5, 5, 5)],  # more than the round's room of four
+    [(0, 1, 1), (4, 2, 2)],  # a revoked credential
+], ids=["re-wrapped", "retransmitted", "replayed", "over-quota", "round-full", "revoked"])
+def test_each_conflict_inside_one_burst_is_judged_as_one_by_one(burst):
+    spec = make_spec(messages_per_user=1, min_batch=1, max_batch=4)
+    revoked = frozenset({(4).to_bytes(16, "big")})
+    items = [envelope(spec, credential(c), sealed_bytes(r, spec), nonce(n)) for c, n, r in burst]
+    shortcut, one_by_one = admission(spec, revoked=revoked), admission(spec, revoked=revoked)
+    one_by_one._admissible_burst = lambda opened: None
+    assert shortcut._admissible_burst(shortcut._open_all(items)) is None
+    assert shortcut.offer_many(items) == one_by_one.offer_many(items)
+    assert _state(shortcut) == _state(one_by_one)
