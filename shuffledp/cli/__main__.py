@@ -2,6 +2,6 @@
 
 import sys
 
-from shuffledp.cli import main
+from shuffledp.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())
