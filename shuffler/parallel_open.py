@@ -21,21 +21,25 @@ from shuffledp.protocol.wire.onion import EnvelopeOpener, OpenedFields
 _worker_openers: dict[tuple[bytes, int], EnvelopeOpener] = {}
 
 
-def _open_slice(spec: RoundSpec, items: list[bytes]) -> list[tuple]:
-    """Open each item: ``("ok", credential, nonce, sealed)``, ``("error", reason, message)`` or ``("bug", message)``."""
+def _open_slice(spec: RoundSpec, items: list[bytes]) -> tuple[list[OpenedFields | None], dict[int, tuple]]:
+    """Open each item: the opened fields of each in order (None where its opening failed), and the
+    failures by position, ``("error", reason, message)`` or ``("bug", message)``."""
     key = (spec.session_id, spec.round_id)
     opener = _worker_openers.get(key)
     if opener is None:
         opener = _worker_openers[key] = EnvelopeOpener(worker_key(), spec)
-    out: list[tuple] = []
-    for data in items:
+    opened: list[OpenedFields | None] = []
+    failures: dict[int, tuple] = {}
+    for position, data in enumerate(items):
         try:
-            out.append(("ok", *opener.open_fields(data)))
+            opened.append(opener.open_fields(data))
         except ShuffleDPError as exc:
-            out.append(("error", exc.reason, str(exc)))
+            opened.append(None)
+            failures[position] = ("error", exc.reason, str(exc))
         except Exception as exc:  # a bug, not an input class: reported to the parent, counted there
-            out.append(("bug", f"{type(exc).__name__}: {exc}"))
-    return out
+            opened.append(None)
+            failures[position] = ("bug", f"{type(exc).__name__}: {exc}")
+    return opened, failures
 
 
 class OpenedElsewhere(ShuffleDPError):
@@ -67,16 +71,12 @@ class OuterLayerPool:
         return self._admissions(spec, await self._workers.map_slices_async(_open_slice, items, spec))
 
     @staticmethod
-    def _admissions(spec: RoundSpec, slices: list[list[tuple]]) -> list[OpenedFields | Exception]:
+    def _admissions(spec: RoundSpec, slices: list[tuple[list, dict[int, tuple]]]) -> list[OpenedFields | Exception]:
         out: list[OpenedFields | Exception] = []
-        for results in slices:
-            for result in results:
-                if result[0] == "ok":  # fields the worker's opener checked
-                    out.append(result[1:])
-                elif result[0] == "error":
-                    out.append(OpenedElsewhere(result[1], result[2]))
-                else:
-                    out.append(OpenerBug(result[1]))
+        for opened, failures in slices:
+            for position, failure in failures.items():
+                opened[position] = OpenedElsewhere(failure[1], failure[2]) if failure[0] == "error" else OpenerBug(failure[1])
+            out.extend(opened)
         return out
 
     def start(self) -> None:

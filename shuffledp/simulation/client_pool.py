@@ -46,10 +46,12 @@ SEAL_BLOCK = 1024
 
 def seal_block_users(remaining: int, workers: int) -> int:
     """Users in the next block sent to the sealing workers, with ``remaining`` users of the round
-    still to be taken: :data:`SEAL_BLOCK`, tapering to an eighth of it over the round's last
+    still to be taken: :data:`SEAL_BLOCK`, tapering to a quarter of it over the round's last
     ``2 * workers`` blocks' worth of users, so the workers finish the round together (the last
-    block one worker seals while the other waits is small)."""
-    return min(SEAL_BLOCK, max(SEAL_BLOCK // 8, remaining // (2 * workers)))
+    block one worker seals while the other waits is small). A quarter block is the shuffler's
+    default burst for opening on its own workers (``OuterLayerPool``'s threshold, 256): the last
+    blocks still open there, not in the process that decides admissions."""
+    return min(SEAL_BLOCK, max(SEAL_BLOCK // 4, remaining // (2 * workers)))
 
 #: Envelopes to a message on the in-process channel when the devices seal on workers (the most a message may carry).
 IN_PROCESS_PACK = MAX_ENVELOPES_PER_MESSAGE

@@ -763,3 +763,15 @@ def test_each_conflict_inside_one_burst_is_judged_as_one_by_one(burst):
     assert shortcut._admissible_burst(shortcut._open_all(items)) is None
     assert shortcut.offer_many(items) == one_by_one.offer_many(items)
     assert _state(shortcut) == _state(one_by_one)
+
+
+def test_a_worker_slice_s_failures_come_back_in_place_as_typed_refusals_or_bugs():
+    from shuffledp.shuffler.parallel_open import OpenedElsewhere, OpenerBug, OuterLayerPool
+
+    fields = (b"c" * 48, b"n" * 16, b"s" * 8)
+    slices = [([fields, None, None], {1: ("error", "malformed", "not an envelope"), 2: ("bug", "KeyError: 'x'")}),
+              ([fields], {})]
+    out = OuterLayerPool._admissions(make_spec(), slices)
+    assert out[0] == fields and out[3] == fields
+    assert isinstance(out[1], OpenedElsewhere) and out[1].reason == "malformed" and str(out[1]) == "not an envelope"
+    assert isinstance(out[2], OpenerBug) and "KeyError" in str(out[2])

@@ -367,7 +367,7 @@ def test_the_message_engine_restores_the_garbage_collector(monkeypatch):
 
 
 def test_sealing_blocks_taper_to_the_round_end():
-    """Full blocks while much of the round remains, then smaller ones, never below an eighth: the
+    """Full blocks while much of the round remains, then smaller ones, never below a quarter: the
     last block (one worker seals it while the others wait) is small."""
     from shuffledp.simulation.client_pool import SEAL_BLOCK, seal_block_users
 
@@ -375,8 +375,8 @@ def test_sealing_blocks_taper_to_the_round_end():
         remaining, sizes = 20_000, []
         while remaining > 0:
             size = seal_block_users(remaining, workers)
-            assert SEAL_BLOCK // 8 <= size <= SEAL_BLOCK
+            assert SEAL_BLOCK // 4 <= size <= SEAL_BLOCK
             sizes.append(min(size, remaining))
             remaining -= sizes[-1]
         assert sizes[0] == SEAL_BLOCK and sizes == sorted(sizes, reverse=True)
-        assert sizes[-1] <= SEAL_BLOCK // 8
+        assert sizes[-1] <= SEAL_BLOCK // 4
