@@ -269,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+#: Each part's target as a fraction of its raw-HPKE rate: the client and the shuffler at 85 %, the
+#: analyzer at 70 %, ``shuffledp simulate`` within 1.3x the floor on all cores.
+TARGETS = {"client": 0.85, "shuffler": 0.85, "analyzer": 0.70, "simulate": 1 / 1.3}
+
+
 def plot(result: dict, path: Path) -> None:
     """Each part of the message path as a fraction of its raw-HPKE floor, measured in the same run."""
     import matplotlib
@@ -277,18 +282,24 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     e2e = result["end_to_end"]
+    # (label, fraction of the raw-HPKE rate, the target's fraction or None)
     rows = [
-        ("client: randomize+seal+wrap\nvs two raw seals (1 core)", result["client_to_two_raw_seals_ratio"]),
-        ("shuffler admission\nvs raw outer opens (1 core)", result["shuffler_to_raw_ratio"]),
-        ("analyzer open+decode\nvs raw inner opens (1 core)", result["analyzer_to_raw_ratio"]),
-        (f"message engine, {e2e['engine_workers']} workers\nvs raw-HPKE floor on {result['cpus']} cores", e2e["floor_to_engine_all_cores_ratio"]),
-        (f"`shuffledp simulate` wall\nvs raw-HPKE floor on {result['cpus']} cores", e2e["floor_to_simulate_ratio"]),
+        ("client: randomize+seal+wrap\nvs two raw seals (1 core)", result["client_to_two_raw_seals_ratio"], TARGETS["client"]),
+        ("shuffler admission\nvs raw outer opens (1 core)", result["shuffler_to_raw_ratio"], TARGETS["shuffler"]),
+        ("analyzer open+decode\nvs raw inner opens (1 core)", result["analyzer_to_raw_ratio"], TARGETS["analyzer"]),
+        (f"message engine, {e2e['engine_workers']} workers\nvs raw-HPKE floor on {result['cpus']} cores", e2e["floor_to_engine_all_cores_ratio"], None),
+        (f"`shuffledp simulate` wall\nvs raw-HPKE floor on {result['cpus']} cores", e2e["floor_to_simulate_ratio"], TARGETS["simulate"]),
     ]
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    labels, values = zip(*rows)
+    labels, values, targets = zip(*rows)
     bars = ax.barh(range(len(rows)), values, color=["C0", "C0", "C0", "C1", "C1"])
     for bar, value in zip(bars, values):
         ax.text(min(value, 1.0) + 0.01, bar.get_y() + bar.get_height() / 2, f"{100 * value:.0f} %", va="center")
+    for index, target in enumerate(targets):
+        if target is not None:  # the target as a short red tick across its bar
+            ax.plot([target, target], [index - 0.45, index + 0.45], color="C3", lw=2,
+                    label="target" if index == 0 else None)
+    ax.legend(loc="lower right", fontsize=8)
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.axvline(1.0, color="k", lw=0.8)
