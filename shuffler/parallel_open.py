@@ -54,10 +54,14 @@ class OpenerBug(Exception):
     """An untyped exception in a worker: a bug to fix, counted as ``internal-error``."""
 
 
+#: Fewest envelopes of a burst opened on the workers by default; a smaller burst opens in the calling process.
+WORKER_BURST = 256
+
+
 class OuterLayerPool:
     """Opens bursts of a round's envelopes on ``workers`` processes (see the module docstring)."""
 
-    def __init__(self, private: X25519PrivateKey, workers: int, *, threshold: int = 256) -> None:
+    def __init__(self, private: X25519PrivateKey, workers: int, *, threshold: int = WORKER_BURST) -> None:
         self.threshold = threshold
         self._workers = KeyWorkers(private, workers)
 

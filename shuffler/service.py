@@ -80,7 +80,7 @@ from shuffledp.protocol.transport.channel import (
     reports_topic,
     spec_topic,
 )
-from shuffledp.protocol.wire.credentials import CredentialIssuer, assigned_instance
+from shuffledp.protocol.wire.credentials import CLIENT_ID_BYTES, CredentialIssuer, assigned_instance
 from shuffledp.protocol.errors import (
     INTERNAL_ERROR,
     BatchTooSmall,
@@ -322,29 +322,31 @@ class RoundAdmission:
         """The burst's envelopes to admit if :meth:`_check_opened` would admit every one of them in
         order, else None (the caller then judges them one by one).
 
-        That is so exactly when each opened, its credential verifies and is not revoked, one instance
-        serves the round, no credential is rate-limited, every nonce and every sealed report is
-        unseen (in the round and in the burst), no credential goes over its quota and the round has
-        room for all; each condition is checked here for the whole burst with set operations, and
-        the per-envelope checks then have nothing to refuse. Credentials are still checked one by one."""
+        That is so exactly when each opened, one instance serves the round, every nonce and every
+        sealed report is unseen (in the round and in the burst), no credential is rate-limited or
+        goes over its quota, the round has room for all, and every credential verifies and is not
+        revoked; each condition but the last is checked for the whole burst with set operations, on
+        the client ids the credentials name, and the credentials' tags last, one by one, so a burst
+        that is judged one by one after all has had few or none of its tags computed here."""
         if not opened_items or self._instances > 1 or len(self.payloads) + len(opened_items) > self._max_batch:
             return None
-        verify, revoked = self.issuer.verify, self.revoked
-        try:
-            burst = [AdmittedEnvelope(verify(credential, revoked), nonce, sealed) for credential, nonce, sealed in opened_items]
-        except Exception:  # a refusal, an item that did not open (or a bug): judged one by one, and counted there
+        if any(isinstance(item, Exception) for item in opened_items):
             return None
-        nonces = {envelope.nonce for envelope in burst}
-        sealed = {envelope.sealed for envelope in burst}
-        if len(nonces) != len(burst) or len(sealed) != len(burst) or not self.sealed_seen.isdisjoint(sealed) \
+        nonces = {nonce for _, nonce, _ in opened_items}
+        sealed = {report for _, _, report in opened_items}
+        if len(nonces) != len(opened_items) or len(sealed) != len(opened_items) or not self.sealed_seen.isdisjoint(sealed) \
                 or not self.nonces.keys().isdisjoint(nonces):
             return None
-        senders = Counter(envelope.client_id for envelope in burst)
+        senders = Counter(credential[:CLIENT_ID_BYTES] for credential, _, _ in opened_items)
         per_client, refusals, quota = self.per_client, self.refusals, self._quota
         for client_id, count in senders.items():
             if per_client.get(client_id, 0) + count > quota or refusals.get(client_id, 0) >= REFUSALS_PER_CREDENTIAL:
                 return None
-        return burst
+        verify, revoked = self.issuer.verify, self.revoked
+        try:
+            return [AdmittedEnvelope(verify(credential, revoked), nonce, report) for credential, nonce, report in opened_items]
+        except Exception:  # a forged or revoked credential (or a bug): judged one by one, and counted there
+            return None
 
     def _open_all(self, items: list) -> list[OpenedFields | Exception]:
         """Each item's opened admission (``(credential, nonce, sealed)``) or the exception its opening

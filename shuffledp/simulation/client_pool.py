@@ -34,6 +34,7 @@ from shuffledp.protocol.transport.channel import Channel, InProcessChannel, repo
 from shuffledp.protocol.wire.key_workers import WorkerProcesses
 from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE, pack_envelopes
 from shuffledp.protocol.wire.sealing import Sealer
+from shuffledp.shuffler.parallel_open import WORKER_BURST
 from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.wire.messages import RoundSpec
 from shuffledp.protocol.mechanisms.randomness import RandomSource
@@ -46,12 +47,12 @@ SEAL_BLOCK = 1024
 
 def seal_block_users(remaining: int, workers: int) -> int:
     """Users in the next block sent to the sealing workers, with ``remaining`` users of the round
-    still to be taken: :data:`SEAL_BLOCK`, tapering to a quarter of it over the round's last
-    ``2 * workers`` blocks' worth of users, so the workers finish the round together (the last
-    block one worker seals while the other waits is small). A quarter block is the shuffler's
-    default burst for opening on its own workers (``OuterLayerPool``'s threshold, 256): the last
-    blocks still open there, not in the process that decides admissions."""
-    return min(SEAL_BLOCK, max(SEAL_BLOCK // 4, remaining // (2 * workers)))
+    still to be taken: :data:`SEAL_BLOCK`, tapering over the round's last ``2 * workers`` blocks'
+    worth of users, so the workers finish the round together (the last block one worker seals while
+    the other waits is small), down to the shuffler's smallest burst opened on its own workers
+    (:data:`~shuffledp.shuffler.parallel_open.WORKER_BURST`): the last blocks still open there, not
+    in the process that decides admissions."""
+    return min(SEAL_BLOCK, max(WORKER_BURST, remaining // (2 * workers)))
 
 #: Envelopes to a message on the in-process channel when the devices seal on workers (the most a message may carry).
 IN_PROCESS_PACK = MAX_ENVELOPES_PER_MESSAGE

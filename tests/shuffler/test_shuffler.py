@@ -775,3 +775,20 @@ def test_a_worker_slice_s_failures_come_back_in_place_as_typed_refusals_or_bugs(
     assert out[0] == fields and out[3] == fields
     assert isinstance(out[1], OpenedElsewhere) and out[1].reason == "malformed" and str(out[1]) == "not an envelope"
     assert isinstance(out[2], OpenerBug) and "KeyError" in str(out[2])
+
+
+def test_a_burst_judged_one_by_one_has_its_credentials_checked_once():
+    """A burst the shortcut turns down for a copy, a replay or a quota is not verified by it first:
+    each credential's tag is computed once, by the one-by-one judging (no doubled work that a
+    hostile burst could force)."""
+    spec = make_spec(messages_per_user=1, min_batch=1, max_batch=64)
+    adm = admission(spec)
+    adm.offer_many([envelope(spec, credential(0), sealed_bytes(0, spec), nonce(0))])
+    calls = []
+    real_verify = adm.issuer.verify
+    adm.issuer = type("Counting", (), {"verify": lambda self, c, r=frozenset(): calls.append(c) or real_verify(c, r)})()
+    burst = [envelope(spec, credential(i), sealed_bytes(i, spec), nonce(i)) for i in range(1, 9)]
+    burst.append(envelope(spec, credential(9), sealed_bytes(9, spec), nonce(0)))  # a replay of an admitted nonce
+    receipts = adm.offer_many(burst)
+    assert len(receipts.admitted) == 8 and receipts.reasons == ["replay"]
+    assert len(calls) == len(burst)

@@ -367,16 +367,20 @@ def test_the_message_engine_restores_the_garbage_collector(monkeypatch):
 
 
 def test_sealing_blocks_taper_to_the_round_end():
-    """Full blocks while much of the round remains, then smaller ones, never below a quarter: the
-    last block (one worker seals it while the others wait) is small."""
+    """Full blocks while much of the round remains, then smaller ones, never below the shuffler's
+    smallest burst opened on its workers: the last block (one worker seals it while the others
+    wait) is small, and its envelopes still open on the shuffler's workers."""
+    from shuffledp.shuffler.parallel_open import WORKER_BURST
     from shuffledp.simulation.client_pool import SEAL_BLOCK, seal_block_users
+
+    assert WORKER_BURST == SEAL_BLOCK // 4 == 256
 
     for workers in (2, 3, 8):
         remaining, sizes = 20_000, []
         while remaining > 0:
             size = seal_block_users(remaining, workers)
-            assert SEAL_BLOCK // 4 <= size <= SEAL_BLOCK
+            assert WORKER_BURST <= size <= SEAL_BLOCK
             sizes.append(min(size, remaining))
             remaining -= sizes[-1]
         assert sizes[0] == SEAL_BLOCK and sizes == sorted(sizes, reverse=True)
-        assert sizes[-1] <= SEAL_BLOCK // 4
+        assert sizes[-1] <= WORKER_BURST
