@@ -6,8 +6,11 @@
 #   2. deletes and re-creates the environment (.venv-test/, or $SHUFFLEDP_TEST_VENV)
 #      and installs the project with its test extras at the exact versions of
 #      requirements/test.lock (made by scripts/lock.sh);
-#   3. runs pytest with one process per core (pytest-xdist's -n auto, unless -n is
-#      given), BLAS pinned to one thread per process.
+#   3. installs the JavaScript client's npm packages from js/package-lock.json (npm ci),
+#      compiles it, and installs Debian's chromium for its browser tests if missing;
+#   4. runs the JavaScript client's own tests (Node's test runner), then pytest with
+#      one process per core (pytest-xdist's -n auto, unless -n is given), BLAS pinned
+#      to one thread per process.
 #
 # Options (the rest goes to pytest):
 #   --latest   ignore the lock: the newest versions that pyproject.toml allows
@@ -39,6 +42,27 @@ if { ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; } |
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mosquitto mosquitto-dev libmosquitto-dev gcc libc6-dev >/dev/null
 fi
 
+# The JavaScript device client (js/, npm package @shuffledp/client): Node >= 20 and npm
+# from the machine, its packages from the committed lock (npm ci), compiled with tsc;
+# its browser tests drive Debian's chromium with playwright-core.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "Node.js >= 20 and npm are needed for the JavaScript client's tests (see js/README.md)" >&2
+  exit 2
+fi
+if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then
+  echo "Node.js >= 20 is needed for the JavaScript client's tests; this is $(node --version)" >&2
+  exit 2
+fi
+if [ ! -x /usr/bin/chromium ] && [ "${SHUFFLEDP_SKIP_BROWSER:-0}" != 1 ]; then
+  echo "installing chromium for the browser tests (Debian package) ..." >&2
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+echo "installing the JavaScript client's packages from js/package-lock.json (npm ci) and compiling it" >&2
+(cd js && npm ci --no-audit --no-fund --loglevel=error && npx tsc -p tsconfig.json)
+
 venv="${SHUFFLEDP_TEST_VENV:-.venv-test}"
 python="${PYTHON:-python3}"
 if [ "$reuse" = 1 ] && [ -x "$venv/bin/python" ]; then
@@ -63,6 +87,9 @@ fi
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PATH="$PWD/$venv/bin:$PATH"
 status=0
+# The JavaScript client's own tests (Node's test runner), then the Python suite, which
+# also runs the JavaScript client against the Python parties (tests/js/).
+(cd js && node --test test/*.test.mjs) || status=$?
 # shellcheck disable=SC2086  # $workers is two words or none
 "$venv/bin/python" -m pytest -q -p no:cacheprovider $workers "${pytest_args[@]}" || status=$?
 exit "$status"
