@@ -53,12 +53,13 @@ if ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0
   echo "Node.js >= 20 is needed for the JavaScript client's tests; this is $(node --version)" >&2
   exit 2
 fi
-if [ ! -x /usr/bin/chromium ] && [ "${SHUFFLEDP_SKIP_BROWSER:-0}" != 1 ]; then
-  echo "installing chromium for the browser tests (Debian package) ..." >&2
+if { [ ! -x /usr/bin/chromium ] || ! command -v certutil >/dev/null 2>&1; } && [ "${SHUFFLEDP_SKIP_BROWSER:-0}" != 1 ]; then
+  # certutil (libnss3-tools) puts the test broker's CA into the browser's own trust store.
+  echo "installing chromium and certutil for the browser tests (Debian packages) ..." >&2
   SUDO=""
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium libnss3-tools >/dev/null
 fi
 echo "installing the JavaScript client's packages from js/package-lock.json (npm ci) and compiling it" >&2
 (cd js && npm ci --no-audit --no-fund --loglevel=error && npx tsc -p tsconfig.json)

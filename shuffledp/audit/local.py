@@ -171,6 +171,10 @@ frequency oracles, with :class:`SeededSource` (vectorized, ``trials`` per side) 
 :class:`SystemSource` (the device path, ``system_trials`` per side: it samples the
 mean noises exactly in Python at ~0.1-0.3 ms per report).
 
+Another implementation of the round mechanisms (a device client in another language) is
+audited with the same cases and statistics through :func:`run_audit`'s ``sampler`` hook:
+:mod:`shuffledp.audit.external` runs a command for the reports.
+
 Planted faults for testing the audit itself live in :mod:`shuffledp.audit.faults`.
 """
 
@@ -214,6 +218,7 @@ __all__ = [
     "GAUSSIAN_STRESS",
     "SOURCES",
     "AuditCase",
+    "Sampler",
     "AuditResult",
     "ParametricBound",
     "audit_local",
@@ -601,6 +606,10 @@ class AuditCase:
     ``gaussian``: the statistic is a report ``c_s + N_Z(0, sigma^2)`` with both inputs
     exactly on grid points, so the row also gets the parametric bound
     (:func:`gaussian_parametric_bound`).
+    ``params`` and ``pair``: the round parameters and the two local inputs of a case that
+    runs a round mechanism (:func:`randomize_round`), so that a :data:`Sampler` can run
+    another implementation of the same randomizer on them (``None`` for the frequency
+    oracles, which are not round mechanisms).
     """
 
     mechanism: str
@@ -612,6 +621,8 @@ class AuditCase:
     statistic: Callable[[np.ndarray], np.ndarray]
     threshold: bool = False
     gaussian: bool = False
+    params: object | None = None
+    pair: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -700,6 +711,8 @@ def hadamard_range_case(epsilon0: float, params: HadamardRangeParams | None = No
         f"H[row,{v}] != H[row,{v_prime}] and bit == H[row,{v}]",
         _data_runner(params, eps, 0.0, pair),
         lambda reports: event(reports[:, 0, 0], reports[:, 0, 1]),
+        params=params,
+        pair=pair,
     )
 
 
@@ -738,6 +751,8 @@ def projected_mean_case(
         _grid_value,
         threshold=True,
         gaussian=noise == "gaussian" and _on_grid(np.array(pair), params, params.grid_levels),
+        params=params,
+        pair=pair,
     )
 
 
@@ -784,6 +799,8 @@ def vector_range_case(epsilon0: float, mode: str = "sampled", params: VectorRang
         f"{every}H[row,{v}] != H[row,{v_prime}] and bit == H[row,{v}]",
         _data_runner(params, eps, 0.0, pair),
         statistic,
+        params=params,
+        pair=pair,
     )
 
 
@@ -818,6 +835,8 @@ def vector_mean_case(
         _grid_value,
         threshold=True,
         gaussian=noise == "gaussian" and _on_grid(rotated, grid, params.grid_levels),
+        params=params,
+        pair=pair,
     )
 
 
@@ -890,6 +909,12 @@ def local_cases(
 # --------------------------------------------------------------------------
 
 Progress = Callable[[str, int], None]
+#: Another implementation of a case's randomizer: ``sampler(case, side, n, purpose)`` returns the
+#: reports (int64 ``(n, messages, values)``, as :func:`randomize_round`) of ``n`` runs on
+#: ``case.pair[side]``; ``purpose`` is 0 for threshold-selection runs and 1 for evaluation runs
+#: (a sampler may keep the latter, e.g. to compare laws). The built-in randomizer with a random
+#: source is ``case.run(side, n, source)``; :mod:`shuffledp.audit.external` runs a command.
+Sampler = Callable[["AuditCase", int, int, int], np.ndarray]
 
 
 def _stream(seed: int, case: AuditCase, purpose: int, side: int) -> SeededSource:
@@ -898,13 +923,15 @@ def _stream(seed: int, case: AuditCase, purpose: int, side: int) -> SeededSource
     return SeededSource(np.random.SeedSequence([seed, key, purpose, side]))
 
 
-def _statistics(case: AuditCase, side: int, n: int, source: RandomSource, progress: Progress | None, stage: str):
-    """The case's statistic over ``n`` runs of one side, in chunks of :data:`_CHUNK` runs."""
+def _statistics(case: AuditCase, draw: Callable[[int], np.ndarray], n: int, progress: Progress | None, stage: str,
+                chunk: int = _CHUNK):
+    """The case's statistic over ``n`` runs of one side (``draw(m)``: the reports of ``m`` runs), in
+    chunks of ``chunk`` runs."""
     parts = []
     done = 0
     while done < n:
-        m = min(_CHUNK, n - done)
-        parts.append(np.asarray(case.statistic(case.run(side, m, source))))
+        m = min(chunk, n - done)
+        parts.append(np.asarray(case.statistic(draw(m))))
         done += m
         if progress is not None:
             progress(stage, m)
@@ -945,6 +972,8 @@ def run_audit(
     selection_trials: int | None = None,
     progress: Progress | None = None,
     parametric_confidence: float | None = None,
+    sampler: Sampler | None = None,
+    chunk: int = _CHUNK,
 ) -> AuditResult:
     """Audit one case: ``trials`` runs per side with ``source`` (``"seeded"`` or ``"system"``).
 
@@ -958,9 +987,17 @@ def run_audit(
     own source: the evaluation runs and, for the seeded source, the selection runs
     (``trials + selection_trials`` per side); the system source's row uses its
     system runs only.
+
+    With a ``sampler`` (:data:`Sampler`), every run -- selection and evaluation -- comes from
+    it instead of the built-in randomizer, ``source`` only labels the row, and the parametric
+    bound uses the selection runs too (they come from the same implementation, as for the
+    seeded source). ``chunk``: the most runs asked for at once.
     """
-    if source not in SOURCES:
+    if sampler is None and source not in SOURCES:
         raise InvalidParameter("source", f"must be one of {SOURCES}, got {source!r}")
+    if sampler is not None and (case.params is None or case.pair is None):
+        raise InvalidParameter("case", f"{case.mechanism} is not a round mechanism: no other implementation can run it")
+    chunk = _check_count("chunk", chunk, 1)
     trials = _check_count("trials", trials, 1)
     seed = _check_count("seed", seed, 0)
     confidence = _check_confidence(confidence)
@@ -973,21 +1010,28 @@ def run_audit(
     event = case.event
     t = 0
     sel: list[np.ndarray] = []
+
+    def draw(side: int, purpose: int) -> Callable[[int], np.ndarray]:
+        if sampler is not None:
+            return lambda m: sampler(case, side, m, purpose)
+        # selection: always a seeded stream; evaluation: the row's source (one stream per side)
+        src: RandomSource = SystemSource() if purpose == 1 and source == "system" else _stream(seed, case, purpose, side)
+        return lambda m: case.run(side, m, src)
+
     if case.threshold:
-        sel = [_statistics(case, side, selection_trials, _stream(seed, case, 0, side), progress, stage + " (select)")
+        sel = [_statistics(case, draw(side, 0), selection_trials, progress, stage + " (select)", chunk)
                for side in (0, 1)]
         t = _choose_threshold(sel[0], sel[1], trials, case.delta0, confidence)
         event = case.event.format(t=t)
     counts = []
     runs: list[list[np.ndarray]] = [[], []]
     for side in (0, 1):
-        src: RandomSource = _stream(seed, case, 1, side) if source == "seeded" else SystemSource()
-        values = _statistics(case, side, trials, src, progress, stage)
+        values = _statistics(case, draw(side, 1), trials, progress, stage, chunk)
         hits = values <= t if case.threshold else values.astype(bool)
         counts.append(int(np.count_nonzero(hits)))
         if case.gaussian:
             runs[side].append(values)
-            if source == "seeded" and case.threshold:
+            if (source == "seeded" or sampler is not None) and case.threshold:
                 runs[side].append(sel[side])
     lb = float(_lower_bound(counts[0], trials, counts[1], trials, case.delta0, confidence))
     param = None

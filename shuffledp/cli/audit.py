@@ -21,6 +21,13 @@ sizes delivered (``shuffledp/audit/claim.py``). ``--quick`` cuts the work about 
 (under a minute); ``--json`` prints every row; ``--plot`` draws the claimed epsilon
 and the lower bound against n. Exit code 0: passed; 1: a claim was violated or a
 check failed; 2: bad usage.
+
+``--client CMD`` audits another implementation of the device randomizers instead (e.g.
+``--client "node js/dist/cli/randomize.js"``): the local part's rows of the round
+mechanisms, with the same statistics, on reports CMD returns over the external client
+protocol (``shuffledp/audit/external.py``, docs/cli.md), plus a test of each row's output
+law against the built-in randomizer's. A command that cannot start, fails or breaks the
+protocol: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -67,6 +74,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="audit seed (reported)")
     add_json_option(p, "every row")
     p.add_argument("--plot", metavar="PNG", default=None, help="plot claimed epsilon and lower bound against n")
+    p.add_argument("--client", default=None, metavar="CMD",
+                   help="audit the randomizers of another implementation: CMD (a command line, e.g. "
+                   "\"node js/dist/cli/randomize.js\") answers the external client protocol (docs/cli.md); runs the "
+                   "local part's round-mechanism rows on its reports, and tests their law against the built-in ones")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar (the bar, on stderr, shows the share of the estimated work done and an ETA; "
                    "--json implies --quiet)")
@@ -265,6 +276,68 @@ def run_audit(
     return out
 
 
+def run_client_audit(command: str, quick: bool, seed: int, progress=None, *, trials: int | None = None,
+                     **options) -> dict:
+    """The external audit (:func:`shuffledp.audit.external.audit_external`) of ``command``, as a
+    result of :func:`run_audit`'s shape: its rows under ``"local"`` (source ``external``, each
+    with its law test under ``"law"``), ``"implementation"`` naming the command, nothing under
+    the other parts. ``trials`` per input and row (default 10^5, 10^4 with ``quick``), with the
+    whole audit's false-alarm budget :data:`AUDIT_ALPHA`; ``options`` go to ``audit_external``.
+    ``progress(stage, runs)`` as the command's runs arrive (:func:`client_audit_runs` in all)."""
+    from shuffledp.audit.external import audit_external
+
+    started = time.perf_counter()
+    trials = client_trials(quick) if trials is None else trials
+    audit = audit_external(command, trials=trials, seed=seed, progress=progress, confidence=1.0 - AUDIT_ALPHA, **options)
+    rows = audit.rows()
+    for row in rows:
+        row["verdict"] = verdict(row)
+    law_level = audit.laws[0].level if audit.laws else 0.0
+    return {"quick": quick, "seed": seed, "implementation": f"external client: {audit.implementation}",
+            "local": rows, "shuffled": [], "summation": [], "mechanics": None, "claim": None,
+            "false_alarm_budget": {"total": AUDIT_ALPHA, "local": AUDIT_ALPHA, "mechanics": 0.0},
+            "law_alpha": law_level * len(rows), "law_differs": sum(1 for row in rows if row["law"]["differs"]),
+            "no_power_rows": sum(1 for row in rows if row["verdict"] == "no power"),
+            "passed": audit.passed, "seconds": time.perf_counter() - started}
+
+
+def client_trials(quick: bool) -> int:
+    """Runs per input of each row of the external audit: 10^5, or 10^4 with ``--quick``."""
+    from shuffledp.audit.external import DEFAULT_EXTERNAL_TRIALS, QUICK_EXTERNAL_TRIALS
+
+    return QUICK_EXTERNAL_TRIALS if quick else DEFAULT_EXTERNAL_TRIALS
+
+
+def client_audit_runs(quick: bool, trials: int | None = None, **options) -> int:
+    """The runs :func:`run_client_audit` asks the command for (the progress bar's total)."""
+    from shuffledp.audit.external import external_cases, external_runs
+
+    cases = external_cases(**{k: v for k, v in options.items() if k in ("epsilons", "mechanisms")})
+    return external_runs(cases, client_trials(quick) if trials is None else trials)
+
+
+def _run_client(args: argparse.Namespace) -> int:
+    """``audit --client CMD``: only the external audit runs (the other parts audit the Python services)."""
+    conflicts = [name for name, given in (("--part", args.part not in ("all", "local")), ("--session", args.session),
+                                          ("--keys", args.keys), ("--broker", args.broker),
+                                          ("--shuffler-service", args.shuffler_service)) if given]
+    if conflicts:
+        return fail("audit", f"--client audits the local randomizers only; it does not take {', '.join(conflicts)}",
+                    EXIT_USAGE)
+    try:
+        with progress_bar(client_audit_runs(args.quick), quiet=args.quiet or args.json, unit="run") as step:
+            result = run_client_audit(args.client, args.quick, args.seed, progress=step)
+    except ShuffleDPError as exc:  # the command cannot start, fails, or breaks the protocol; bad parameters
+        return fail("audit", exc, EXIT_USAGE)
+    try:
+        print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_audit(result))
+    except BrokenPipeError:
+        sys.stderr.close()
+    if args.plot and plot_audit(result, args.plot) and not args.json:
+        print(f"plot written to {args.plot}")
+    return 0 if result["passed"] else 1
+
+
 def verdict(row: dict) -> str:
     """``"VIOLATED"`` (the lower bound exceeds the claim), ``"no power"`` (the lower bound is 0: the
     row neither confirms nor refutes its claim) or ``"ok"`` (a positive lower bound within the claim)."""
@@ -289,17 +362,26 @@ def format_audit(result: dict) -> str:
 
         lines += ["", format_claim(result["claim"])]
     if result["local"]:
+        implementation = result.get("implementation") or "built-in (the Python randomizers of shuffledp)"
+        laws = any("law" in r for r in result["local"])
         lines += ["", "local randomizers: empirical lower bounds on eps0 (95 %, family-wise) vs the claim",
+                  f"  implementation audited: {implementation}",
                   "  event: assumption-free (one event, Clopper-Pearson); gaussian: parametric, Gaussian reports only,",
-                  "  assumes discrete-Gaussian noise of unknown scale (checked by a fit test; '-' where withheld)",
-                  f"  {'mechanism':<24} {'source':<8} {'eps0':>6} {'delta0':>8} {'event':>8} {'gaussian':>8} "
-                  f"{'ratio':>7} {'from':<10}  verdict"]
+                  "  assumes discrete-Gaussian noise of unknown scale (checked by a fit test; '-' where withheld)"]
+        if laws:
+            lines.append(f"  law p: two-sample chi-square p-value, these reports vs the built-in randomizer's on the same "
+                         f"inputs ('differs' below {result['local'][0]['law']['level']:.2g}: "
+                         f"{result.get('law_alpha', 0.05):g} family-wise)")
+        lines.append(f"  {'mechanism':<24} {'source':<8} {'eps0':>6} {'delta0':>8} {'event':>8} {'gaussian':>8} "
+                     f"{'ratio':>7} {'from':<10}  {'verdict':<8}" + (f" {'law p':>8}" if laws else ""))
         for r in result["local"]:
             param = r.get("epsilon_param")
             param_text = "" if param is None and not r.get("detail") else ("-" if param is None else f"{param:.4f}")
-            lines.append(f"  {r['mechanism']:<24} {r['source']:<8} {r['epsilon0']:>6g} {r['delta0']:>8.2g} "
-                         f"{r['epsilon_lb']:>8.4f} {param_text:>8} {r['ratio']:>7.3f} {r.get('ratio_method', 'event'):<10}  "
-                         f"{verdict(r)}")
+            law = r.get("law")
+            law_text = "" if law is None else f" {law['pvalue']:>8.3g}" + (" differs" if law["differs"] else "")
+            lines.append((f"  {r['mechanism']:<24} {r['source']:<8} {r['epsilon0']:>6g} {r['delta0']:>8.2g} "
+                          f"{r['epsilon_lb']:>8.4f} {param_text:>8} {r['ratio']:>7.3f} {r.get('ratio_method', 'event'):<10}  "
+                          f"{verdict(r):<8}" + law_text).rstrip())
             if param is None and r.get("detail"):
                 lines.append(f"      {r['detail']}")
             note = _power_note(r, "trials per input", r["epsilon0"])
@@ -341,6 +423,9 @@ def format_audit(result: dict) -> str:
                       f"each says how many runs give a positive bound with {weak[0].get('power', 0.9) * 100:.0f} % probability"]
     if failed:
         lines += ["", f"{len(failed)} claim(s) violated: the code leaks more than it claims (see the rows marked VIOLATED)"]
+    if result.get("law_differs"):
+        lines += ["", f"{result['law_differs']} row(s) whose reports' law differs from the built-in randomizer's "
+                      f"(marked 'differs'): the implementations disagree; the privacy verdict is the bounds'"]
     if mechanics and mechanics["failed"]:
         lines += ["", f"shuffler mechanics failed: {', '.join(mechanics['failed'])}"]
     return "\n".join(lines)
@@ -391,7 +476,7 @@ def _local_panel(ax, rows: list[dict]) -> None:
                 label="claimed eps0 (a bound above it: VIOLATED)" if j == 0 else None)
     zeros = []
     for i, mechanism in enumerate(mechanisms):
-        for source, marker in (("seeded", "o"), ("system", "s")):
+        for source, marker in (("seeded", "o"), ("system", "s"), ("external", "D")):
             pts = [(r["epsilon0"] * 1.06 ** (i - len(mechanisms) / 2), b) for r, b in zip(rows, best)
                    if r["mechanism"] == mechanism and r["source"] == source]
             pos = [(x, y) for x, y in pts if y > 0]
@@ -497,6 +582,8 @@ def plot_audit(result: dict, path: str) -> bool:
 def run(args: argparse.Namespace) -> int:
     if args.delta is None:
         args.delta = default_delta(max(SHUFFLED_NS))  # recorded with the parameters
+    if args.client is not None:
+        return _run_client(args)
     try:
         # progress on stderr, as a share of the estimated work (audit_work): percent done, elapsed, ETA
         with progress_bar(100, quiet=args.quiet or args.json, unit="%") as step:

@@ -15,7 +15,10 @@ broker for shuffledp needs into one directory and can run it:
   (``localhost`` and ``127.0.0.1`` always, more on request); private keys are 0600;
 * a ``mosquitto.conf`` that refuses anonymous clients, enforces the ACL, speaks TLS
   1.2 or later on its main listener (a plaintext listener is added on loopback only
-  when asked), and sizes packets and queues for batch chunks and load tests;
+  when asked, and an MQTT-over-WebSocket listener with the same TLS certificate, for
+  devices in web pages, when asked), and sizes packets and queues for batch chunks and
+  load tests. Authentication, the ACL and the per-role limits are broker-wide
+  (``per_listener_settings false``), so they bind every listener alike;
 * **per-role limits** (:class:`RoleLimits`): a small mosquitto plugin
   (``broker_plugin/shuffledp_roles.c``, built here with the system C compiler and
   loaded by the config's ``plugin`` line) refuses, per role, payloads larger than the
@@ -530,6 +533,7 @@ def mosquitto_conf(
     password_file: Path,
     acl_file: Path,
     plaintext_port: int | None = None,
+    websocket_port: int | None = None,
     persistence_dir: Path | None = None,
     run_as: str | None = None,
     max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
@@ -545,7 +549,11 @@ def mosquitto_conf(
     password file and the ACL; the main listener (``host:port``) speaks only TLS 1.2
     or later with the given server certificate (clients are not asked for one); a
     plaintext listener exists only if ``plaintext_port`` is given, and then binds
-    127.0.0.1 only. Messages live in memory only unless ``persistence_dir`` is set.
+    127.0.0.1 only. With ``websocket_port`` a second listener on ``host`` speaks MQTT
+    over WebSocket over TLS 1.2 or later (``wss://``) with the same certificate, for
+    devices in web pages; mosquitto 2.0 cannot run a WebSocket listener alone, so it
+    always sits beside the main one. ``per_listener_settings false`` makes the password
+    file, the ACL and the plugin apply to every listener alike. Messages live in memory only unless ``persistence_dir`` is set.
     With ``role_plugin`` (from :func:`build_role_plugin`) the broker loads it with
     ``role_limits`` and the ``roles_file`` (``username role`` lines): each role's
     payload, retain and connection limits (:class:`RoleLimits`) apply on top of the
@@ -594,6 +602,18 @@ def mosquitto_conf(
         "require_certificate false",
         "tls_version tlsv1.2",
     ]
+    if websocket_port is not None:
+        lines += [
+            "",
+            "# MQTT over WebSocket over TLS (wss://), for devices in web pages (asked for explicitly).",
+            f"listener {websocket_port} {host}",
+            "protocol websockets",
+            f"cafile {tls.ca_file}",
+            f"certfile {tls.cert_file}",
+            f"keyfile {tls.key_file}",
+            "require_certificate false",
+            "tls_version tlsv1.2",
+        ]
     if plaintext_port is not None:
         lines += ["", "# Plaintext, loopback only (asked for explicitly).", f"listener {plaintext_port} 127.0.0.1", "protocol mqtt"]
     return "\n".join(lines) + "\n"
@@ -689,6 +709,11 @@ class Broker:
     plugin cannot be built (no C compiler or no ``mosquitto-dev`` headers) the broker
     runs without it and prints one line saying so; :attr:`role_limits_on` tells
     which, and ``credentials.json`` records it (``role_limits``).
+
+    ``websocket``: True adds an MQTT-over-WebSocket listener with TLS on a free port
+    (a port number: on that port) for devices in web pages, at :attr:`websocket_url`
+    (also in ``credentials.json``). The same accounts, ACL and per-role limits apply
+    on it as on the main listener. Off by default.
     """
 
     def __init__(
@@ -699,6 +724,7 @@ class Broker:
         host: str = "127.0.0.1",
         port: int | None = None,
         plaintext: bool = False,
+        websocket: bool | int = False,
         server_names: Sequence[str] = (),
         persistence_dir: Path | str | None = None,
         run_as: str | None = None,
@@ -719,6 +745,14 @@ class Broker:
         self._fixed_port = port is not None
         self.port = port if port is not None else free_port(self._connect_host())
         self.plaintext_port: int | None = free_port() if plaintext else None
+        #: Port of the MQTT-over-WebSocket TLS listener (``wss://host:port/``), None when off.
+        self._fixed_websocket_port = not isinstance(websocket, bool)
+        if isinstance(websocket, bool):
+            self.websocket_port: int | None = free_port(self._connect_host()) if websocket else None
+        elif 0 < websocket < 65536:
+            self.websocket_port = websocket
+        else:
+            raise ValueError(f"websocket: a port in 1..65535, True or False, got {websocket!r}")
         self.server_names = tuple(server_names)
         self.persistence_dir = Path(persistence_dir) if persistence_dir is not None else None
         self.run_as = run_as if run_as is not None else _current_user()
@@ -772,6 +806,14 @@ class Broker:
         return self.directory / "passwd"
 
     @property
+    def websocket_url(self) -> str | None:
+        """``wss://HOST:PORT/`` of the WebSocket listener (None when there is none)."""
+        if self.websocket_port is None:
+            return None
+        host = self._connect_host()
+        return f"wss://{f'[{host}]' if ':' in host else host}:{self.websocket_port}/"
+
+    @property
     def ca_file(self) -> Path:
         """The CA certificate clients verify the broker against (``tls_ca_file``)."""
         return self.directory / "ca.crt"
@@ -823,9 +865,12 @@ class Broker:
         self._prepare_role_plugin()
         if self.persistence_dir is not None:
             self.persistence_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        extra: dict[str, object] = {}
+        if self.websocket_port is not None:
+            extra["websocket_url"] = self.websocket_url
         self.users.write_credentials(
             self.credentials_file, host=self._connect_host(), port=self.port, ca_file=str(self._tls.ca_file),
-            role_limits=self.role_limits_status(),
+            role_limits=self.role_limits_status(), **extra,
         )
         _write_private(
             self.conf_file,
@@ -836,6 +881,7 @@ class Broker:
                 password_file=self.password_file,
                 acl_file=self.acl_file,
                 plaintext_port=self.plaintext_port,
+                websocket_port=self.websocket_port,
                 persistence_dir=self.persistence_dir,
                 run_as=self.run_as,
                 max_packet_size=self.max_packet_size,
@@ -913,6 +959,8 @@ class Broker:
                 self.port = free_port(self._connect_host())
                 if self.plaintext_port is not None:
                     self.plaintext_port = free_port()
+                if self.websocket_port is not None and not self._fixed_websocket_port:
+                    self.websocket_port = free_port(self._connect_host())
         raise AssertionError("unreachable")
 
     def _launch(self) -> None:
@@ -932,6 +980,8 @@ class Broker:
         # another program listening on the port cannot pass for the broker.
         tls = ssl.create_default_context(cafile=str(self.ca_file))
         endpoints: list[tuple[str, int, ssl.SSLContext | None]] = [(self._connect_host(), self.port, tls)]
+        if self.websocket_port is not None:  # TLS first, then the WebSocket upgrade: the handshake proves it is ours
+            endpoints.append((self._connect_host(), self.websocket_port, tls))
         if self.plaintext_port is not None:
             endpoints.append(("127.0.0.1", self.plaintext_port, None))
         deadline = time.monotonic() + self.startup_timeout
@@ -1045,6 +1095,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--name", action="append", default=[], help="extra DNS name or IP for the server certificate")
     parser.add_argument("--client", action="append", default=[], help="a client username (repeat; default: one shared 'client')")
     parser.add_argument("--plaintext", action="store_true", help="also listen in plaintext on a loopback port")
+    parser.add_argument("--websocket-port", type=int, default=None, metavar="PORT",
+                        help="also listen for MQTT over WebSocket with TLS (wss://) on PORT, for devices in web pages "
+                        "(same accounts, ACL and limits)")
     parser.add_argument("--persistence-dir", type=Path, default=None, help="persist retained messages and sessions there")
     parser.add_argument("--client-connections", type=int, default=ROLE_CONNECTIONS["client"], metavar="N",
                         help="simultaneous connections per client username (default %(default)s; "
@@ -1064,6 +1117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host=args.bind,
         port=args.port,
         plaintext=args.plaintext,
+        websocket=args.websocket_port if args.websocket_port is not None else False,
         server_names=args.name,
         persistence_dir=args.persistence_dir,
         role_limits=False if args.no_role_limits else _with_client_connections(args.client_connections),
