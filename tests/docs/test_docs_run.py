@@ -264,6 +264,33 @@ def check_api_docs(command: DocCommand) -> None:
         check_pip_install(command)
 
 
+def build_js() -> None:
+    """The JavaScript client built as the documented ``(cd js && npm ci && npm run build)`` builds it:
+    its packages from the committed lock file, its TypeScript compiled to ``js/dist/``
+    (``tests/js/conftest.py``; ``scripts/test.sh`` does it before the suite starts)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.js.conftest import build_js_package
+
+    build_js_package()
+
+
+def check_js_build(command: DocCommand) -> None:
+    """The JavaScript client's install and build: its lock file is committed, its build script is tsc,
+    and the build it makes is here (made now if missing or older than a source)."""
+    package = json.loads((ROOT / "js" / "package.json").read_text())
+    assert package["scripts"]["build"].startswith("tsc "), package["scripts"]
+    lock = json.loads((ROOT / "js" / "package-lock.json").read_text())
+    assert lock["name"] == package["name"] and lock["version"] == package["version"], "js/package-lock.json is stale"
+    build_js()
+    for entry in package["exports"].values():
+        assert (ROOT / "js" / entry["default"]).is_file(), f"js/{entry['default']} is not built"
+
+
+def needs_js(command: DocCommand) -> bool:
+    """Whether ``command`` runs the JavaScript client (which must be built first)."""
+    return bool(re.search(r"\bjs_device\.py\b|\bnode js/", command.code))
+
+
 @dataclass(frozen=True)
 class NotRun:
     pattern: str  # matched against the command without its comment
@@ -280,6 +307,9 @@ NOT_RUN = (
     NotRun(r"(pip install [^&]+ && )?python benchmarks/\w+\.py",
            "a full benchmark run; tests/docs/test_benchmarks_quick.py runs each benchmark in --quick mode", check_benchmark),
     NotRun(r"(pip install [^&]+ && )?scripts/api_docs\.sh\b", "the API reference build, which tests/docs/test_api_docs.py runs and checks", check_api_docs),
+    NotRun(r"\(cd js && npm ci && npm run build\)",
+           "installs the JavaScript client's packages and compiles it; the lock file and the build are checked "
+           "(scripts/test.sh builds it, tests/js/conftest.py where it is missing)", check_js_build),
 )
 
 #: ``pip install ARGS && REST``: the install is checked, not run; REST is classified (and run) on its own.
@@ -422,6 +452,8 @@ def run_doc_command(command: DocCommand, tmp_path: Path, cwd: Path | None = None
     """Run one documented command as written and check its result."""
     if command.installs:  # `pip install X && command`: X must be installed already
         check_pip_install(DocCommand(command.doc, command.line, command.section, command.installs))
+    if needs_js(command):
+        build_js()
     cwd = cwd if cwd is not None else workdir(tmp_path)
     done = run_shell(command.text, cwd, timeout=SCRIPT_TIMEOUT if command.script else COMMAND_TIMEOUT,
                      script=command.script)

@@ -41,6 +41,27 @@ def check_embed_client(out: str, cwd: Path) -> None:
     assert "shuffler admitted client" in out and re.search(r"analyzer opened: Hadamard row \d+, bit [+-]1", out)
 
 
+def check_js_device(out: str, cwd: Path) -> None:
+    # the JavaScript device's lines and the Python parties' view of what it sent, in the order of the round
+    order = [
+        r"\[js device\] verified round 0 \(hadamard-range, eps0 0\.5\)",
+        r"\[js device\] sent 1 envelope of \d+ bytes",
+        r"\[js device\] ledger file: spent eps 0\.5 of 0\.5, before anything left the device",
+        r"shuffler admitted client [0-9a-f]{8}\.\.\.: nonce [0-9a-f]{8}\.\.\., sealed report of \d+ bytes",
+        r"analyzer opened: Hadamard row \d+, bit [+-]1",
+        r"\[js device\] shuffler receipts: 1 of 1 admitted; outcome released",
+        r"\[js device\] answering again is refused: round [0-9a-f]{32}/0 was already answered",
+        r"the device's ledger file holds: spent eps 0\.5 of 0\.5, outcomes \{'[0-9a-f]{32}/0': 'released'\}",
+    ]
+    at = 0
+    for pattern in order:
+        found = re.compile(pattern).search(out, at)
+        assert found, f"{pattern!r} missing (or out of order) in:\n{out}"
+        at = found.end()
+    # the Hadamard row of the round's one padded bin count: 40 / (2 * 0.8) = 25 bins, padded to 32
+    assert int(re.search(r"Hadamard row (\d+)", out).group(1)) < 32, out
+
+
 def check_device_client(out: str, cwd: Path) -> None:
     devices = min(2000, SIZE_CAP)
     assert f"{devices:,} devices" in out and "('released', 'released')" in out, out
@@ -58,6 +79,7 @@ def check_train_uldp_sgd(out: str, cwd: Path) -> None:
 CHECKS = {
     "simulate_and_plot.py": check_simulate_and_plot,
     "embed_client.py": check_embed_client,
+    "js_device.py": check_js_device,
     "device_client.py": check_device_client,
     "train_uldp_sgd.py": check_train_uldp_sgd,
 }
