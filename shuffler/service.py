@@ -20,7 +20,9 @@ topic), the shuffler
    and a counter (:attr:`RoundStats.rejected`);
 3. commits admitted envelopes to its durable spool (:mod:`shuffledp.shuffler.spool`)
    *before* acknowledging them: a signed :class:`AdmissionReceipts` on the round's
-   receipts topic names the nonces admitted and refused. An exact retransmission of
+   receipts topic names the nonces admitted and refused (refusals of a credential that
+   does not verify only up to ``UNVERIFIED_REFUSALS_PER_ROUND`` per round, so forged
+   credentials cannot buy signed answers in bulk). An exact retransmission of
    an admitted envelope is acknowledged again, never counted twice;
 4. once ``max_batch`` envelopes are admitted, or at the deadline, releases the round
    if it holds at least ``min_batch``: keeps only the sealed reports, permutes them
@@ -114,6 +116,12 @@ _log = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 16384
 #: Refusals one credential may cause in a round before its later envelopes are dropped unanswered.
 REFUSALS_PER_CREDENTIAL = 8
+#: Refusals whose credential does not verify (forged, another issuer's, revoked) that a round's
+#: receipts name; later ones are dropped unanswered. They have no client id to be charged to, so
+#: they are charged together, as one credential: a flood of forged credentials gets this many
+#: signed refusals per round, not one each. An honest device holds a valid credential, so its
+#: refusals are charged to its own client id, never here.
+UNVERIFIED_REFUSALS_PER_ROUND = REFUSALS_PER_CREDENTIAL
 #: Most envelopes admitted (and spooled) in one group commit, and named in one receipts message.
 BURST = 4096
 #: Seconds between attempts to write a round's opening or release the spool could not write.
@@ -196,6 +204,8 @@ class RoundAdmission:
         self.opener = EnvelopeOpener(keys.hpke_private, spec)
         self.per_client: Counter = Counter()
         self.refusals: Counter = Counter()
+        #: Refusals named in receipts whose credential did not verify (UNVERIFIED_REFUSALS_PER_ROUND at most).
+        self.unverified_refusals = 0
         self.nonces: dict[bytes, bytes] = {}  # nonce -> sealed report
         self.sealed_seen: set[bytes] = set()
         self.payloads: list[bytes] = []
@@ -226,7 +236,9 @@ class RoundAdmission:
         """The nonce and the envelope to admit (None: an exact retransmission), or a typed error.
 
         An error raised after the outer layer opened carries the envelope's nonce
-        (``exc.nonce``), so the receipts can name the refusal.
+        (``exc.nonce``), so the receipts can name the refusal: always when the credential
+        verified, and when it did not only for the round's first
+        ``UNVERIFIED_REFUSALS_PER_ROUND`` such refusals (the rest are refused unanswered).
         """
         return self._check_opened(self.opener.open_fields(data), pending)
 
@@ -254,6 +266,10 @@ class RoundAdmission:
         except ShuffleDPError as exc:
             if client_id is not None:
                 self.refusals[client_id] += 1
+            elif self.unverified_refusals < UNVERIFIED_REFUSALS_PER_ROUND:
+                self.unverified_refusals += 1
+            else:
+                raise  # no nonce: no receipt names it (a forged credential cannot buy signed refusals)
             exc.nonce = nonce  # type: ignore[attr-defined]
             raise
         return nonce, AdmittedEnvelope(client_id, nonce, sealed)
@@ -265,7 +281,9 @@ class RoundAdmission:
 
         Never raises for bad input: each refusal is counted by reason, and refused
         envelopes whose outer layer opened are named (by nonce) in the receipts,
-        except ``rate-limited`` ones, which are dropped unanswered.
+        except ``rate-limited`` ones and, past the round's first
+        ``UNVERIFIED_REFUSALS_PER_ROUND``, those whose credential does not verify, which
+        are dropped unanswered.
         """
         return self._admit_opened(self._open_all(unpack_envelopes(items, self.opener.format.size)))
 
@@ -695,11 +713,23 @@ class Shuffler:
         # published only once spooled: until then the round stays open in the spool, with its reports
         await self._until_written("release", spec.round_id, self.spool.release, spec.session_id, spec.round_id, batch_id, chunks)
         self._published_at[batch_id] = max(self.clock(), spec.deadline)
-        await self._publish_chunks(spec.session_id, spec.round_id, chunks)
+        # Released from here on: the spool holds the batch, and it is published now and again until
+        # acknowledged (republish_unacknowledged), whatever becomes of the publishes below. So the round's
+        # statistics say so before any publish waits for the broker: an acknowledgement that lands while
+        # a publish still waits marks the round served, and nothing below undoes it; and a publish that
+        # fails does not fail a round whose batch will still be delivered and counted.
         stats.forwarded = stats.admitted
         stats.chunks = len(chunks)
         stats.outcome = "forwarded"
-        await self._publish_outcome(spec, "released", "", stats.admitted, batch_id)
+        try:
+            await self._publish_chunks(spec.session_id, spec.round_id, chunks)
+        except ShuffleDPError as exc:  # e.g. the broker away longer than a publish waits
+            _log.warning("shuffler: round %d released, its batch not published yet (published again every %g s "
+                         "until acknowledged): %s", spec.round_id, self.republish_interval, exc)
+        try:
+            await self._publish_outcome(spec, "released", "", stats.admitted, batch_id)
+        except ShuffleDPError as exc:
+            _log.warning("shuffler: round %d released, its released outcome not published: %s", spec.round_id, exc)
         _log.info("shuffler: round %d released %d reports in %d chunk(s)", spec.round_id, stats.admitted, len(chunks))
         return stats
 

@@ -21,10 +21,12 @@ broker for shuffledp needs into one directory and can run it:
   (``per_listener_settings false``), so they bind every listener alike;
 * **per-role limits** (:class:`RoleLimits`): a small mosquitto plugin
   (``broker_plugin/shuffledp_roles.c``, built here with the system C compiler and
-  loaded by the config's ``plugin`` line) refuses, per role, payloads larger than the
-  role's largest legitimate message, retained publishes on topics where the
-  protocol does not retain (clients: none), and more simultaneous connections per
-  username than the role needs (clients: one). It also refuses a CONNECT whose MQTT
+  loaded by the config's ``plugin`` line) refuses, per role, publishes larger than the
+  role's largest legitimate message (payload and MQTT 5 properties together), retained
+  publishes on topics where the protocol does not retain (clients: none), more
+  simultaneous connections per username than the role needs (clients: two), and for
+  client accounts MQTT 5 and sessions kept after the connection closes (clean session
+  off), so a client password can leave nothing queued behind. It also refuses a CONNECT whose MQTT
   client id a live connection of *another* username holds, so a client account
   cannot knock a service off by taking over its session (mosquitto itself closes
   whichever connection held the id); the same username may still take over its own
@@ -91,6 +93,15 @@ DEFAULT_MAX_PACKET_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_QUEUED_MESSAGES = 100_000
 #: QoS 1 messages in flight from the broker to one client before it waits for PUBACKs.
 DEFAULT_MAX_INFLIGHT_MESSAGES = 100
+#: Bytes mosquitto holds for one client's session, in flight and queued (``max_queued_bytes``);
+#: further messages to it are dropped. 128 batch chunks of the default size (about 2 MiB),
+#: so an analyzer that lags holds a batch of some two million reports, while a client
+#: account's connection that subscribes and never reads cannot grow the broker by more.
+DEFAULT_MAX_QUEUED_BYTES = 256 * 1024 * 1024
+#: How long mosquitto keeps a session whose connection closed (``persistent_client_expiration``).
+#: Client accounts get none (:class:`RoleLimits`); this bounds the sessions a service account
+#: may leave, whatever expiry it asked for.
+PERSISTENT_CLIENT_EXPIRATION = "1h"
 
 _USERNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _OWNER_ONLY = 0o600
@@ -391,21 +402,47 @@ ROLE_RETAINED_SUFFIXES: dict[str, tuple[str, ...]] = {
 #: instances, or an audit beside a service, share an account, never hundreds. A fleet
 #: that shares one client username needs its size here (``--client-connections``).
 ROLE_CONNECTIONS: dict[str, int] = {"analyzer": 8, "shuffler": 8, "client": 2}
+#: ``(mqtt5, persistent_sessions)`` per role (:class:`RoleLimits`). The parties all speak
+#: MQTT 3.1.1 with clean sessions; client accounts, held by every device, are held to it.
+ROLE_MQTT5_AND_SESSIONS: dict[str, tuple[bool, bool]] = {"analyzer": (True, True), "shuffler": (True, True), "client": (False, False)}
 
 
 @dataclass(frozen=True)
 class RoleLimits:
     """What the broker lets one role do beyond its ACL (0 means no limit).
 
-    * ``max_payload``: largest PUBLISH payload, bytes. A larger publish is dropped
-      (QoS 1 still gets its PUBACK, as for an ACL refusal), so a client account cannot
-      park megabytes in the broker's memory or queues.
+    * ``max_payload``: largest PUBLISH, bytes: its payload plus its MQTT 5 properties
+      (user properties, content type, correlation data, response topic, payload
+      format: what the broker passes on to subscribers), counted as encoded in the
+      packet. A larger publish is dropped (QoS 1 still gets its PUBACK, as for an ACL
+      refusal), so a client account cannot park megabytes in the broker's memory or
+      queues, beside its payload or in it.
     * ``max_connections``: simultaneous connections per username of the role; a
       further CONNECT with another client id is refused (not authorised). It bounds
-      the sessions, and so the queued messages, one stolen password can hold open.
+      the live sessions, and so the queued messages, one stolen password can hold open.
     * ``retain``: topic filters on which the role may publish retained messages; a
       retained publish elsewhere is dropped. Retained messages live in the broker's
       memory until replaced and replay to every later subscription.
+    * ``mqtt5``: whether the role may connect with MQTT 5; if not, such a CONNECT is
+      refused (not authorised) and the role speaks MQTT 3.1.1 (or 3.1), which has no
+      properties and no session expiry.
+    * ``persistent_sessions``: whether the role may have the broker keep its session
+      after the connection closes. If not, a CONNECT with clean session off is refused
+      (not authorised), so the broker holds nothing for the role once its connections
+      are gone, and ``max_connections`` bounds every session of the role, not only the
+      live ones. MQTT 5 keeps a session also when the CONNECT sets a session expiry with
+      clean start on, which the plugin cannot see: ``persistent_sessions=False`` needs
+      ``mqtt5=False``.
+
+    Client accounts (:func:`default_role_limits`) get neither: MQTT 3.1.1 with clean
+    sessions, what both device clients use (``MqttChannel`` through aiomqtt's default,
+    the JavaScript client's ``protocolVersion: 4, clean: true``); a device that lost its
+    connection learns what it missed from the retained spec and outcome and by sending
+    its envelope again until a receipt names it. The services' accounts keep both
+    (operators' tools may use MQTT 5); their properties count toward their payload
+    limits, and the broker drops a session left without a connection after
+    :data:`PERSISTENT_CLIENT_EXPIRATION`. Every session, live or kept, holds at most
+    ``max_queued_bytes`` (:data:`DEFAULT_MAX_QUEUED_BYTES`).
 
     Whatever the limits, the plugin refuses (not authorised) a CONNECT whose client id
     is held by a live connection of another username: mosquitto would otherwise close
@@ -417,10 +454,14 @@ class RoleLimits:
     max_payload: int
     max_connections: int
     retain: tuple[str, ...] = ()
+    mqtt5: bool = True
+    persistent_sessions: bool = True
 
     def __post_init__(self) -> None:
         if self.max_payload < 0 or self.max_connections < 0:
             raise ValueError("max_payload and max_connections must be >= 0 (0 = no limit)")
+        if not self.persistent_sessions and self.mqtt5:
+            raise ValueError("persistent_sessions=False needs mqtt5=False: an MQTT 5 session expiry is invisible to the plugin")
         for topic_filter in self.retain:
             if not topic_filter or "," in topic_filter or any(c.isspace() for c in topic_filter):
                 raise ValueError(f"retain: bad topic filter {topic_filter!r}")
@@ -438,7 +479,8 @@ def default_role_limits(max_packet_size: int = DEFAULT_MAX_PACKET_SIZE) -> dict[
       decoder would refuse. The analyzer's is the signed spec's (25 KiB); the
       shuffler's is a batch chunk's, so the broker-wide ``max_packet_size`` binds;
     * retain: only on the topics the protocol retains (:data:`ROLE_RETAINED_SUFFIXES`);
-    * connections per username: :data:`ROLE_CONNECTIONS`.
+    * connections per username: :data:`ROLE_CONNECTIONS`;
+    * MQTT 5 and persistent sessions: :data:`ROLE_MQTT5_AND_SESSIONS` (clients: neither).
     """
     from shuffledp.protocol.wire import codec  # not at import time: keep the operator tool light
 
@@ -446,7 +488,8 @@ def default_role_limits(max_packet_size: int = DEFAULT_MAX_PACKET_SIZE) -> dict[
     for role, access in TOPIC_ACCESS.items():
         payload = max(codec.MESSAGE_TYPES[tag][1] for tag in ROLE_MESSAGES[role])
         retain = tuple(f for f in access.get("write", ()) if f.endswith(ROLE_RETAINED_SUFFIXES[role]))
-        limits[role] = RoleLimits(min(payload, max_packet_size), ROLE_CONNECTIONS[role], retain)
+        mqtt5, persistent = ROLE_MQTT5_AND_SESSIONS[role]
+        limits[role] = RoleLimits(min(payload, max_packet_size), ROLE_CONNECTIONS[role], retain, mqtt5, persistent)
     return limits
 
 
@@ -458,6 +501,8 @@ def role_plugin_options(limits: Mapping[str, RoleLimits], roles_file: Path) -> l
             f"plugin_opt_{role}_max_payload {limit.max_payload}",
             f"plugin_opt_{role}_max_connections {limit.max_connections}",
             f"plugin_opt_{role}_retain {','.join(limit.retain) or '-'}",
+            f"plugin_opt_{role}_mqtt5 {int(limit.mqtt5)}",
+            f"plugin_opt_{role}_persistent_sessions {int(limit.persistent_sessions)}",
         ]
     return lines
 
@@ -511,7 +556,7 @@ def build_role_plugin(directory: Path | str, *, source: Path = ROLE_PLUGIN_SOURC
         if done.returncode != 0:
             partial.unlink(missing_ok=True)
             output = (done.stderr or done.stdout).strip()
-            if "mosquitto_broker.h" in output or "mosquitto_plugin.h" in output or "mosquitto.h" in output:
+            if any(header in output for header in ("mosquitto_broker.h", "mosquitto_plugin.h", "mosquitto.h", "mqtt_protocol.h")):
                 return None, "the mosquitto plugin headers are missing (Debian packages mosquitto-dev, libmosquitto-dev)"
             detail = output.splitlines()[-1] if output else f"exit status {done.returncode}"
             return None, f"compiling {source.name} with {compiler} failed: {detail}"
@@ -539,6 +584,7 @@ def mosquitto_conf(
     max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
     max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
     max_inflight_messages: int = DEFAULT_MAX_INFLIGHT_MESSAGES,
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     role_plugin: Path | None = None,
     role_limits: Mapping[str, RoleLimits] | None = None,
     roles_file: Path | None = None,
@@ -556,8 +602,11 @@ def mosquitto_conf(
     file, the ACL and the plugin apply to every listener alike. Messages live in memory only unless ``persistence_dir`` is set.
     With ``role_plugin`` (from :func:`build_role_plugin`) the broker loads it with
     ``role_limits`` and the ``roles_file`` (``username role`` lines): each role's
-    payload, retain and connection limits (:class:`RoleLimits`) apply on top of the
-    password file and the ACL.
+    payload, retain, connection, protocol and session limits (:class:`RoleLimits`)
+    apply on top of the password file and the ACL. Whatever the plugin, every client
+    session holds at most ``max_queued_bytes`` (0: no limit) of messages in flight and
+    queued, and a session left without a connection is dropped after
+    :data:`PERSISTENT_CLIENT_EXPIRATION`.
     """
     lines = [
         "# Generated by shuffledp.deploy.broker; regenerate rather than edit.",
@@ -585,7 +634,8 @@ def mosquitto_conf(
     lines += [
         f"max_packet_size {max_packet_size}",
         f"max_queued_messages {max_queued_messages}",
-        "max_queued_bytes 0",
+        f"max_queued_bytes {max_queued_bytes}",
+        f"persistent_client_expiration {PERSISTENT_CLIENT_EXPIRATION}",
         f"max_inflight_messages {max_inflight_messages}",
         "set_tcp_nodelay true",
         "log_dest stderr",
@@ -731,6 +781,7 @@ class Broker:
         max_packet_size: int = DEFAULT_MAX_PACKET_SIZE,
         max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
         max_inflight_messages: int = DEFAULT_MAX_INFLIGHT_MESSAGES,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         startup_timeout: float = 10.0,
         mosquitto: str | None = None,
         die_with_parent: bool = False,
@@ -759,6 +810,7 @@ class Broker:
         self.max_packet_size = max_packet_size
         self.max_queued_messages = max_queued_messages
         self.max_inflight_messages = max_inflight_messages
+        self.max_queued_bytes = max_queued_bytes
         self.startup_timeout = startup_timeout
         self._mosquitto = mosquitto
         self.die_with_parent = die_with_parent
@@ -831,7 +883,8 @@ class Broker:
     def role_limits_status(self) -> dict[str, object]:
         """``{"on": bool, "reason": why off, "limits": {role: {...}}}`` (what ``credentials.json`` records)."""
         limits = {
-            role: {"max_payload": limit.max_payload, "max_connections": limit.max_connections, "retain": list(limit.retain)}
+            role: {"max_payload": limit.max_payload, "max_connections": limit.max_connections, "retain": list(limit.retain),
+                   "mqtt5": limit.mqtt5, "persistent_sessions": limit.persistent_sessions}
             for role, limit in (self.role_limits or {}).items()
         }
         return {"on": self.role_limits_on, "reason": self.role_limits_off_reason, "limits": limits if self.role_limits_on else {}}
@@ -887,6 +940,7 @@ class Broker:
                 max_packet_size=self.max_packet_size,
                 max_queued_messages=self.max_queued_messages,
                 max_inflight_messages=self.max_inflight_messages,
+                max_queued_bytes=self.max_queued_bytes,
                 role_plugin=self._role_plugin,
                 role_limits=self.role_limits,
                 roles_file=self.roles_file,
@@ -1132,6 +1186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = "; ".join(
             f"{role}: payload <= {limit.max_payload} B, {limit.max_connections or 'any'} connection(s) per user, "
             f"retain {'on ' + ', '.join(limit.retain) if limit.retain else 'never'}"
+            f"{'' if limit.mqtt5 else ', MQTT 3.1.1 only'}{'' if limit.persistent_sessions else ', clean sessions only'}"
             for role, limit in (broker.role_limits or {}).items()
         )
         print(f"per-role limits ON ({summary})")

@@ -11,10 +11,19 @@
  *                        publish on a topic where the role may not retain. Otherwise
  *                        (and for every read/subscribe check) return
  *                        MOSQ_ERR_PLUGIN_DEFER, so the acl_file decides.
+ *   MOSQ_EVT_MESSAGE     for the same PUBLISH, once the ACL allowed it: refuse it if
+ *                        its payload plus its MQTT 5 properties (user properties,
+ *                        content type, correlation data, response topic, payload
+ *                        format: those the broker passes on to subscribers, counted as
+ *                        encoded in the packet) exceed the role's size limit. The ACL
+ *                        event of mosquitto 2.0 does not show the properties; this one
+ *                        does, before the message is stored or queued.
  *   MOSQ_EVT_BASIC_AUTH  refuse a connection whose client id is held by a live
- *                        connection of *another* username (see below), and one that
- *                        would exceed the role's limit of simultaneous connections per
- *                        username; otherwise DEFER, so the password_file decides. A
+ *                        connection of *another* username (see below), one with MQTT 5
+ *                        or with a session kept after it closes (clean session off)
+ *                        from a role that may not use them, and one that would exceed
+ *                        the role's limit of simultaneous connections per username;
+ *                        otherwise DEFER, so the password_file decides. A
  *                        new connection with the client id of an existing one of the
  *                        same username is not counted (MQTT session takeover: the
  *                        broker closes the old one), so a device reconnecting before
@@ -35,6 +44,17 @@
  * the same loop iteration; a refusal here records nothing. Offline (persistent)
  * sessions hold no client id here: shuffledp's parties use clean sessions.
  *
+ * Sessions. The connection limit counts live connections; a session the broker keeps
+ * after its connection closed (MQTT 3.1.1 clean session off; MQTT 5 with a session
+ * expiry) is not one, yet it queues every message of its subscriptions. A role with
+ * <role>_persistent_sessions 0 gets clean sessions only: at BASIC_AUTH the broker has
+ * parsed the CONNECT, so mosquitto_client_clean_session tells the flag. MQTT 5 keeps a
+ * session also with clean start on when the CONNECT sets a session expiry, which the
+ * plugin API of mosquitto 2.0 does not show: such a role must also have <role>_mqtt5 0
+ * (shuffledp.deploy.broker.RoleLimits enforces it), which refuses MQTT 5 (protocol
+ * version 5, mosquitto_client_protocol_version) outright. Neither MQTT 3.1 nor 3.1.1
+ * has properties or a session expiry.
+ *
  * Options (plugin_opt_<key> <value> in mosquitto.conf):
  *   roles_file             file of "username role" lines; a user not in it may
  *                          publish nothing (the broker's users all are);
@@ -42,7 +62,12 @@
  *                          beyond the broker's max_packet_size);
  *   <role>_max_connections simultaneous connections per username (0: no limit);
  *   <role>_retain          comma-separated topic filters (+ and #) on which the role
- *                          may publish retained messages; "-" or empty: none.
+ *                          may publish retained messages; "-" or empty: none;
+ *   <role>_mqtt5           1: the role may connect with MQTT 5; 0: it may not
+ *                          (default 1);
+ *   <role>_persistent_sessions
+ *                          1: the role may ask the broker to keep its session after
+ *                          the connection closes; 0: clean sessions only (default 1).
  *
  * Written for shuffledp; built by shuffledp.deploy.broker with the system C compiler (headers:
  * Debian packages mosquitto-dev and libmosquitto-dev):
@@ -50,6 +75,7 @@
  */
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,6 +86,7 @@
 #include <mosquitto.h>
 #include <mosquitto_broker.h>
 #include <mosquitto_plugin.h>
+#include <mqtt_protocol.h>
 
 #define MAX_ROLES 16
 #define MAX_NAME 64
@@ -71,6 +98,8 @@ struct role {
 	unsigned long max_connections;    /* 0: no limit */
 	char *retain[MAX_RETAIN_FILTERS];  /* topic filters where retain is allowed */
 	int retain_count;
+	bool no_mqtt5;                    /* refuse MQTT 5 connections */
+	bool clean_sessions_only;         /* refuse a CONNECT with clean session off */
 };
 
 struct user {
@@ -232,11 +261,12 @@ static int load_roles_file(const char *path)
 
 static int apply_option(const char *key, const char *value)
 {
-	static const char *suffixes[] = {"_max_payload", "_max_connections", "_retain"};
+	/* "_persistent_sessions" before any suffix it ends with; none ends another here */
+	static const char *suffixes[] = {"_max_payload", "_max_connections", "_retain", "_mqtt5", "_persistent_sessions"};
 	size_t key_len = strlen(key);
 
 	if(!strcmp(key, "roles_file")) return load_roles_file(value);
-	for(int s = 0; s < 3; s++){
+	for(int s = 0; s < 5; s++){
 		size_t suffix_len = strlen(suffixes[s]);
 		if(key_len <= suffix_len || strcmp(key + key_len - suffix_len, suffixes[s])) continue;
 		int r = get_role(key, key_len - suffix_len);
@@ -244,8 +274,11 @@ static int apply_option(const char *key, const char *value)
 		if(r < 0) return MOSQ_ERR_INVAL;
 		if(s == 2) return set_retain_filters(&roles[r], value);
 		if(!parse_unsigned(value, &number)) return MOSQ_ERR_INVAL;
+		if(s >= 3 && number > 1) return MOSQ_ERR_INVAL; /* a flag: 0 or 1 */
 		if(s == 0) roles[r].max_payload = number;
-		else roles[r].max_connections = (unsigned long)number;
+		else if(s == 1) roles[r].max_connections = (unsigned long)number;
+		else if(s == 3) roles[r].no_mqtt5 = (number == 0);
+		else roles[r].clean_sessions_only = (number == 0);
 		return MOSQ_ERR_SUCCESS;
 	}
 	return MOSQ_ERR_INVAL;
@@ -293,6 +326,94 @@ static int on_acl_check(int event, void *event_data, void *userdata)
 		}
 	}
 	return MOSQ_ERR_PLUGIN_DEFER; /* the acl_file decides */
+}
+
+/* Bytes of a variable byte integer (MQTT 5, section 1.5.5). */
+static unsigned varint_size(uint32_t value)
+{
+	return value < 128 ? 1 : value < 16384 ? 2 : value < 2097152 ? 3 : 4;
+}
+
+/* The bytes properties take in the packet (each property's identifier and value; the
+ * length in front of the list is not counted), through the public property API (whose
+ * readers copy each value once: no more work than the broker's own reading of the
+ * packet). ULLONG_MAX for a property it cannot read, so it is never under-counted. */
+static unsigned long long properties_size(const mosquitto_property *properties)
+{
+	unsigned long long total = 0;
+	for(const mosquitto_property *p = properties; p; p = mosquitto_property_next(p)){
+		int id = mosquitto_property_identifier(p), check = 0, type = 0;
+		const char *name = mosquitto_property_identifier_to_string(id);
+		if(name == NULL || mosquitto_string_to_property_info(name, &check, &type) != MOSQ_ERR_SUCCESS || check != id){
+			return ULLONG_MAX;
+		}
+		total += varint_size((uint32_t)id);
+		switch(type){
+			case MQTT_PROP_TYPE_BYTE: total += 1; break;
+			case MQTT_PROP_TYPE_INT16: total += 2; break;
+			case MQTT_PROP_TYPE_INT32: total += 4; break;
+			case MQTT_PROP_TYPE_VARINT: {
+				uint32_t value = 0;
+				if(!mosquitto_property_read_varint(p, id, &value, false)) return ULLONG_MAX;
+				total += varint_size(value);
+				break;
+			}
+			case MQTT_PROP_TYPE_BINARY: {
+				void *value = NULL;
+				uint16_t len = 0;
+				if(!mosquitto_property_read_binary(p, id, &value, &len, false)) return ULLONG_MAX;
+				mosquitto_free(value);
+				total += 2 + (unsigned long long)len;
+				break;
+			}
+			case MQTT_PROP_TYPE_STRING: {
+				char *value = NULL;
+				if(!mosquitto_property_read_string(p, id, &value, false)) return ULLONG_MAX;
+				total += 2 + (unsigned long long)(value ? strlen(value) : 0);
+				mosquitto_free(value);
+				break;
+			}
+			case MQTT_PROP_TYPE_STRING_PAIR: {
+				char *key = NULL, *value = NULL;
+				if(!mosquitto_property_read_string_pair(p, id, &key, &value, false)) return ULLONG_MAX;
+				total += 4 + (unsigned long long)(key ? strlen(key) : 0) + (value ? strlen(value) : 0);
+				mosquitto_free(key);
+				mosquitto_free(value);
+				break;
+			}
+			default:
+				return ULLONG_MAX;
+		}
+	}
+	return total;
+}
+
+static int on_message(int event, void *event_data, void *userdata)
+{
+	struct mosquitto_evt_message *ed = event_data;
+	(void)event;
+	(void)userdata;
+
+	if(ed->properties == NULL) return MOSQ_ERR_SUCCESS; /* MQTT 3.1/3.1.1, or none: the ACL check counted it all */
+	const char *username = mosquitto_client_username(ed->client);
+	int r = user_role(username);
+	if(r < 0){
+		log_denial(username, ed->topic, "user has no role", ed->payloadlen);
+		return MOSQ_ERR_ACL_DENIED;
+	}
+	unsigned long long limit = roles[r].max_payload;
+	if(limit == 0) return MOSQ_ERR_SUCCESS;
+	unsigned long long size = properties_size(ed->properties);
+	if(size == ULLONG_MAX){
+		log_denial(username, ed->topic, "an MQTT 5 property the plugin cannot size", ed->payloadlen);
+		return MOSQ_ERR_ACL_DENIED;
+	}
+	size += ed->payloadlen;
+	if(size > limit){
+		log_denial(username, ed->topic, "payload and MQTT 5 properties over the role's limit", size);
+		return MOSQ_ERR_ACL_DENIED;
+	}
+	return MOSQ_ERR_SUCCESS;
 }
 
 static void forget_connection(const struct mosquitto *client)
@@ -343,6 +464,16 @@ static int on_basic_auth(int event, void *event_data, void *userdata)
 	}
 
 	int r = user_role(ed->username);
+	if(r >= 0 && roles[r].no_mqtt5 && mosquitto_client_protocol_version(ed->client) == 5){
+		snprintf(why, sizeof(why), "role %s may not use MQTT 5 (MQTT 3.1.1 only)", roles[r].name);
+		log_refused_connection(client_id, ed->username, why);
+		return MOSQ_ERR_AUTH;
+	}
+	if(r >= 0 && roles[r].clean_sessions_only && !mosquitto_client_clean_session(ed->client)){
+		snprintf(why, sizeof(why), "role %s: clean sessions only (clean session was off)", roles[r].name);
+		log_refused_connection(client_id, ed->username, why);
+		return MOSQ_ERR_AUTH;
+	}
 	if(r >= 0 && roles[r].max_connections > 0){
 		unsigned long others = 0;
 		for(size_t i = 0; i < connection_count; i++){
@@ -427,6 +558,7 @@ int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata, st
 		}
 	}
 	if((rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL, NULL))
+			|| (rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_MESSAGE, on_message, NULL, NULL))
 			|| (rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL, NULL))
 			|| (rc = mosquitto_callback_register(plugin_id, MOSQ_EVT_DISCONNECT, on_disconnect, NULL, NULL))){
 		free_all();
@@ -434,8 +566,11 @@ int mosquitto_plugin_init(mosquitto_plugin_id_t *identifier, void **userdata, st
 	}
 	for(int r = 0; r < role_count; r++){
 		mosquitto_log_printf(MOSQ_LOG_NOTICE,
-				"shuffledp_roles: role %s: payload <= %llu bytes, <= %lu connection(s) per username, retain on %d filter(s) (0 = no limit)",
-				roles[r].name, roles[r].max_payload, roles[r].max_connections, roles[r].retain_count);
+				"shuffledp_roles: role %s: payload <= %llu bytes, <= %lu connection(s) per username, retain on %d filter(s) (0 = no limit), "
+				"MQTT 5 %s, %s",
+				roles[r].name, roles[r].max_payload, roles[r].max_connections, roles[r].retain_count,
+				roles[r].no_mqtt5 ? "refused" : "allowed",
+				roles[r].clean_sessions_only ? "clean sessions only" : "persistent sessions allowed");
 	}
 	return MOSQ_ERR_SUCCESS;
 }
@@ -447,6 +582,7 @@ int mosquitto_plugin_cleanup(void *userdata, struct mosquitto_opt *options, int 
 	(void)option_count;
 	if(plugin_id){
 		mosquitto_callback_unregister(plugin_id, MOSQ_EVT_ACL_CHECK, on_acl_check, NULL);
+		mosquitto_callback_unregister(plugin_id, MOSQ_EVT_MESSAGE, on_message, NULL);
 		mosquitto_callback_unregister(plugin_id, MOSQ_EVT_BASIC_AUTH, on_basic_auth, NULL);
 		mosquitto_callback_unregister(plugin_id, MOSQ_EVT_DISCONNECT, on_disconnect, NULL);
 	}
