@@ -7,7 +7,8 @@ Two workloads, each a whole protocol run from users made block by block from the
   m = 2 samples per user.
 
 For each, the local engine runs in a fresh process, and the Dask engine on a fresh
-``LocalCluster`` of 2 worker processes (one thread each): the wall time of the run (the
+``LocalCluster`` of 2 worker processes (one thread each), secured as ``--dask-workers`` secures
+it (``private_cluster``: mutual TLS, 127.0.0.1): the wall time of the run (the
 cluster's start-up, with the workers' imports of the engine, is reported apart), the speed
 ratio local / Dask, and the peak resident memory (``ru_maxrss``) of the local process and of
 each worker, read once the run is over,
@@ -107,15 +108,14 @@ def _import_engine() -> None:
 
 def dask_run(kind: str, n: int) -> dict:
     """On a fresh LocalCluster of :data:`WORKERS` worker processes (so each peak is this run's)."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    from shuffledp.simulation.dask_engine import blocks_per_task, run_dask
+    from shuffledp.simulation.dask_engine import blocks_per_task, private_cluster, run_dask
     from shuffledp.simulation.engine import draw_block_users
 
     protocol, users = workload(kind, n)
     start = time.perf_counter()
-    with LocalCluster(n_workers=WORKERS, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
-            Client(cluster) as client:
+    with private_cluster(WORKERS) as cluster, Client(cluster) as client:  # the cluster --dask-workers starts
         client.wait_for_workers(WORKERS)
         client.run(_import_engine)
         started = time.perf_counter() - start

@@ -114,12 +114,18 @@ def add_engine_arguments(p: argparse.ArgumentParser, default: str) -> None:
     dask = p.add_mutually_exclusive_group()
     dask.add_argument(
         "--dask-scheduler", metavar="ADDRESS", default=None,
-        help="run the fast engine's blocks on the Dask cluster of this scheduler (tcp://HOST:8786); "
-        "the same result, bit for bit (needs shuffledp[dask])",
+        help="run the fast engine's blocks on the Dask cluster of this scheduler (tls://HOST:8786, with this client's "
+        "certificate in Dask's configuration: docs/scale.md); the same result, bit for bit (needs shuffledp[dask])",
     )
     dask.add_argument(
         "--dask-workers", metavar="N", type=int, default=None,
-        help="run the fast engine's blocks on a local Dask cluster of N worker processes (needs shuffledp[dask])",
+        help="run the fast engine's blocks on a local Dask cluster of N worker processes, private to this run "
+        "(mutual TLS with a key made for it, on 127.0.0.1, no dashboard; needs shuffledp[dask])",
+    )
+    p.add_argument(
+        "--dask-insecure-plaintext", action="store_true",
+        help="accept a --dask-scheduler address without TLS (tcp://): anyone who can reach that scheduler runs code "
+        "as its workers' user, and the scheduler, or whoever is on the path, runs code in this process",
     )
 
 
@@ -135,6 +141,10 @@ def check_engine_arguments(args: argparse.Namespace) -> None:
         raise InvalidParameter("dask-scheduler/dask-workers", "a Dask cluster runs the fast engine's blocks: use --fast")
     if args.dask_workers is not None and args.dask_workers < 1:
         raise InvalidParameter("dask-workers", f"must be >= 1, got {args.dask_workers}")
+    if args.dask_scheduler is not None:
+        from shuffledp.simulation.dask_engine import scheduler_security
+
+        scheduler_security(args.dask_scheduler, allow_plaintext=getattr(args, "dask_insecure_plaintext", False))
 
 
 def engine_client(args: argparse.Namespace) -> "contextlib.AbstractContextManager[Any]":
@@ -142,7 +152,8 @@ def engine_client(args: argparse.Namespace) -> "contextlib.AbstractContextManage
     ``None``: the fast engine in this process (:func:`shuffledp.simulation.dask_engine.dask_client`)."""
     from shuffledp.simulation.dask_engine import dask_client
 
-    return dask_client(getattr(args, "dask_scheduler", None), getattr(args, "dask_workers", None))
+    return dask_client(getattr(args, "dask_scheduler", None), getattr(args, "dask_workers", None),
+                       allow_plaintext=getattr(args, "dask_insecure_plaintext", False))
 
 
 def resolve_budgets(args: argparse.Namespace) -> None:
@@ -246,7 +257,7 @@ def _run_vector(args: argparse.Namespace) -> int:
         epsilon0=args.epsilon0, mode="sampled", gamma=args.gamma, delta=args.delta, seed=args.seed, path=args.path,
         broker=args.broker, json=args.json, output=None, plot=args.plot, quiet=args.quiet,
         dask_scheduler=args.dask_scheduler, dask_workers=args.dask_workers,
-        _title=title, _command="simulate",
+        dask_insecure_plaintext=args.dask_insecure_plaintext, _title=title, _command="simulate",
     )
     return vector_cli.run(vector_args)
 

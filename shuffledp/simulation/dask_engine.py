@@ -29,6 +29,20 @@ scheduler runs its blocks again elsewhere (up to ``distributed.scheduler.allowed
 times per task) and they return the same statistics: a lost worker costs time, never a
 different result.
 
+Privacy of the cluster. A Dask scheduler or worker runs whatever function a connected client
+sends it, and a client unpickles whatever results come back, so whoever can connect to a
+cluster runs code as its user, and a cluster (or whoever sits between) runs code in the
+client. The cluster :func:`private_cluster` starts (``--dask-workers N``) is therefore reachable
+only with credentials made for the run: mutual TLS under a certificate and key generated in
+memory (``distributed.Security.temporary()``) that only this process and its workers hold; a
+connection without that certificate is dropped in the TLS handshake, before any message is
+read. Every socket it listens on is on 127.0.0.1, and its HTTP servers (which Dask always
+starts) serve no page: no dashboard, no metrics, no worker list
+(``tests/simulation/test_dask_security.py``). An external scheduler (``--dask-scheduler``) must
+be addressed over TLS (``tls://``, ``wss://``), with this client's certificate in Dask's
+configuration; a plaintext address is refused unless the caller accepts it by name
+(:func:`scheduler_security`).
+
 Dask is imported only inside this module's functions: importing it costs nothing without
 the extra, and the local engine never loads it.
 """
@@ -59,7 +73,7 @@ from shuffledp.simulation.engine import (
 from shuffledp.simulation.population import GeneratedUsers
 
 if TYPE_CHECKING:  # pragma: no cover
-    from distributed import Client
+    from distributed import Client, LocalCluster
 
 #: Where a round's task should run: ``placement(round_index, first block of the task)`` names worker
 #: addresses (a preference: Dask runs the task elsewhere if those workers are gone), or ``None``: anywhere.
@@ -261,13 +275,117 @@ def _scheduler_address(client: Any) -> str:
         return "cluster"
 
 
+#: The only address the cluster :func:`private_cluster` starts listens on.
+LOOPBACK = "127.0.0.1"
+
+#: Dask's communication protocols that encrypt and authenticate (with credentials configured).
+ENCRYPTED_SCHEMES = frozenset({"tls", "wss"})
+
+#: Dask configuration the cluster :func:`private_cluster` starts under: the HTTP servers that the
+#: scheduler and every worker start whatever their dashboard setting route nothing (Dask's
+#: default routes serve the worker list, task names, logs and metrics to anyone who connects).
+PRIVATE_CONFIG = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+
+
+def private_cluster(workers: int, *, processes: bool = True) -> "LocalCluster":
+    """A new ``LocalCluster`` of ``workers`` workers (one thread each; worker processes unless
+    ``processes=False``), private to this process: close it (or use it as a context manager).
+
+    Mechanism: one certificate and key made in memory for this cluster alone
+    (``distributed.Security.temporary()``: a self-signed certificate that is also the only
+    trusted CA) secure every connection with mutual TLS (``tls://``, ``require_encryption``): the
+    scheduler, the workers and their nannies require the client's certificate, and the client
+    requires theirs. The scheduler, nannies, workers and their HTTP servers listen on
+    :data:`LOOPBACK` only; no dashboard is started and the HTTP servers route nothing
+    (:data:`PRIVATE_CONFIG`). The key never touches a directory others can read (Dask writes it
+    for OpenSSL into a fresh 0700 temporary directory and deletes it) and reaches the worker
+    processes over their pipes.
+
+    Guarantee: a local user who cannot read this process's memory (another Unix user than
+    this one or root) cannot complete a connection to any of the cluster's listeners, so
+    can neither run code on it nor read its tasks; a TLS certificate of any other cluster is
+    refused as well. What remains: a process of the same user can read the key from memory."""
+    distributed = _distributed()
+    import dask
+
+    security = distributed.Security.temporary()
+    with dask.config.set(PRIVATE_CONFIG):  # read when the scheduler and each worker (process) start
+        return distributed.LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=processes,
+            host=LOOPBACK, protocol="tls://", security=security,
+            dashboard_address=None, worker_dashboard_address=None,
+            # Dask starts the scheduler's HTTP server even without a dashboard (port 8787 by default).
+            scheduler_kwargs={"dashboard": False, "dashboard_address": f"{LOOPBACK}:0"},
+        )
+
+
+def scheduler_scheme(address: str) -> str:
+    """The communication protocol of a scheduler address (``tcp`` if it names none, as Dask reads it)."""
+    from distributed.comm.addressing import parse_address
+
+    try:
+        return parse_address(address)[0].lower()
+    except ValueError as exc:
+        raise InvalidParameter("dask-scheduler", f"not a Dask address: {address!r}") from exc
+
+
+def scheduler_security(address: str, *, allow_plaintext: bool = False) -> Any:
+    """The ``distributed.Security`` to reach the external scheduler at ``address`` with, or
+    :class:`InvalidParameter` (one line) if the policy refuses it; connects to nothing.
+
+    Policy: ``address`` must name an encrypted protocol (:data:`ENCRYPTED_SCHEMES`: ``tls://``,
+    ``wss://``), and Dask's configuration must give this client a certificate and the
+    cluster's CA (``distributed.comm.tls.ca-file``, ``distributed.comm.tls.client.cert``, and
+    ``distributed.comm.tls.client.key`` unless the key is in the certificate file); the client
+    then requires encryption on every connection it makes (to the scheduler and to any worker).
+    A plaintext address (``tcp://``, ``ws://``, or none named), to this host's loopback as well
+    as to another host, is refused unless ``allow_plaintext`` (the CLI's
+    ``--dask-insecure-plaintext``): whoever can reach a plaintext scheduler runs code as its
+    workers' user, and a scheduler, or whoever sits on the path, runs code in this process
+    through the results it returns."""
+    distributed = _distributed()
+    scheme = scheduler_scheme(address)
+    if scheme in ENCRYPTED_SCHEMES:
+        security = distributed.Security(require_encryption=True)
+        if not (security.tls_ca_file and security.tls_client_cert):
+            raise InvalidParameter(
+                "dask-scheduler", f"a {scheme}:// scheduler needs this client's certificate and the cluster's CA in Dask's "
+                "configuration: distributed.comm.tls.ca-file, distributed.comm.tls.client.cert and "
+                "distributed.comm.tls.client.key (docs/scale.md)")
+        return security
+    if allow_plaintext:
+        return distributed.Security(require_encryption=False)
+    raise InvalidParameter(
+        "dask-scheduler", f"{address!r} is not encrypted ({scheme}://): anyone who reaches the scheduler runs code as its "
+        "user, and the scheduler runs code here; give a tls:// address with the certificates in Dask's configuration "
+        "(docs/scale.md), or add --dask-insecure-plaintext to accept that")
+
+
+def connect_scheduler(address: str, *, allow_plaintext: bool = False, timeout: str = "20s") -> "Client":
+    """A client of the external scheduler at ``address``, under :func:`scheduler_security`'s policy
+    (:class:`InvalidParameter` before any connection if it refuses the address).
+    :class:`TransportError` if no scheduler answers or the connection fails in any way (one
+    line: a peer's error is not passed through as a traceback)."""
+    distributed = _distributed()
+    security = scheduler_security(address, allow_plaintext=allow_plaintext)
+    try:
+        return distributed.Client(address, timeout=timeout, security=security)
+    except Exception as exc:  # OSError, TimeoutError, or whatever a peer's bytes made the decoder raise
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+        raise TransportError(f"no Dask scheduler answered at {address!r}: {problem[:200]}") from None
+
+
 @contextlib.contextmanager
-def dask_client(scheduler: str | None = None, workers: int | None = None) -> Iterator["Client | None"]:
+def dask_client(
+    scheduler: str | None = None, workers: int | None = None, *, allow_plaintext: bool = False
+) -> Iterator["Client | None"]:
     """A ``dask.distributed`` client for the run, closed afterwards: connected to the scheduler at
-    ``scheduler`` (an existing cluster: ``tcp://HOST:8786``), or to a new local cluster of
-    ``workers`` worker processes (one thread each) that closes with it; ``None`` if neither is
-    given (the local engine). :class:`DaskUnavailable` (one line naming the extra) without Dask,
-    :class:`~shuffledp.protocol.errors.TransportError` if no scheduler answers at ``scheduler``."""
+    ``scheduler`` (an existing cluster: ``tls://HOST:8786``, under :func:`scheduler_security`'s
+    policy; ``allow_plaintext`` accepts a plaintext address), or to a new
+    :func:`private_cluster` of ``workers`` worker processes (one thread each) that closes with
+    it; ``None`` if neither is given (the local engine). :class:`DaskUnavailable` (one line
+    naming the extra) without Dask, :class:`~shuffledp.protocol.errors.TransportError` if no
+    scheduler answers at ``scheduler``."""
     if scheduler is not None and workers is not None:
         raise InvalidParameter("dask", "give a scheduler address or a number of local workers, not both")
     if scheduler is None and workers is None:
@@ -277,19 +395,14 @@ def dask_client(scheduler: str | None = None, workers: int | None = None) -> Ite
         raise InvalidParameter("dask-workers", f"must be an integer >= 1, got {workers!r}")
     distributed = _distributed()
     if scheduler is not None:
-        try:
-            client = distributed.Client(scheduler, timeout="20s")
-        except OSError as exc:
-            raise TransportError(f"no Dask scheduler answered at {scheduler!r}: {exc}") from exc
-        with client:
+        with connect_scheduler(scheduler, allow_plaintext=allow_plaintext) as client:
             yield client
         return
-    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster, distributed.Client(cluster) as client:
+    with private_cluster(workers) as cluster, distributed.Client(cluster) as client:
         yield client
 
 
 __all__ = [
-    "DaskUnavailable", "Placement", "blocks_per_task", "check_engine", "dask_client", "dask_round", "draw_blocks_task",
-    "run_dask", "run_fast_on",
+    "DaskUnavailable", "Placement", "blocks_per_task", "check_engine", "connect_scheduler", "dask_client", "dask_round",
+    "draw_blocks_task", "private_cluster", "run_dask", "run_fast_on", "scheduler_security",
 ]

@@ -30,7 +30,7 @@ from shuffledp.analyzer.vector_mean import VectorMeanProtocol  # noqa: E402
 from shuffledp.protocol.errors import InvalidParameter  # noqa: E402
 from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, choose_vector_sum  # noqa: E402
 from shuffledp.simulation import SimulationConfig  # noqa: E402
-from shuffledp.simulation.dask_engine import dask_client, run_dask  # noqa: E402
+from shuffledp.simulation.dask_engine import dask_client, private_cluster, run_dask  # noqa: E402
 from shuffledp.simulation.engine import draw_block_users, fast_round, run_fast  # noqa: E402
 from shuffledp.simulation.population import GeneratedUsers, Population, user_blocks  # noqa: E402
 from shuffledp.simulation.vector import VectorSimulationConfig  # noqa: E402
@@ -108,17 +108,16 @@ def local_runs():
 
 @pytest.fixture(scope="module")
 def processes():
-    """Two worker processes (one thread each): tasks cross a process boundary, and one can be killed."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
-        with distributed.Client(cluster) as client:
-            yield client
+    """Two worker processes (one thread each): tasks cross a process boundary, and one can be killed.
+    The cluster ``--dask-workers 2`` starts (mutual TLS, loopback: ``test_dask_security.py``)."""
+    with dask_client(workers=2) as client:
+        yield client
 
 
 @pytest.fixture(scope="module", params=[1, 4], ids=lambda k: f"{k}-thread-workers")
 def threads(request):
-    with distributed.LocalCluster(n_workers=request.param, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
-        with distributed.Client(cluster) as client:
-            yield client
+    with private_cluster(request.param, processes=False) as cluster, distributed.Client(cluster) as client:
+        yield client
 
 
 #: One draw block only: a vector sum's users send ``M`` shares per coordinate, so a run over two
