@@ -122,6 +122,11 @@ class _Assembly:
 
 #: The least liveness margin :func:`liveness_margin` gives a round.
 MIN_LIVENESS_MARGIN = 8
+#: ``Coordinator(batch_margin=NO_LIVENESS_MARGIN)``: the opt-out of the liveness margin. A round
+#: then admits exactly the reports it needs, and one junk envelope from an enrolled credential
+#: fails it; right only where every credential is held by a party that sends valid reports (the
+#: in-process simulation, whose clients are all honest and simulated).
+NO_LIVENESS_MARGIN = 0
 
 
 def liveness_margin(min_batch: int) -> int:
@@ -148,8 +153,20 @@ def service_batch_bounds(users: int) -> tuple[int, int]:
     The central guarantee is accounted at the valid reports the batch really holds."""
     if not isinstance(users, int) or users < 2:
         raise ValueError("users must be an integer >= 2")
-    margin = min(liveness_margin(users), (users - 1) // 2)
-    return users - margin, users
+    return protocol_batch_bounds(users)
+
+
+def protocol_batch_bounds(messages: int, margin: int | None = None) -> tuple[int, int]:
+    """``(min_batch, max_batch)`` of a round that waits for ``messages`` envelopes (every message
+    of every user): ``max_batch = messages`` (released the moment all arrived) and ``min_batch =
+    messages - margin``; ``margin`` None takes ``min(liveness_margin(messages), (messages - 1) // 2)``,
+    the margin of :func:`service_batch_bounds`. :class:`InvalidParameter` if no envelope would be
+    left to wait for."""
+    if margin is None:
+        margin = min(liveness_margin(messages), (messages - 1) // 2)
+    if not messages > margin >= 0:
+        raise InvalidParameter("batch_margin", f"a margin of {margin} leaves nothing of {messages} message(s) to wait for")
+    return messages - margin, messages
 
 
 def check_servable(spec: RoundSpec) -> None:
@@ -176,16 +193,19 @@ class Coordinator:
         round_timeout: float = 60.0,
         grace: float = 5.0,
         on_progress: Callable[[int], None] | None = None,
-        batch_margin: int | None = 0,
+        batch_margin: int | None = None,
         store: SessionStore | None = None,
     ) -> None:
         if batch_margin is not None and (not isinstance(batch_margin, int) or batch_margin < 0):
             raise ValueError("batch_margin must be None or a non-negative integer")
         self.channel = channel
-        #: Envelopes a round admits beyond ``min_batch`` when ``run_round`` is given no ``max_batch``:
-        #: an int, or None for :func:`liveness_margin` of the round's ``min_batch``. 0 (the exact
-        #: population: released as soon as ``min_batch`` envelopes arrive) suits only rounds whose
-        #: every credential is held by a party that sends valid reports, as in a simulation.
+        #: ``max_batch - min_batch`` of the rounds this coordinator announces without an explicit
+        #: ``max_batch``: None (the default) for the liveness margin ``analyzer run`` gives its rounds
+        #: (:func:`liveness_margin` above ``min_batch`` in :meth:`run_round`, :func:`protocol_batch_bounds`
+        #: below every user's messages in :meth:`run_protocol`), an int for that margin, or
+        #: :data:`NO_LIVENESS_MARGIN` (0) to opt out: the exact population, released as soon as
+        #: ``min_batch`` envelopes arrive, which suits only rounds whose every credential is held by
+        #: a party that sends valid reports, as in the in-process simulation.
         self.batch_margin = batch_margin
         self.analyzer = analyzer
         self.shuffler = shuffler
@@ -195,7 +215,9 @@ class Coordinator:
         self._next_round = 0
         #: The durable record of the rounds this session announced (``analyzer/session_store.py``):
         #: with one, a round is written before it is announced, and a restarted coordinator
-        #: resumes the session from it instead of announcing a round id twice.
+        #: resumes the session from it instead of announcing a round id twice; its round
+        #: high-water mark, kept outside the file, refuses a new spec for a round id a
+        #: rolled-back file no longer records.
         self.store = store
         self.on_progress = on_progress
         #: Bytes on a batch topic that were not a batch of the round, by reason.
@@ -214,7 +236,8 @@ class Coordinator:
         """Announce one round; return its batches that open to at least ``min_batch`` valid reports each.
 
         ``max_batch`` defaults to ``min_batch`` plus the coordinator's ``batch_margin``
-        (:func:`liveness_margin` when it is None), at most ``MAX_BATCH``. With margin 0 the
+        (:func:`liveness_margin`, by default), at most ``MAX_BATCH``. With margin 0 (the
+        opt-out, :data:`NO_LIVENESS_MARGIN`) the
         shuffler forwards as soon as it holds ``min_batch`` envelopes, and one junk envelope
         from an enrolled credential fails the round; with a margin, up to that many junk
         envelopes cannot (the batch is released at the deadline unless ``max_batch``
@@ -250,6 +273,7 @@ class Coordinator:
         )
         check_servable(spec)
         if self.store is not None:
+            self.store.check_unannounced(self.session_id, round_id)  # before anything is signed
             self.store.announce(self.session_id, round_id, self.analyzer.sign_spec(spec))  # before anyone sees it
         return await self._serve_recorded(spec)
 
@@ -289,6 +313,9 @@ class Coordinator:
                                r.batch_ids, r.batch_sizes, r.failed_instances, stored.signed_spec)
         if self.analyzer.sign_spec(spec) != stored.signed_spec:
             raise SessionMismatch(f"round {spec.round_id} was signed with another analyzer key before the restart")
+        # The mark may lag the file if the process died between recording the round and raising it:
+        # raised before the spec leaves again, so a later rollback of the file cannot reach this round.
+        self.store.advance_high_water(spec.session_id, spec.round_id)
         return await self._serve_recorded(spec)
 
     async def receive_round(
@@ -434,16 +461,28 @@ class Coordinator:
         """Run every round of ``protocol`` for ``users`` clients; return its result and the round records.
 
         Each round waits for every message of every user (``users`` times the plan's
-        messages per user): the amplification, and for summation the noise, are
-        accounted for all of them.
+        messages per user: ``max_batch``), so it is released the moment all arrived. With the
+        default liveness margin it needs ``min_batch`` = that minus the margin of
+        :func:`protocol_batch_bounds` (``batch_margin`` None; an int margin likewise), as
+        ``analyzer run`` does: up to that many users may send junk or stay silent and the round
+        still completes, accounted at the valid reports it holds. A round whose mechanism has a
+        floor of its own (``params.min_reports``: summation's noise is calibrated to every
+        user's shares) never needs fewer. ``batch_margin=NO_LIVENESS_MARGIN``: every message of
+        every user is needed, as before.
         """
         records: list[RoundRecord] = []
         rounds = protocol.rounds()
         plan = next(rounds)
         while True:
-            record = await self.run_round(
-                plan.params, plan.epsilon0, users * plan.messages_per_user, delta0=plan.delta0
-            )
+            messages = users * plan.messages_per_user
+            if self.batch_margin == NO_LIVENESS_MARGIN:
+                record = await self.run_round(plan.params, plan.epsilon0, messages, delta0=plan.delta0)
+            else:
+                min_batch, max_batch = protocol_batch_bounds(messages, self.batch_margin)
+                min_batch = max(min_batch, min(messages, getattr(plan.params, "min_reports", 0)))
+                record = await self.run_round(
+                    plan.params, plan.epsilon0, min_batch, delta0=plan.delta0, max_batch=max_batch
+                )
             records.append(record)
             try:
                 plan = rounds.send(record.opened.values)

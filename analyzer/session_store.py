@@ -21,6 +21,20 @@ The file is SQLite (standard library), written in WAL mode with a commit per sta
 change, created 0600 in a directory no one else may write (:func:`_open_private`); a
 resumed round's stored spec must still verify under the analyzer's own key. Nothing in it links a report to a client: the analyzer never
 sees a credential; it holds the report values the analyzer opened anyway.
+
+**A rolled-back file.** A copy of the file restored from before a round was recorded no
+longer knows that round, and would let the coordinator sign a second spec for its id. So
+the store also keeps a *round high-water mark* per session in a second, small file
+(:data:`HIGH_WATER_FILE`; beside the state file by default, in the key directory for
+``analyzer run``): the highest round id it recorded, written durably (a new file
+fsynced, renamed over the old one, the directory fsynced) after the round is recorded
+and before its spec leaves (:meth:`SessionStore.announce`, and
+:meth:`SessionStore.advance_high_water` when a resumed round is served again). A new
+round whose id is at or below the mark is refused (:class:`SessionMismatch`): the
+state file was rolled back or replaced. The mark only grows, and restoring the state
+file (with its ``-wal``/``-shm``) does not reach it; restoring both files together does,
+which ``analyzer run``'s broker check covers while the broker retains the session's
+spec (``shuffledp/cli/analyzer.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +55,8 @@ from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, ShuffleDP
 from shuffledp.protocol.wire.messages import RoundSpec, SignedRoundSpec
 
 ANNOUNCED, COMPLETED, FAILED = "announced", "completed", "failed"
+#: The file of the round high-water marks (JSON: session id in hex -> highest round id recorded).
+HIGH_WATER_FILE = "analyzer-high-water.json"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rounds (
@@ -113,12 +129,16 @@ class StoredAnalyzerRound:
 class SessionStore:
     """The rounds one analyzer announced, per session, in a private SQLite file (see the module docstring)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, high_water: Path | str | None = None) -> None:
         self.path = Path(path)
+        #: The round high-water marks' file (None for an in-memory store): ``high_water``, else
+        #: :data:`HIGH_WATER_FILE` beside the state file.
+        self.high_water_path: Path | None = None
         if str(path) == ":memory:":
             self._db = sqlite3.connect(":memory:", isolation_level=None)
         else:
             self._db = _open_private(self.path)
+            self.high_water_path = Path(high_water) if high_water is not None else self.path.parent / HIGH_WATER_FILE
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
 
@@ -158,13 +178,68 @@ class SessionStore:
         return [self.round(session_id, i) for i in ids]
 
     def announce(self, session_id: bytes, round_id: int, signed_spec: bytes) -> None:
-        """Record a round before it is announced; refuses a round id already recorded (a
-        round id names one spec for ever)."""
+        """Record a round before it is announced, then raise the session's high-water mark to it;
+        refuses a round id already recorded, or one at or below the mark that this file does not
+        record (the file was rolled back or replaced): a round id names one spec for ever."""
+        self.check_unannounced(session_id, round_id)
         try:
             self._db.execute("INSERT INTO rounds (session_id, round_id, signed_spec, state) VALUES (?, ?, ?, ?)",
                              (session_id, round_id, signed_spec, ANNOUNCED))
         except sqlite3.IntegrityError:
             raise SessionMismatch(f"round {round_id} of session {session_id.hex()} was already announced") from None
+        self.advance_high_water(session_id, round_id)
+
+    def check_unannounced(self, session_id: bytes, round_id: int) -> None:
+        """Refuse (:class:`SessionMismatch`) a round id this file records, or one at or below the session's
+        high-water mark: the coordinator calls it before it signs a new spec."""
+        if self.round(session_id, round_id) is not None:
+            raise SessionMismatch(f"round {round_id} of session {session_id.hex()} was already announced")
+        mark = self.high_water(session_id)
+        if mark is not None and round_id <= mark:
+            raise SessionMismatch(
+                f"round {round_id} of session {session_id.hex()} was already announced (the high-water mark in "
+                f"{self.high_water_path} is round {mark}) but the state file {self.path} does not record it: the file "
+                "was rolled back or replaced, and a round id is never announced twice; start a new session")
+
+    # -- the round high-water mark -------------------------------------------------------------
+    def high_water(self, session_id: bytes) -> int | None:
+        """The highest round id of the session this analyzer ever recorded (None: none, or an
+        in-memory store). The file must be private (as the state file); an unreadable one is refused."""
+        marks = self._read_marks()
+        return marks.get(session_id.hex())
+
+    def rolled_back(self, session_id: bytes) -> int | None:
+        """The session's high-water round if this state file does not record it (the file was rolled
+        back or replaced), else None."""
+        mark = self.high_water(session_id)
+        return mark if mark is not None and self.round(session_id, mark) is None else None
+
+    def advance_high_water(self, session_id: bytes, round_id: int) -> None:
+        """Raise the session's mark to ``round_id`` (never lower it), durably: a new private file,
+        fsynced, renamed over the old one, then the directory fsynced."""
+        if self.high_water_path is None:
+            return
+        marks = self._read_marks()
+        key = session_id.hex()
+        if marks.get(key, -1) >= round_id:
+            return
+        marks[key] = round_id
+        _write_private(self.high_water_path, json.dumps(marks, sort_keys=True).encode())
+
+    def _read_marks(self) -> dict[str, int]:
+        if self.high_water_path is None:
+            return {}
+        data = _read_private(self.high_water_path, "the round high-water file")
+        if data is None:
+            return {}
+        try:
+            marks = json.loads(data)
+            if not isinstance(marks, dict) or not all(
+                    isinstance(k, str) and type(v) is int and v >= 0 for k, v in marks.items()):
+                raise ValueError("not an object of round ids")
+        except ValueError as exc:
+            raise _refuse(self.high_water_path, f"the round high-water file is unreadable ({exc})") from None
+        return marks
 
     def complete(self, session_id: bytes, round_id: int, result: StoredRoundResult) -> None:
         self._set(session_id, round_id, COMPLETED, result.encode())
@@ -233,6 +308,61 @@ def _open_private(path: Path) -> sqlite3.Connection:
             db.close()
             raise
         return db
+    finally:
+        os.close(dir_fd)
+
+
+def _private_directory(path: Path) -> int:
+    """An open descriptor of ``path``'s directory, checked as :func:`_open_private` checks it."""
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise _refuse(path, f"cannot open its directory ({exc.strerror})") from None
+    info = os.fstat(dir_fd)
+    if info.st_uid not in (os.geteuid(), 0) or info.st_mode & 0o022:
+        os.close(dir_fd)
+        raise _refuse(path, f"its directory {directory} must be this user's and writable by no one else "
+                            f"(chmod go-w {directory})")
+    return dir_fd
+
+
+def _read_private(path: Path, what: str) -> bytes | None:
+    """The bytes of a private file of this user (None if it does not exist); a file someone else
+    could have written (or a symbolic link) is refused."""
+    dir_fd = _private_directory(path)
+    try:
+        try:
+            fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _refuse(path, f"cannot open {what} ({exc.strerror})") from None
+        with os.fdopen(fd, "rb") as handle:
+            _check_private(path, os.fstat(handle.fileno()), what)
+            return handle.read()
+    finally:
+        os.close(dir_fd)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably, mode 0600."""
+    dir_fd = _private_directory(path)
+    temporary = f".{path.name}.{os.getpid()}.tmp"
+    try:
+        try:
+            os.unlink(temporary, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
+    except OSError as exc:  # e.g. a full disk: nothing is announced until the mark is written
+        raise _refuse(path, f"cannot write the round high-water file ({exc.strerror})") from None
     finally:
         os.close(dir_fd)
 

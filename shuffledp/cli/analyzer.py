@@ -44,7 +44,8 @@ def add_parser(subparsers) -> None:
         description="Run the session in --keys: announce each round to the shuffler over the broker, open the "
         "signed batch it forwards, acknowledge it, and print the estimate with per-round statistics (reports "
         "opened, rejected reports and rejected batch messages by reason). A session runs once: if the broker "
-        "shows one of its rounds already, the run is refused. Any failure (e.g. a batch below min_batch) is "
+        "shows one of its rounds already, the run is refused, unless it resumes the session from its state file "
+        "(--state), which must then record that round with the same signed bytes. Any failure (e.g. a batch below min_batch) is "
         "one line on stderr and exit status 1. Reads analyzer.key and public.json only.",
     )
     run.add_argument("--keys", type=Path, required=True, metavar="DIR", help="key directory (shuffledp keys init)")
@@ -64,7 +65,9 @@ def add_parser(subparsers) -> None:
     run.add_argument("--workers", type=int, default=1, help="processes opening large batches")
     run.add_argument("--state", type=Path, default=None, metavar="FILE",
                      help="the session's durable state (SQLite, 0600; default KEYS/analyzer-state.db): a restarted "
-                          "analyzer resumes its session from it and never announces a round twice")
+                          "analyzer resumes its session from it and never announces a round twice (a file rolled back "
+                          "from an older copy is refused: KEYS/analyzer-high-water.json, and the broker's retained "
+                          "spec, remember the rounds announced)")
     add_json_option(run)
     run.add_argument("--output", type=Path, default=None, metavar="FILE", help="also write the JSON result here")
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -101,19 +104,32 @@ def _coordinator_class():
     return RoundStatsCoordinator
 
 
+def _new_session_hint(args: argparse.Namespace) -> str:
+    return f"create a new one with `shuffledp keys init {args.keys} --force` and restart the shuffler and clients"
+
+
 def _open_session_store(args: argparse.Namespace, session_id: bytes, config: dict[str, Any]):
-    """The analyzer's session file (``--state``, default ``KEYS/analyzer-state.db``) and whether this
-    session is being resumed; a clear refusal if its parameters changed or a round of it failed."""
+    """The analyzer's session file (``--state``, default ``KEYS/analyzer-state.db``, its round high-water
+    mark in ``KEYS``) and whether this session is being resumed; a clear refusal if its parameters
+    changed, a round of it failed, or the file no longer records a round the mark says was announced
+    (it was rolled back or replaced)."""
     import sqlite3
 
-    from shuffledp.analyzer.session_store import FAILED, SessionMismatch, SessionStore
+    from shuffledp.analyzer.session_store import FAILED, HIGH_WATER_FILE, SessionMismatch, SessionStore
     from shuffledp.protocol.errors import InvalidParameter
 
     path = args.state if args.state is not None else Path(args.keys) / "analyzer-state.db"
     try:
-        store = SessionStore(path)
+        store = SessionStore(path, high_water=Path(args.keys) / HIGH_WATER_FILE)
+        rolled_back = store.rolled_back(session_id)
     except (InvalidParameter, OSError, sqlite3.Error) as exc:
         raise UsageError(f"--state: cannot use {path}: {exc}") from None
+    if rolled_back is not None:
+        store.close()
+        raise UsageError(
+            f"session {session_id.hex()}: the state file {path} does not record round {rolled_back}, which this "
+            f"analyzer announced (its high-water mark in {store.high_water_path}): the file was rolled back or "
+            f"replaced, and a round id is never announced twice; {_new_session_hint(args)}")
     try:
         resumed = store.check_config(session_id, config)
         failed = [r.round_id for r in store.rounds(session_id) if r.state == FAILED]
@@ -129,8 +145,8 @@ def _open_session_store(args: argparse.Namespace, session_id: bytes, config: dic
     return store, resumed
 
 
-async def _session_round_seen(channel, session_id: bytes, analyzer_signing_key: bytes) -> int | None:
-    """The round id of a spec of this session the broker still retains (signed by us), if any."""
+async def _session_round_seen(channel, session_id: bytes, analyzer_signing_key: bytes) -> tuple[int, bytes] | None:
+    """The round id and signed bytes of a spec of this session the broker still retains (signed by us), if any."""
     from shuffledp.client.client import verified_spec
     from shuffledp.protocol.transport.channel import spec_topic
     from shuffledp.protocol.errors import ShuffleDPError
@@ -146,7 +162,7 @@ async def _session_round_seen(channel, session_id: bytes, analyzer_signing_key: 
         spec = verified_spec(data, analyzer_signing_key)
     except ShuffleDPError:
         return None  # not ours: says nothing about the session
-    return spec.round_id if spec.session_id == session_id else None
+    return (spec.round_id, data) if spec.session_id == session_id else None
 
 
 def _kib(count: int) -> str:
@@ -189,7 +205,7 @@ def format_analyzer_result(result: dict[str, Any]) -> str:
 
 
 async def _analyzer_run_async(args: argparse.Namespace) -> int:
-    from shuffledp.analyzer.coordinator import service_batch_bounds
+    from shuffledp.analyzer.coordinator import NO_LIVENESS_MARGIN, service_batch_bounds
     from shuffledp.analyzer.scalar_mean import ScalarMeanConfig, ScalarMeanProtocol, concentration_radius
     from shuffledp.analyzer.service import Analyzer
     from shuffledp.deploy.keys import load_analyzer
@@ -222,20 +238,30 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
     analyzer = Analyzer(side.analyzer_keys, workers=args.workers)
     try:
         await channel.connect()
+        # Fresh or resumed, the broker's word first: a spec of this session it retains (the shuffler relays
+        # the latest round it opened) must be one this state file records, byte for byte; else the session
+        # ran without this file, or the file was rolled back, and going on would sign a second spec for a round id.
+        seen = await _session_round_seen(channel, side.session_id, side.analyzer_keys.signing_public)
+        if seen is not None:
+            seen_round, seen_bytes = seen
+            stored = store.round(side.session_id, seen_round)
+            if not resumed:  # run before, without this state file: it cannot be resumed
+                raise UsageError(
+                    f"session {side.session_id.hex()} already ran (the broker holds its round {seen_round}); a session "
+                    f"runs once: {_new_session_hint(args)}")
+            if stored is None or stored.signed_spec != seen_bytes:
+                raise UsageError(
+                    f"session {side.session_id.hex()}: the broker holds round {seen_round}'s spec, which the state file "
+                    f"{store.path} does not record: the file was rolled back or replaced, and a round id is never "
+                    f"announced twice; {_new_session_hint(args)}")
         if resumed:
             log.info("session %s: resuming from %s (%s)", side.session_id.hex(), store.path,
                      ", ".join(f"round {r.round_id} {r.state}" for r in store.rounds(side.session_id)) or "no round yet")
-        else:
-            seen = await _session_round_seen(channel, side.session_id, side.analyzer_keys.signing_public)
-            if seen is not None:  # run before, without this state file: it cannot be resumed
-                raise UsageError(
-                    f"session {side.session_id.hex()} already ran (the broker holds its round {seen}); a session runs "
-                    f"once: create a new one with `shuffledp keys init {args.keys} --force` and restart the shuffler and clients"
-                )
         coordinator = _coordinator_class()(
             channel, analyzer, side.shuffler_identity, session_id=side.session_id,
             round_timeout=args.round_timeout, grace=args.grace,
             max_batch=max_batch, shuffler_instances=args.shuffler_instances, store=store,
+            batch_margin=NO_LIVENESS_MARGIN,  # the bounds above already hold the margin (service_batch_bounds)
         )
         log.info("session %s: scalar-mean with min_batch %d over %s", side.session_id.hex(), min_batch, channel.address)
         # The decoder's sums are correctly rounded: the estimate depends on the reports' multiset only, not on
