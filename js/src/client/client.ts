@@ -8,7 +8,8 @@
  *
  * 1. verifies the analyzer's Ed25519 signature over the spec bytes as received, against the key
  *    the device pinned, and binds the round to the digest of those bytes;
- * 2. refuses expired rounds, rounds naming a shuffler other than the pinned one (either of its
+ * 2. refuses rounds of a session other than the one it enrolled for (when it was given one),
+ *    expired rounds, rounds naming a shuffler other than the pinned one (either of its
  *    two keys), rounds whose batch holds fewer users than the device's floor, rounds with no
  *    local guarantee (summations) unless the device accepts them, and rounds its ledger cannot
  *    afford;
@@ -36,7 +37,7 @@ import { checkReportValues, randomizeRound, reportRanges } from "../mechanisms/i
 import { SystemSource, type RandomSource } from "../random/source.js";
 import { assignedInstance, clientIdOf } from "../wire/credentials.js";
 import { InvalidParameter, RoundExpired, UnknownRound, UntrustedRound } from "../wire/errors.js";
-import { CREDENTIAL_BYTES, decodeMessage, hasLocalGuarantee, messagesPerUserOf, type RoundSpec } from "../wire/messages.js";
+import { CREDENTIAL_BYTES, SESSION_ID_BYTES, decodeMessage, hasLocalGuarantee, messagesPerUserOf, type RoundSpec } from "../wire/messages.js";
 import { decodeVerified, EnvelopeWrapper, verifiedSpec } from "../wire/onion.js";
 import { encodePadded } from "../wire/reportFormat.js";
 import { reportSealer } from "../wire/sealing.js";
@@ -62,6 +63,11 @@ export interface ClientOptions {
    */
   shufflerSigningKey?: Uint8Array;
   shufflerKey?: Uint8Array;
+  /**
+   * The session the device enrolled for (`public.json`'s `session_id`, 16 bytes): a spec of any
+   * other session is refused (`untrusted-round`). Unset: every session the pinned analyzer signs.
+   */
+  sessionId?: Uint8Array;
   /** Refuse rounds whose batch holds fewer users (`ceil(min_batch / messages per user)`) than this. Default 1. */
   minBatchFloor?: number;
   /**
@@ -151,17 +157,21 @@ function roundKey(sessionId: Uint8Array, roundId: bigint): string {
 export class Client {
   readonly localData: number | number[];
   readonly analyzerSigningKey: Uint8Array;
+  readonly sessionId: Uint8Array | undefined;
   readonly shufflerSigningKey: Uint8Array | undefined;
   readonly shufflerKey: Uint8Array | undefined;
   readonly minBatchFloor: number;
   readonly acceptCentralOnly: boolean;
   readonly ledger: PrivacyLedger;
-  private readonly credential: Uint8Array;
-  private readonly clientId: Uint8Array;
-  private readonly source: RandomSource;
-  private readonly clock: () => number;
+  // Hard-private (#): never shown by `console.log`, `util.inspect` or JSON of a Client. The
+  // credential is for the shuffler's eyes only, the source's buffered words are the noise of the
+  // reports to come, and the nonces sent say which envelope was this device's.
+  readonly #credential: Uint8Array;
+  readonly #clientId: Uint8Array;
+  readonly #source: RandomSource;
+  readonly #clock: () => number;
   /** (session, round) -> what was sent and what the shuffler said of it. */
-  private readonly sent = new Map<string, SentRound>();
+  readonly #sent = new Map<string, SentRound>();
 
   /** A device from its settings, checked ({@link InvalidParameter} otherwise). */
   constructor(options: ClientOptions) {
@@ -170,11 +180,15 @@ export class Client {
     }
     this.localData = checkLocalData(options.localData);
     this.analyzerSigningKey = checkKey(options.analyzerSigningKey, "analyzerSigningKey");
+    if (options.sessionId !== undefined && !(options.sessionId instanceof Uint8Array && options.sessionId.length === SESSION_ID_BYTES)) {
+      throw new InvalidParameter("sessionId", `must be the ${SESSION_ID_BYTES}-byte session id the device enrolled for`);
+    }
+    this.sessionId = options.sessionId?.slice();
     if (!(options.credential instanceof Uint8Array) || options.credential.length !== CREDENTIAL_BYTES) {
       throw new InvalidParameter("credential", `must be the ${CREDENTIAL_BYTES}-byte credential issued at enrollment`);
     }
-    this.credential = options.credential.slice();
-    this.clientId = clientIdOf(this.credential);
+    this.#credential = options.credential.slice();
+    this.#clientId = clientIdOf(this.#credential);
     const ledger = options.ledger as Partial<PrivacyLedger> | undefined;
     if (typeof ledger?.check !== "function" || typeof ledger.spend !== "function" || typeof ledger.recordOutcome !== "function") {
       throw new InvalidParameter("ledger", "must be a PrivacyLedger");
@@ -198,11 +212,11 @@ export class Client {
     if (this.acceptCentralOnly && this.shufflerSigningKey === undefined) {
       throw new InvalidParameter("shufflerSigningKey", "a device that accepts central-only rounds must pin its shuffler");
     }
-    this.source = options.source ?? new SystemSource();
+    this.#source = options.source ?? new SystemSource();
     if (options.clock !== undefined && typeof options.clock !== "function") {
       throw new InvalidParameter("clock", "must be a function returning Unix seconds");
     }
-    this.clock = options.clock ?? (() => Date.now() / 1000);
+    this.#clock = options.clock ?? (() => Date.now() / 1000);
   }
 
   /**
@@ -215,7 +229,7 @@ export class Client {
     const expected = this.refuseUntrusted(spec);
     await this.ledger.check(spec.sessionId, spec.roundId, spec.epsilon0, spec.delta0);
 
-    const messages = randomizeRound(spec, this.localData, this.source);
+    const messages = randomizeRound(spec, this.localData, this.#source);
     if (messages.length !== expected) {
       throw new InvalidParameter("messages", `the round takes ${expected} message(s) per user, got ${messages.length}`);
     }
@@ -230,20 +244,23 @@ export class Client {
     for (const message of messages) {
       // Each message on its own: a fresh encapsulation for each layer, and a fresh nonce.
       const sealed = await sealer.seal(encodePadded(spec.roundId, spec.params.mechanism, message));
-      const { envelope, nonce } = await wrapper.wrap(this.credential, sealed);
+      const { envelope, nonce } = await wrapper.wrap(this.#credential, sealed);
       envelopes.push(envelope);
       nonces.push(nonce);
     }
 
     await this.ledger.spend(spec.sessionId, spec.roundId, spec.epsilon0, spec.delta0);
     const instance = this.instanceFor(spec, digest);
-    this.sent.set(roundKey(spec.sessionId, spec.roundId), new SentRound(spec, digest, instance, nonces));
+    this.#sent.set(roundKey(spec.sessionId, spec.roundId), new SentRound(spec, digest, instance, nonces));
     return { spec, digest, envelopes, nonces: nonces.map((nonce) => nonce.slice()), instance };
   }
 
   /** Every check of a verified spec before the ledger's; the messages a user sends in the round. */
   private refuseUntrusted(spec: RoundSpec): number {
-    if (this.clock() > spec.deadline) {
+    if (this.sessionId !== undefined && !sameBytes(spec.sessionId, this.sessionId)) {
+      throw new UntrustedRound(`the spec is of session ${bytesToHex(spec.sessionId)}, not the one this device enrolled for`);
+    }
+    if (this.#clock() > spec.deadline) {
       throw new RoundExpired(`round ${spec.roundId} closed at ${spec.deadline}`);
     }
     if (this.shufflerSigningKey !== undefined && !sameBytes(spec.shufflerSigningKey, this.shufflerSigningKey)) {
@@ -265,12 +282,12 @@ export class Client {
 
   /** The shuffler instance of the round this client's envelopes go to. */
   instanceFor(spec: RoundSpec, digest: Uint8Array): number {
-    return assignedInstance(this.clientId, spec.shufflerInstances, digest);
+    return assignedInstance(this.#clientId, spec.shufflerInstances, digest);
   }
 
   /** What this client sent in a round, if it answered it. */
   sentRound(sessionId: Uint8Array, roundId: bigint): SentRound | undefined {
-    return this.sent.get(roundKey(sessionId, roundId));
+    return this.#sent.get(roundKey(sessionId, roundId));
   }
 
   /**
@@ -317,13 +334,15 @@ export class Client {
     if (previous !== undefined && (previous.startsWith("failed:") || word === "released")) {
       return sent;
     }
-    sent.outcome = word;
+    // The ledger first: if it cannot record the word, nothing here says it was, and the same
+    // outcome delivered again (it is retained) is recorded then.
     await this.ledger.recordOutcome(outcome.sessionId, outcome.roundId, word);
+    sent.outcome = word;
     return sent;
   }
 
   private sentFor(sessionId: Uint8Array, roundId: bigint, digest: Uint8Array): SentRound {
-    const sent = this.sent.get(roundKey(sessionId, roundId));
+    const sent = this.#sent.get(roundKey(sessionId, roundId));
     if (sent === undefined) {
       throw new UnknownRound(`this client sent nothing in round ${roundId} of session ${bytesToHex(sessionId)}`);
     }

@@ -3,15 +3,24 @@
  * `ledger/ledger.ts`, mirroring `client/ledger.py`).
  *
  * Every operation reads the file, applies the rule and, if anything changed, writes the new
- * state to a temporary file in the same folder, flushes it and renames it over the ledger: a
- * crash leaves either the old state or the new, never half of one. A file that does not hold a
+ * state to a temporary file in the same folder, flushes it, renames it over the ledger and
+ * flushes the folder: a crash leaves either the old state or the new, never half of one, and a
+ * charge is on disk before `spend` returns (so before any envelope leaves). The path is resolved
+ * to the file's one name (symbolic links followed), so every spelling of it shares one lock. A file that does not hold a
  * valid ledger state is refused with {@link CorruptLedger}; it is never reset, since a reset
  * would hand the device a fresh budget.
  *
  * Check-and-spend is atomic: within a process, operations on one file (through any number of
  * `FileLedger` objects) run one at a time; across processes, each holds an exclusive lock file
- * (`<path>.lock`, created with O_EXCL, naming its process; a lock whose process is gone is taken
- * over) while it reads and writes.
+ * (`<path>.lock`, created with O_EXCL, naming its process; a lock whose process is gone, or that
+ * names this process while this process does not hold it, is taken over) while it reads and writes.
+ *
+ * Not defended: a file rolled back to an older copy (restored from a backup, say) hands back the
+ * budget spent since; nothing on the device outside the file could tell. Two processes taking
+ * over one stale lock at the same instant may both proceed (there is no compare-and-swap on a
+ * file name); that needs a crash while holding the lock and then a race. Processes that share
+ * the file but not a process-id namespace (two containers on one volume) cannot see each other's
+ * pids, and would take each other's locks for stale: one ledger file per device.
  *
  * Node only: this module imports `node:fs`, so it is exported from the package's Node entry
  * point and never reached by a browser bundle.
@@ -79,6 +88,17 @@ function processAlive(pid: number): boolean {
   }
 }
 
+/** Age after which a lock naming no process (created, the pid never written) is taken over. */
+const UNNAMED_LOCK_STALE_MS = 30_000;
+
+async function lockOlderThan(lock: string, milliseconds: number): Promise<boolean> {
+  const info = await fs.stat(lock).catch(() => undefined);
+  return info !== undefined && Date.now() - info.mtimeMs > milliseconds;
+}
+
+/** Lock files this process holds now. Within a process, operations on one file are serialized. */
+const heldLocks = new Set<string>();
+
 async function withLockFile<T>(file: string, operation: () => Promise<T>): Promise<T> {
   const lock = `${file}.lock`;
   let pause = LOCK_PAUSE_MS;
@@ -92,16 +112,32 @@ async function withLockFile<T>(file: string, operation: () => Promise<T>): Promi
       }
     }
     if (handle !== undefined) {
+      heldLocks.add(lock);
       try {
         await handle.writeFile(String(process.pid));
         await handle.close();
         return await operation();
       } finally {
+        heldLocks.delete(lock);
         await fs.rm(lock, { force: true });
       }
     }
-    const holder = Number.parseInt(await fs.readFile(lock, "utf8").catch(() => ""), 10);
-    if (Number.isSafeInteger(holder) && holder > 0 && holder !== process.pid && !processAlive(holder)) {
+    const text = await fs.readFile(lock, "utf8").catch(() => undefined);
+    if (text === undefined) {
+      continue; // released meanwhile
+    }
+    const holder = /^[1-9][0-9]{0,15}$/.test(text) ? Number(text) : undefined;
+    // Stale: its process is gone, or it names this process, which does not hold it (a process
+    // that crashed holding it had this pid: a restarted container's process gets the same one),
+    // or it names no process and is older than any creation takes (a crash between creating it
+    // and writing the pid).
+    const stale =
+      holder === undefined
+        ? await lockOlderThan(lock, UNNAMED_LOCK_STALE_MS)
+        : holder === process.pid
+          ? !heldLocks.has(lock)
+          : !processAlive(holder);
+    if (stale) {
       await fs.rm(lock, { force: true }); // left by a process that ended while holding it
       continue;
     }
@@ -130,21 +166,68 @@ async function readState(file: string): Promise<LedgerState | undefined> {
   return parseLedgerState(value);
 }
 
+/**
+ * Writes `state` to `file` durably: a temporary file written and synced, renamed over `file`, and
+ * then the folder synced, so that once this returns the new state survives a power loss (a rename
+ * not yet on disk could bring the old state, and with it spent budget, back). A failure removes the
+ * temporary file and leaves `file` as it was.
+ */
 async function writeState(file: string, state: LedgerState): Promise<void> {
-  const temporary = path.join(path.dirname(file), `.${path.basename(file)}.${randomBytes(8).toString("hex")}.tmp`);
-  const handle = await fs.open(temporary, "wx", 0o600);
+  const folder = path.dirname(file);
+  const temporary = path.join(folder, `.${path.basename(file)}.${randomBytes(8).toString("hex")}.tmp`);
   try {
-    await handle.writeFile(JSON.stringify(state));
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-  try {
+    const handle = await fs.open(temporary, "wx", 0o600);
+    try {
+      await handle.writeFile(JSON.stringify(state));
+      await handle.sync();
+    } finally {
+      await handle.close();
+    }
     await fs.rename(temporary, file);
   } catch (error) {
     await fs.rm(temporary, { force: true });
     throw error;
   }
+  await syncFolder(folder);
+}
+
+/** Flushes a folder's entries (a rename in it) to disk; a no-op where folders cannot be opened (Windows). */
+async function syncFolder(folder: string): Promise<void> {
+  let handle: fs.FileHandle;
+  try {
+    handle = await fs.open(folder, "r");
+  } catch (error) {
+    if (["EISDIR", "EPERM", "EACCES"].includes((error as NodeJS.ErrnoException).code ?? "")) {
+      return;
+    }
+    throw error;
+  }
+  try {
+    await handle.sync();
+  } catch (error) {
+    if (!["EINVAL", "EBADF", "EPERM"].includes((error as NodeJS.ErrnoException).code ?? "")) {
+      throw error; // EINVAL/EBADF: a file system without folder sync
+    }
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * The one name of the ledger file, whatever path reached it: symbolic links resolved (the file's,
+ * if it exists, else its folder's). Two spellings of one ledger then share one queue and one lock
+ * file, and a write replaces the file itself, never a link to it.
+ */
+async function canonicalPath(file: string): Promise<string> {
+  const resolved = path.resolve(file);
+  try {
+    return await fs.realpath(resolved);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== "ENOENT") {
+      throw error;
+    }
+  }
+  return path.join(await fs.realpath(path.dirname(resolved)), path.basename(resolved));
 }
 
 /** A ledger persisted in one JSON file (see the module's description). */
@@ -157,7 +240,7 @@ export class FileLedger implements PrivacyLedger {
    * given ({@link InvalidParameter} otherwise: a budget is never changed by reopening).
    */
   static async open(file: string, budget?: LedgerBudget): Promise<FileLedger> {
-    const resolved = path.resolve(file);
+    const resolved = await canonicalPath(file);
     const fresh = budget === undefined ? undefined : newLedgerState(budget);
     await serialized(resolved, () =>
       withLockFile(resolved, async () => {

@@ -5,7 +5,10 @@
  * The whole {@link LedgerState} is one record of one object store. Every change runs in one
  * `readwrite` transaction that reads the record, applies the rule and writes it back; IndexedDB
  * runs `readwrite` transactions on one store one at a time, across tabs and workers of the
- * origin, so check-and-spend is atomic. A rule that refuses aborts the transaction, which then
+ * origin, so check-and-spend is atomic. Writes ask for `strict` durability: a transaction
+ * completes only once its write is on disk. Opening a ledger asks the browser to keep the
+ * origin's storage (`navigator.storage.persist()`); a browser that does not agree may evict it,
+ * and the ledger with it ({@link IndexedDbLedger.persisted}). A rule that refuses aborts the transaction, which then
  * writes nothing. A stored record that is not a valid state is refused with
  * {@link CorruptLedger}, never reset.
  */
@@ -40,17 +43,46 @@ function requestResult<T>(request: IDBRequest<T>): Promise<T> {
   });
 }
 
+/** What {@link IndexedDbLedger.open} asks to keep its storage: the browser's `navigator.storage`. */
+export interface PersistentStorage {
+  persist(): Promise<boolean>;
+}
+
+/** Options of {@link IndexedDbLedger.open}. */
+export interface IndexedDbLedgerOptions {
+  /**
+   * Where to ask for persistent storage; `navigator.storage` by default, `null` not to ask.
+   */
+  storage?: PersistentStorage | null;
+}
+
 /** A ledger persisted in one IndexedDB database (see the module's description). */
 export class IndexedDbLedger implements PrivacyLedger {
+  /**
+   * Whether the browser agreed to keep this origin's storage (`navigator.storage.persist()`):
+   * `false` means it may evict the database under storage pressure or by policy (Safari deletes
+   * the storage of sites not visited for seven days), and a ledger created again after that
+   * hands the device a fresh budget. Undefined where nothing could be asked. An application
+   * should not answer rounds on a ledger that is not persisted unless it keeps the budget
+   * spent somewhere else too.
+   */
+  persisted: boolean | undefined = undefined;
+
   private constructor(private readonly db: IDBDatabase) {}
 
   /**
    * The ledger in database `name`. A database without a ledger gets one of `budget` (required
    * then); an existing ledger is checked ({@link CorruptLedger} if invalid) and must hold `budget`
    * if one is given ({@link InvalidParameter} otherwise). `factory`: the IndexedDB to use
-   * (`globalThis.indexedDB` by default).
+   * (`globalThis.indexedDB` by default). The browser is asked to keep the storage
+   * ({@link IndexedDbLedger.persisted} says whether it will).
    */
-  static async open(name: string, budget?: LedgerBudget, factory?: IDBFactory): Promise<IndexedDbLedger> {
+  static async open(
+    name: string,
+    budget?: LedgerBudget,
+    factory?: IDBFactory,
+    options: IndexedDbLedgerOptions = {},
+  ): Promise<IndexedDbLedger> {
     const idb = factory ?? (globalThis as { indexedDB?: IDBFactory }).indexedDB;
     if (idb === undefined) {
       throw new InvalidParameter("factory", "this environment has no IndexedDB");
@@ -84,6 +116,16 @@ export class IndexedDbLedger implements PrivacyLedger {
       db.close();
       throw error;
     }
+    const storage =
+      options.storage === undefined
+        ? (globalThis as { navigator?: { storage?: PersistentStorage } }).navigator?.storage
+        : options.storage;
+    if (storage !== null && storage !== undefined && typeof storage.persist === "function") {
+      ledger.persisted = await storage.persist().then(
+        (granted) => granted === true,
+        () => false,
+      );
+    }
     return ledger;
   }
 
@@ -98,7 +140,9 @@ export class IndexedDbLedger implements PrivacyLedger {
    */
   private transact(change: (state: LedgerState | undefined) => LedgerState): Promise<LedgerState> {
     return new Promise((resolve, reject) => {
-      const transaction = this.db.transaction(LEDGER_STORE, "readwrite");
+      // Strict: `complete` fires only once the write is on disk, so a charge survives a crash
+      // of the browser or the device before any envelope leaves (the default lets it be lost).
+      const transaction = this.db.transaction(LEDGER_STORE, "readwrite", { durability: "strict" });
       const store = transaction.objectStore(LEDGER_STORE);
       let failure: unknown;
       let result: LedgerState | undefined;

@@ -68,21 +68,23 @@ function bitLengthNumber(n: number): number {
  */
 export abstract class WordSource implements RandomSource, UniformIntegers {
   abstract readonly secure: boolean;
-  private readonly buffer = new Uint32Array(WORDS_PER_REFILL);
-  private position = WORDS_PER_REFILL;
+  // Hard-private (#): the words not yet used are the randomness of the draws to come, so they
+  // never show in `console.log`, `util.inspect` or JSON of a source (or of a Client holding it).
+  readonly #buffer = new Uint32Array(WORDS_PER_REFILL);
+  #position = WORDS_PER_REFILL;
 
   /** Fill `out` with independent uniform 32-bit words. */
   protected abstract fillWords(out: Uint32Array): void;
 
   /** One uniform 32-bit word (as a non-negative number). */
   protected nextWord(): number {
-    if (this.position === WORDS_PER_REFILL) {
-      this.fillWords(this.buffer);
-      this.position = 0;
+    if (this.#position === WORDS_PER_REFILL) {
+      this.fillWords(this.#buffer);
+      this.#position = 0;
     }
-    const w = this.buffer[this.position];
-    this.buffer[this.position] = 0; // do not keep consumed bits around
-    this.position += 1;
+    const w = this.#buffer[this.#position];
+    this.#buffer[this.#position] = 0; // do not keep consumed bits around
+    this.#position += 1;
     return w;
   }
 
@@ -197,7 +199,7 @@ export abstract class WordSource implements RandomSource, UniformIntegers {
  */
 export class SystemSource extends WordSource {
   readonly secure = true;
-  private readonly crypto: Crypto;
+  readonly #crypto: Crypto;
 
   constructor() {
     super();
@@ -205,11 +207,11 @@ export class SystemSource extends WordSource {
     if (c === undefined || typeof c.getRandomValues !== "function") {
       throw new InvalidParameter("crypto", "globalThis.crypto.getRandomValues is not available");
     }
-    this.crypto = c;
+    this.#crypto = c;
   }
 
   protected fillWords(out: Uint32Array): void {
-    this.crypto.getRandomValues(out);
+    this.#crypto.getRandomValues(out);
   }
 
   override randomBytes(n: number): Uint8Array {
@@ -218,7 +220,7 @@ export class SystemSource extends WordSource {
     }
     const out = new Uint8Array(n);
     for (let i = 0; i < n; i += 65536) {
-      this.crypto.getRandomValues(out.subarray(i, Math.min(n, i + 65536))); // Web Crypto's per-call limit
+      this.#crypto.getRandomValues(out.subarray(i, Math.min(n, i + 65536))); // Web Crypto's per-call limit
     }
     return out;
   }
@@ -241,7 +243,7 @@ function splitMix64(seed: bigint, index: bigint): bigint {
  */
 export class SeededSource extends WordSource {
   readonly secure = false;
-  private readonly state = new Uint32Array(4);
+  readonly #state = new Uint32Array(4);
 
   constructor(seed: bigint | number) {
     super();
@@ -259,15 +261,15 @@ export class SeededSource extends WordSource {
     }
     const a = splitMix64(s, 1n);
     const b = splitMix64(s, 2n);
-    this.state[0] = Number(a & 0xffffffffn);
-    this.state[1] = Number(a >> 32n);
-    this.state[2] = Number(b & 0xffffffffn);
-    this.state[3] = Number(b >> 32n);
-    if ((this.state[0] | this.state[1] | this.state[2] | this.state[3]) === 0) this.state[0] = 1;
+    this.#state[0] = Number(a & 0xffffffffn);
+    this.#state[1] = Number(a >> 32n);
+    this.#state[2] = Number(b & 0xffffffffn);
+    this.#state[3] = Number(b >> 32n);
+    if ((this.#state[0] | this.#state[1] | this.#state[2] | this.#state[3]) === 0) this.#state[0] = 1;
   }
 
   protected fillWords(out: Uint32Array): void {
-    const st = this.state;
+    const st = this.#state;
     for (let i = 0; i < out.length; i++) {
       const x = Math.imul(st[1], 5);
       const rot = (x << 7) | (x >>> 25);

@@ -32,6 +32,10 @@
  * that does not decode, does not verify, or speaks of another session, round or instance is
  * refused and counted in {@link DeviceSession.badMessages} by reason; it never stops the loop
  * (a message on a round's topic after that round ended, a late receipt say, is ignored).
+ * A spec is verified as it arrives, so junk and copies of a round already seen are dropped at
+ * once and never wait behind a round being answered; a QoS 2 publish (the device subscribes at
+ * QoS 1 only) is dropped unread; an ended round keeps only its record; {@link DeviceSession.close}
+ * does not wait for acknowledgements the broker withholds.
  * A failure that is not a {@link ShuffleDPError} (a bug) is counted as `internal-error` and
  * reported through `onEvent`, never thrown from an event handler. Connection failures surface
  * as {@link TransportError}.
@@ -42,12 +46,12 @@
 
 import { bytesToHex } from "@noble/hashes/utils.js";
 import mqtt from "mqtt";
-import type { IClientOptions, MqttClient } from "mqtt";
+import type { IClientOptions, IStore, MqttClient } from "mqtt";
 
 import type { BrokerAccount } from "../enrollment.js";
 import { INTERNAL_ERROR, ShuffleDPError, TransportError } from "../wire/errors.js";
 import type { AdmissionReceipts, RoundOutcome, RoundSpec } from "../wire/messages.js";
-import { decodeVerified, verifiedSpec } from "../wire/onion.js";
+import { decodeVerified, verifiedSpec, type VerifiedSpec } from "../wire/onion.js";
 
 /** What a device's answer to a round gives the transport (the `Client`'s `Answer`). */
 export interface DeviceAnswer {
@@ -161,6 +165,38 @@ export interface DeviceSessionResult {
 const TOPIC_ROOT = "shuffledp";
 /** MQTT CONNACK codes that mean the broker refused who we are (3.1.1: 4, 5; MQTT 5: 0x86, 0x87). */
 const REFUSED_IDENTITY = new Set([4, 5, 0x86, 0x87]);
+
+/**
+ * mqtt.js's store of received QoS 2 publishes, which keeps none. mqtt.js holds each QoS 2 publish
+ * until the broker's PUBREL; a hostile broker that never sends one would have the device hold up
+ * to 65,535 payloads of its choosing. The device subscribes at QoS 1 only, so no honest broker
+ * sends QoS 2: such a publish is acknowledged and dropped, unread (a later PUBREL finds nothing
+ * and is completed).
+ */
+class NoQos2Store {
+  put(_packet: unknown, cb?: () => void): this {
+    cb?.();
+    return this;
+  }
+
+  get(_packet: unknown, cb?: (error?: Error) => void): this {
+    cb?.(new Error("missing packet"));
+    return this;
+  }
+
+  del(_packet: unknown, cb?: (error?: Error) => void): this {
+    cb?.(new Error("missing packet"));
+    return this;
+  }
+
+  createStream(): never {
+    throw new TransportError("the store of received QoS 2 publishes holds none to replay");
+  }
+
+  close(cb?: () => void): void {
+    cb?.();
+  }
+}
 
 interface Pending {
   envelope: Uint8Array;
@@ -282,12 +318,17 @@ export class DeviceSession {
 
   private readonly options: Required<Omit<DeviceSessionOptions, "rounds" | "onEvent" | "clientId">> &
     Pick<DeviceSessionOptions, "rounds" | "onEvent">;
+  /** Rounds still open: their spec, pending envelopes and routes. */
   private readonly rounds = new Map<bigint, RoundState>();
+  /** Rounds that ended: only their record is kept (a long-lived session sees rounds without end). */
+  private readonly endedRecords = new Map<bigint, DeviceRound>();
   private readonly topicIndex = new Map<string, RoundState>();
   private readonly specs: string;
   private readonly window: Window;
   private client: MqttClient | undefined;
   private specChain: Promise<void> = Promise.resolve();
+  /** Rounds whose spec waits in {@link specChain}: a copy arriving meanwhile is dropped. */
+  private readonly queuedRounds = new Set<bigint>();
   private ticker: ReturnType<typeof setInterval> | undefined;
   private endedRounds = 0;
   private closed = false;
@@ -388,6 +429,9 @@ export class DeviceSession {
       connectTimeout: this.options.connectTimeout,
       resubscribe: true,
       rejectUnauthorized: true,
+      // Every subscription is QoS 1, so a QoS 2 publish is the broker's own doing: it is never
+      // kept (see NoQos2Store) and so never delivered.
+      incomingStore: new NoQos2Store() as unknown as IStore,
     };
     if (broker.ca !== undefined) {
       options.ca = typeof broker.ca === "string" ? broker.ca : (payloadOf(broker.ca) as never);
@@ -487,10 +531,18 @@ export class DeviceSession {
 
   private onMessage(topic: string, payload: Uint8Array): void {
     if (topic === this.specs) {
-      this.specChain = this.specChain.then(
-        () => this.takeSpec(payload),
-        () => this.takeSpec(payload),
-      ).catch((error) => this.bug("spec", error));
+      // Checked on arrival, before anything waits: junk, and copies of a spec already taken or
+      // queued, are dropped at once, so what waits behind a round being answered (or behind a
+      // subscription the broker never acknowledges) is at most one spec per genuine new round.
+      const verified = this.acceptSpec(payload);
+      if (verified === undefined) {
+        return;
+      }
+      this.queuedRounds.add(verified.spec.roundId);
+      this.specChain = this.specChain
+        .then(() => this.takeSpec(payload, verified))
+        .catch((error) => this.bug("spec", error))
+        .finally(() => this.queuedRounds.delete(verified.spec.roundId));
       return;
     }
     const state = this.topicIndex.get(topic);
@@ -509,24 +561,35 @@ export class DeviceSession {
     }
   }
 
-  private async takeSpec(data: Uint8Array): Promise<void> {
+  /**
+   * The verified spec of a spec-topic message that opens a round not yet seen nor queued, or
+   * undefined (refused and counted, or a copy of a round already taken: ignored).
+   */
+  private acceptSpec(data: Uint8Array): VerifiedSpec | undefined {
     if (this.closed) {
-      return;
+      return undefined;
     }
-    let spec: RoundSpec;
-    let digest: Uint8Array;
+    let verified: VerifiedSpec;
     try {
-      ({ spec, digest } = verifiedSpec(data, this.options.analyzerSigningKey));
+      verified = verifiedSpec(data, this.options.analyzerSigningKey);
     } catch (error) {
       this.refuse(`spec-${reasonOf(error)}`, (error as Error).message);
-      return;
+      return undefined;
     }
+    const { spec } = verified;
     if (!sameBytes(spec.sessionId, this.options.sessionId)) {
       this.refuse("spec-other-session", `a spec of session ${hex(spec.sessionId)}`);
-      return;
+      return undefined;
     }
-    if (this.rounds.has(spec.roundId)) {
-      return; // the retained spec again, or re-published by a restarted shuffler
+    if (this.rounds.has(spec.roundId) || this.endedRecords.has(spec.roundId) || this.queuedRounds.has(spec.roundId)) {
+      return undefined; // the retained spec again, or re-published by a restarted shuffler
+    }
+    return verified;
+  }
+
+  private async takeSpec(data: Uint8Array, { spec, digest }: VerifiedSpec): Promise<void> {
+    if (this.closed || this.rounds.has(spec.roundId) || this.endedRecords.has(spec.roundId)) {
+      return;
     }
     const record: DeviceRound = {
       roundId: spec.roundId,
@@ -792,6 +855,12 @@ export class DeviceSession {
     const { record } = state;
     record.unacknowledged += state.pending.size;
     state.pending.clear();
+    // Keep only the record: the spec, the outcomes' bytes and the devices' instances go.
+    this.rounds.delete(record.roundId);
+    this.endedRecords.set(record.roundId, record);
+    state.outcomeBytes.clear();
+    state.answeredBy.clear();
+    state.newestReceipted.clear();
     const outcomes = record.instances.map((i) => `instance ${i}: ${record.outcomes[i] ?? "no outcome"}`).join(", ");
     const refused = Object.entries(record.refused)
       .map(([k, v]) => `${k} ${v}`)
@@ -882,7 +951,9 @@ export class DeviceSession {
 
   /** The rounds seen so far, in round order. */
   roundRecords(): DeviceRound[] {
-    return [...this.rounds.values()].map((s) => s.record).sort((a, b) => (a.roundId < b.roundId ? -1 : 1));
+    return [...this.endedRecords.values(), ...[...this.rounds.values()].map((s) => s.record)].sort((a, b) =>
+      a.roundId < b.roundId ? -1 : 1,
+    );
   }
 
   /** Counters and rounds (see {@link DeviceSessionResult}). */
@@ -906,10 +977,13 @@ export class DeviceSession {
     this.finish?.();
     const client = this.client;
     if (client) {
+      // Forced: a graceful end waits for every acknowledgement still owed, and a broker that
+      // withholds one (a SUBACK, a PUBACK) would keep it waiting for ever. Every round has ended
+      // above, so nothing in flight is still wanted.
       try {
-        await client.endAsync();
+        await client.endAsync(true);
       } catch {
-        client.end(true);
+        // the connection is gone either way
       }
     }
   }

@@ -72,6 +72,7 @@ async function main() {
       new Client({
         localData: data[i],
         analyzerSigningKey: enrollment.analyzerSigningKey,
+        sessionId: enrollment.sessionId,
         shufflerSigningKey: enrollment.shufflerSigningKey,
         shufflerKey: enrollment.shufflerKey,
         credential: enrollment.credential,

@@ -1,0 +1,130 @@
+// The MQTT round loop against a broker that is the attacker (test/support/fakeBroker.mjs): it
+// withholds acknowledgements, floods the topics the device reads, and drops receipts. Every wait
+// below ends on a message from the device; the limits are safety nets only.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+
+import { Client } from "../dist/client/client.js";
+import { MemoryLedger } from "../dist/ledger/ledger.js";
+import { SeededSource } from "../dist/random/source.js";
+import { DeviceSession, outcomeTopic, reportsTopic, specTopic } from "../dist/transport/mqtt.js";
+import { FakeBroker } from "./support/fakeBroker.mjs";
+import { ANALYZER, SESSION, SHUFFLER, credentialOf, roundSpec, signedMessage, signedSpec } from "./support/rounds.mjs";
+import { specDigest } from "../dist/wire/onion.js";
+import { encodeMessage } from "../dist/wire/messages.js";
+
+const NOW = 1_800_000_000;
+
+function device(ledger = new MemoryLedger({ epsilonBudget: 10 })) {
+  return new Client({
+    localData: 1.5,
+    analyzerSigningKey: ANALYZER.signingPublic,
+    credential: credentialOf(0xd1),
+    ledger,
+    shufflerSigningKey: SHUFFLER.signingPublic,
+    shufflerKey: SHUFFLER.hpkePublic,
+    source: new SeededSource(7),
+    clock: () => NOW,
+  });
+}
+
+async function open(broker, devices, overrides = {}) {
+  const url = await broker.start();
+  return DeviceSession.open({
+    broker: { url, username: "client", password: "x" },
+    sessionId: SESSION,
+    analyzerSigningKey: ANALYZER.signingPublic,
+    devices,
+    clock: () => NOW,
+    connectTimeout: 5000,
+    ...overrides,
+  });
+}
+
+test("junk and copies on the spec topic are dropped on arrival while a round's subscription is never acknowledged, and close() does not wait for it", async (t) => {
+  // The broker acknowledges the spec topic's subscription only: the first round's stays pending
+  // for ever, so the loop is stuck answering that round.
+  const broker = new FakeBroker({ holdSubacks: (topics) => !topics.includes(specTopic(SESSION)) });
+  const session = await open(broker, [device()]);
+  t.after(async () => {
+    await session.close();
+    await broker.close();
+  });
+  const spec = roundSpec({ deadline: NOW + 3600 });
+  broker.deliver(specTopic(SESSION), signedSpec(spec));
+  await broker.until(() => broker.subscriptions.some((topic) => topic.endsWith("/0/0/receipts")), "the round's subscription");
+  // A flood while the loop waits: nothing of it may be held until the round is answered.
+  const junk = 300;
+  for (let i = 0; i < junk; i++) broker.deliver(specTopic(SESSION), Uint8Array.of(0xa1, 0x61, 0x76, i & 0x7f));
+  for (let i = 0; i < 50; i++) broker.deliver(specTopic(SESSION), signedSpec(spec));
+  broker.deliver(specTopic(SESSION), Uint8Array.of(0xff)); // after the copies: once refused, they were taken
+  const refused = () => Object.values(session.badMessages).reduce((a, b) => a + b, 0);
+  await broker.until(() => refused() >= junk + 1, `${junk + 1} refusals`);
+  assert.equal(refused(), junk + 1); // the copies of the genuine spec are no refusals: they are ignored,
+  assert.equal(session.queuedRounds.size, 1); // and none of them waits behind the round
+  assert.ok(Object.keys(session.badMessages).every((reason) => reason.startsWith("spec-")));
+  // Closing does not wait for the acknowledgement the broker withholds (it would wait for ever).
+  await session.close();
+});
+
+test("an envelope without a receipt is sent again, byte for byte the same, and a replayed older 'released' after a 'failed' changes nothing", async (t) => {
+  const broker = new FakeBroker();
+  const ledger = new MemoryLedger({ epsilonBudget: 10 });
+  let roundEnded;
+  const ended = new Promise((resolve) => (roundEnded = resolve));
+  const onEvent = (event) => event.kind === "round-ended" && roundEnded();
+  const session = await open(broker, [device(ledger)], { retryInterval: 20, maxCopies: 4, grace: 0, onEvent });
+  t.after(async () => {
+    await session.close();
+    await broker.close();
+  });
+  const spec = roundSpec({ deadline: NOW + 3600 });
+  broker.deliver(specTopic(SESSION), signedSpec(spec));
+  const reports = reportsTopic(SESSION, 0n, 0);
+  await broker.until(() => broker.published.filter((p) => p.topic === reports).length >= 4, "four copies");
+  const copies = broker.published.filter((p) => p.topic === reports);
+  assert.equal(copies.length, 4);
+  for (const copy of copies) assert.deepEqual(copy.payload, copies[0].payload);
+  assert.equal(broker.published.length, 4); // nothing else left the device
+  // The shuffler's failed outcome, then its older released one replayed by the broker.
+  const digest = specDigest(encodeMessage(spec));
+  const outcome = (word, reason) =>
+    signedMessage({
+      type: "round-outcome", sessionId: SESSION, roundId: 0n, specDigest: digest, outcome: word, reason,
+      admitted: 1000, batchId: new Uint8Array(16).fill(3), instance: 0,
+    });
+  broker.deliver(outcomeTopic(SESSION, 0n, 0), outcome("failed", "not-acknowledged"));
+  broker.deliver(outcomeTopic(SESSION, 0n, 0), outcome("released", ""));
+  await ended;
+  const [round] = session.roundRecords();
+  assert.equal(round.outcomes[0], "failed:not-acknowledged");
+  assert.equal(round.retransmitted, 3);
+  assert.equal(await ledger.outcomeOf(SESSION, 0n), "failed:not-acknowledged");
+  // An ended round keeps its record only; its spec delivered again opens nothing.
+  assert.equal(session.rounds.size, 0);
+  broker.deliver(specTopic(SESSION), signedSpec(spec));
+  broker.deliver(specTopic(SESSION), Uint8Array.of(0xff)); // in order after it: once refused, the copy was taken
+  await broker.until(() => session.badMessages["spec-malformed"] === 1, "the refusal after the copy");
+  assert.equal(session.rounds.size, 0);
+  assert.equal(session.roundRecords().length, 1);
+});
+
+test("a broker sending QoS 2 publishes it never releases makes the device hold none of them", async (t) => {
+  // The device subscribes at QoS 1: a QoS 2 publish is the broker's own doing. Left to mqtt.js, each
+  // would wait in memory for a PUBREL that never comes, 65,535 payloads of the broker's choosing.
+  const broker = new FakeBroker();
+  const session = await open(broker, [device()]);
+  t.after(async () => {
+    await session.close();
+    await broker.close();
+  });
+  const payload = new Uint8Array(20_000);
+  for (let id = 1; id <= 100; id++) broker.deliverUnreleased(specTopic(SESSION), payload, id);
+  broker.deliver(specTopic(SESSION), Uint8Array.of(0xff)); // after them: once refused, they were all taken
+  await broker.until(() => (session.badMessages["spec-malformed"] ?? 0) >= 1, "the refusal after them");
+  const store = session.client.incomingStore;
+  for (let id = 1; id <= 100; id++) {
+    store.get({ messageId: id }, (error, packet) => assert.ok(error !== undefined && packet === undefined, `publish ${id} kept`));
+  }
+  assert.deepEqual(session.badMessages, { "spec-malformed": 1 }); // nor were they handed to the loop
+});
