@@ -34,12 +34,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from shuffledp.client.ledger import PrivacyLedger
+from shuffledp.client.ledger import PrivacyLedger, outcome_moves_forward
 from shuffledp.client.local_data import as_real_array
 from shuffledp.client.mechanisms import check_report_values, randomize_one, randomize_reports, report_ranges
 from shuffledp.protocol.wire import codec
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
 from shuffledp.protocol.wire.credentials import CLIENT_ID_BYTES, CREDENTIAL_BYTES, assigned_instance
+from shuffledp.protocol.wire.ed25519_keys import check_ed25519_key
 from shuffledp.protocol.errors import UnknownRound
 from shuffledp.protocol.wire.messages import AdmissionReceipts, RoundOutcome, RoundSpec, SignedRoundSpec, messages_per_user
 from shuffledp.protocol.wire.onion import EnvelopeWrapper, decode_verified, verified_spec
@@ -160,6 +161,9 @@ def device_settings(
     if (shuffler_signing_key is None) != (shuffler_key is None):
         raise InvalidParameter(
             "shuffler_key", "a device pins both of its shuffler's keys (signing and sealing) or neither")
+    check_ed25519_key(analyzer_signing_key, "analyzer_signing_key")  # a key anyone can sign under pins nothing
+    if shuffler_signing_key is not None:
+        check_ed25519_key(shuffler_signing_key, "shuffler_signing_key")
     if accept_central_only and shuffler_signing_key is None:
         raise InvalidParameter("shuffler_signing_key", "a device that accepts central-only rounds must pin its shuffler")
     return {
@@ -345,14 +349,24 @@ class Client:
 
         A round that failed after this client's report was admitted is recorded as
         lost (``PrivacyLedger.outcomes``): the client is told, and stays charged.
+
+        Only forward (:func:`~shuffledp.client.ledger.outcome_moves_forward`): ``released``
+        may turn ``failed:<reason>`` (the shuffler gave up a batch the analyzer never
+        acknowledged), a failed outcome is final, and the same word again changes nothing.
+        Outcomes carry no timestamp, so a genuine older ``released`` relayed again after a
+        ``failed`` is verified, then ignored: it cannot hide a lost round.
         """
         outcome = codec.decode(data, RoundOutcome)
         sent = self._sent(outcome.session_id, outcome.round_id, outcome.spec_digest)
         decode_verified(data, RoundOutcome, sent.spec.shuffler_signing_key)
         if outcome.instance != self.instance_for(sent.spec):
             return sent  # another instance's batch: says nothing of this client's report
-        sent.outcome = outcome.outcome if outcome.outcome == "released" else f"failed:{outcome.reason}"
-        self.ledger.record_outcome(outcome.session_id, outcome.round_id, sent.outcome)
+        word = outcome.outcome if outcome.outcome == "released" else f"failed:{outcome.reason}"
+        if not outcome_moves_forward(sent.outcome, word):
+            return sent  # a failed round stays failed; the same word again is no news
+        self.ledger.record_outcome(outcome.session_id, outcome.round_id, word)  # forward only there too
+        # what the ledger holds now (a ledger shared with another client may know the round failed)
+        sent.outcome = self.ledger.outcomes.get((outcome.session_id, outcome.round_id), word)
         return sent
 
     def _sent(self, session_id: bytes, round_id: int, spec_digest: bytes) -> SentRound:

@@ -19,6 +19,12 @@ it in :attr:`PrivacyLedger.outcomes` so the device knows, but does not refund: t
 report left the device, and the local guarantee must hold even against a shuffler
 that lies about having discarded it. Refunding would make the client's budget
 depend on trusting the shuffler, which the local model does not assume.
+
+Outcomes are recorded only forward. A round's outcome may go from nothing to
+``released`` or ``failed:<reason>``, and from ``released`` to ``failed:<reason>`` (the
+shuffler gave up a released batch the analyzer never acknowledged); a failed outcome is
+final, and the same word again changes nothing. Signed outcomes carry no timestamp, so
+this is what keeps a replayed older ``released`` from hiding a lost round.
 """
 
 from __future__ import annotations
@@ -42,6 +48,20 @@ def _real(value: object, name: str) -> float:
     if not math.isfinite(value):
         raise InvalidParameter(name, f"must be finite, got {value}")
     return value
+
+
+def is_outcome(word: object) -> bool:
+    """Whether ``word`` is a round outcome as devices record it: ``released`` or ``failed:<reason>``."""
+    return word == "released" or (isinstance(word, str) and word.startswith("failed:"))
+
+
+def outcome_moves_forward(previous: str | None, outcome: str) -> bool:
+    """Whether a round's recorded outcome ``previous`` (None: none yet) may become ``outcome``:
+    only forward, ``released -> failed:<reason>``; a failed outcome is final and the same word
+    again is no change."""
+    if previous is None:
+        return True
+    return previous == "released" and outcome != "released"
 
 
 @dataclass
@@ -110,12 +130,22 @@ class PrivacyLedger:
             self.spent_delta += float(delta)
             self.answered.add((session_id, round_id))
 
-    def record_outcome(self, session_id: bytes, round_id: int, outcome: str) -> None:
-        """Record what became of an answered round (the charge stands either way)."""
+    def record_outcome(self, session_id: bytes, round_id: int, outcome: str) -> bool:
+        """Record what became of an answered round (the charge stands either way), only forward:
+        ``released`` may turn ``failed:<reason>``, a failed outcome is final, and the same word
+        again is a no-op. Returns whether the recorded outcome changed; raises
+        :class:`InvalidParameter` for a round this ledger did not answer, or a word that is
+        neither ``released`` nor ``failed:<reason>``."""
+        if not is_outcome(outcome):
+            raise InvalidParameter("outcome", f'must be "released" or "failed:<reason>", got {outcome!r}')
+        key = (session_id, round_id)
         with self._lock:
-            if (session_id, round_id) not in self.answered:
+            if key not in self.answered:
                 raise InvalidParameter("round_id", f"round {round_id} was not answered by this ledger")
-            self.outcomes[(session_id, round_id)] = outcome
+            if not outcome_moves_forward(self.outcomes.get(key), outcome):
+                return False
+            self.outcomes[key] = outcome
+            return True
 
     def lost_rounds(self) -> list[tuple[bytes, int]]:
         """Answered rounds the shuffler says failed: charged, and never reached the analyzer (if it is honest)."""

@@ -14,11 +14,21 @@ Guarantees:
   channel: a publish gives up after ``publish_timeout``; when the channel dies
   (``reconnect=False`` and the broker went away, or :meth:`MqttChannel.close`),
   waiting ``get()``\\ s raise TransportError.
+* **First connection.** :meth:`MqttChannel.connect` makes one attempt unless
+  ``first_connect_retry`` > 0: then an attempt that fails for a reason a broker that is
+  starting or restarting gives (refused, reset, timed out, closed during the handshake)
+  is made again with the same backoff as reconnection, for up to that many seconds, each
+  failure logged as one line. Refused credentials, a certificate that fails verification,
+  an unreadable CA file and an unknown host name are reported at once: waiting does not
+  mend them. The services (``shuffler serve``, ``analyzer run``, ``clients run``, and so
+  ``up``) retry for 30 s by default (``--connect-retry``).
 * **Reconnection** (``reconnect=True``, the default). After the *first* connection
   succeeded, a lost connection is re-established with exponential backoff (0.1 s
   doubling up to ``max_backoff``, each wait jittered to 50-100 %), forever until
-  :meth:`MqttChannel.close`. Every topic with a live subscription is subscribed
-  again, then delivery resumes on the same subscription objects. Publishes made
+  :meth:`MqttChannel.close`. An attempt that fails in any way (aiomqtt's connect raising
+  something other than its own errors included) is one more failed attempt. Every topic
+  with a live subscription is subscribed again, then delivery resumes on the same
+  subscription objects. Publishes made
   while disconnected wait for the reconnection (within ``publish_timeout``); a
   publish whose acknowledgement was lost with the connection is sent again, so it
   may arrive twice (QoS 1 semantics). Messages published by others while this
@@ -30,6 +40,13 @@ Guarantees:
 * **Concurrency.** Any number of publishes may run at once (``asyncio.gather``
   works); at most ``max_inflight_publishes`` wait for their PUBACK at a time, the
   rest wait for a slot. :meth:`MqttChannel.publish_many` keeps a bounded window.
+
+* **Quiet third parties.** aiomqtt and paho log through this module's loggers
+  (``shuffledp.mqtt.aiomqtt``, ``shuffledp.mqtt.paho``), whose records are one line each:
+  an exception's type and text, never its traceback. aiomqtt's report of an
+  acknowledgement for a call the channel cancelled (a SUBACK or UNSUBACK for a message id it
+  no longer tracks) and of a disconnect from a broker already gone are debug lines, and
+  paho's packet-by-packet chatter is not logged (warnings and errors are).
 
 Incoming messages are routed to subscriptions directly from aiomqtt's message
 callback (through the queue class aiomqtt lets callers supply), in arrival order,
@@ -60,6 +77,42 @@ from shuffledp.protocol.transport.channel import QueueSubscription
 from shuffledp.protocol.errors import TransportError
 
 log = logging.getLogger("shuffledp.mqtt")
+
+
+class _OneLine(logging.Filter):
+    """Turns a third-party record into one line: its exception (type and text) joins the message and
+    the traceback is dropped; aiomqtt's reports of benign races (see the module docstring) become
+    debug records, kept only where debug logging is on."""
+
+    BENIGN = ("Unexpected message ID", "Could not gracefully disconnect")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.exc_info:
+            exc = record.exc_info[1]
+            if exc is not None:
+                message = f"{message}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        if record.exc_info or record.stack_info or record.args:
+            record.msg, record.args = " ".join(message.split()), None
+            record.exc_info = record.exc_text = record.stack_info = None
+        if record.levelno > logging.DEBUG and any(text in message for text in self.BENIGN):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+#: aiomqtt's log (its own messages); one line per record.
+_AIOMQTT_LOG = logging.getLogger("shuffledp.mqtt.aiomqtt")
+_AIOMQTT_LOG.addFilter(_OneLine())
+#: paho's log: warnings and errors only (below that it logs every packet), one line per record.
+_PAHO_LOG = logging.getLogger("shuffledp.mqtt.paho")
+_PAHO_LOG.setLevel(logging.WARNING)
+_PAHO_LOG.addFilter(_OneLine())
+
+
+class _Unreachable(TransportError):
+    """A connection attempt that failed as it does while a broker starts or restarts (refused, reset,
+    timed out, closed during the handshake, or failing inside aiomqtt): worth another attempt."""
 
 T = TypeVar("T")
 
@@ -142,6 +195,23 @@ def _reason_code(exc: BaseException) -> int | None:
     return int(getattr(rc, "value", rc))
 
 
+#: Words of a connection failure that waiting cannot mend (see :func:`_transient`).
+_PERMANENT = ("certificate verify failed", "name or service not known", "nodename nor servname",
+              "no address associated", "wrong version number")
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a failed connection attempt may succeed if made again (the broker starting or
+    restarting): not for refused credentials, a certificate that fails verification, an unknown
+    host name or a TLS listener spoken to in plaintext (and the reverse)."""
+    if isinstance(exc, MqttConnectError):
+        return _reason_code(exc) not in _REFUSED_IDENTITY  # e.g. "server unavailable": retried
+    if isinstance(exc, (ssl.SSLCertVerificationError, socket.gaierror)):
+        return False
+    text = str(exc).lower()
+    return not any(word in text for word in _PERMANENT)
+
+
 def describe(exc: BaseException) -> str:
     """A one-line reason for an aiomqtt/paho/socket failure."""
     if isinstance(exc, MqttConnectError) and _reason_code(exc) in _REFUSED_IDENTITY:
@@ -173,6 +243,8 @@ class MqttChannel:
       False a lost connection kills the channel: later and waiting operations raise
       :class:`TransportError`;
     * ``max_backoff``: longest wait between reconnection attempts, seconds;
+    * ``first_connect_retry``: seconds over which :meth:`connect` tries again a first
+      connection that failed for a transient reason (0: one attempt; see the module docstring);
     * ``publish_timeout``: longest a :meth:`publish` or :meth:`subscribe` call takes,
       waiting for a reconnection and the broker's acknowledgement included;
     * ``queue_limit``: most unread messages per subscription (0 = unbounded);
@@ -192,6 +264,7 @@ class MqttChannel:
         hostname: str = "127.0.0.1",
         port: int = 1883,
         *,
+        first_connect_retry: float = 0.0,
         identifier: str | None = None,
         username: str | None = None,
         password: str | None = None,
@@ -208,6 +281,8 @@ class MqttChannel:
             raise ValueError(f"max_backoff must be >= 0.1 s, got {max_backoff}")
         if publish_timeout <= 0 or connect_timeout <= 0:
             raise ValueError("publish_timeout and connect_timeout must be > 0")
+        if not 0 <= first_connect_retry < math.inf:
+            raise ValueError(f"first_connect_retry must be a finite number of seconds >= 0, got {first_connect_retry}")
         if queue_limit < 0:
             raise ValueError(f"queue_limit must be >= 0 (0 = unbounded), got {queue_limit}")
         if not 1 <= max_inflight_publishes <= 60_000:
@@ -220,6 +295,7 @@ class MqttChannel:
         self._password = password
         self.tls_ca_file = os.fspath(tls_ca_file) if tls_ca_file is not None else None
         self.reconnect = reconnect
+        self.first_connect_retry = first_connect_retry
         self.max_backoff = max_backoff
         self.publish_timeout = publish_timeout
         self.queue_limit = queue_limit
@@ -263,11 +339,35 @@ class MqttChannel:
         return self._dead is None and self._conn is not None and self._online is not None and self._online.is_set()
 
     async def connect(self) -> None:
-        """Open the first connection; raises :class:`TransportError` if it fails (no retry:
-        a wrong address or refused credentials should be reported, not retried)."""
+        """Open the first connection; raises :class:`TransportError` (one line) if it fails.
+
+        With ``first_connect_retry`` > 0 an attempt that failed for a transient reason (the
+        broker not listening yet, restarting: see the module docstring) is made again after a
+        jittered, doubling wait (0.1 s up to ``max_backoff``), each failure logged as one
+        warning, until ``first_connect_retry`` seconds have passed; then the last failure is
+        raised, saying how long it was tried. Refused credentials, a certificate that fails
+        verification, an unreadable CA file or an unknown host are raised at once."""
         if self._supervisor is not None:
             raise RuntimeError("MqttChannel is already connected")
-        client = await self._open()
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.first_connect_retry
+        delay = 0.1
+        while True:
+            try:
+                client = await self._open()
+                break
+            except _Unreachable as exc:
+                self.last_error = str(exc)
+                remaining = give_up - loop.time()
+                if self.first_connect_retry <= 0:
+                    raise
+                if remaining <= 0:
+                    raise TransportError(f"{exc} (a first connection, tried for {self.first_connect_retry:g} s)") from None
+                wait = min(delay * random.uniform(0.5, 1.0), remaining)
+                delay = min(delay * 2, self.max_backoff)
+                log.warning("MQTT channel %s: %s; trying again in %.1f s (a first connection is tried for up to %g s)",
+                            self.identifier, exc, wait, self.first_connect_retry)
+                await asyncio.sleep(wait)
         self._online = asyncio.Event()
         self._publish_slots = asyncio.Semaphore(self._max_inflight_publishes)
         self._dead = None
@@ -288,7 +388,8 @@ class MqttChannel:
         return self._tls_context
 
     async def _open(self) -> aiomqtt.Client:
-        """One connection attempt; TransportError with the reason if it fails."""
+        """One connection attempt; :class:`TransportError` with the reason if it fails, as
+        :class:`_Unreachable` when another attempt may succeed (:func:`_transient`)."""
         where = f"cannot connect to the MQTT broker at {self.address}"
         try:
             client = aiomqtt.Client(
@@ -303,7 +404,9 @@ class MqttChannel:
                 timeout=self.connect_timeout,
                 keepalive=self.keepalive,
                 socket_options=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
+                logger=_AIOMQTT_LOG,
             )
+            client._client.enable_logger(_PAHO_LOG)  # paho's chatter stays below the level this logger shows
             client.pending_calls_threshold = 1 << 30  # many concurrent publishes are normal here
             handle_completed_packets(client._client)
             await client.__aenter__()
@@ -314,9 +417,14 @@ class MqttChannel:
             if reason == "Operation timed out":
                 hint = "" if self.tls_ca_file else " (if it is a TLS listener, pass tls_ca_file)"
                 reason = f"no answer to CONNECT within {self.connect_timeout:g} s{hint}"
-            raise TransportError(f"{where}: {reason}") from None
-        except (OSError, ValueError) as exc:
+            raise (_Unreachable if _transient(exc) else TransportError)(f"{where}: {reason}") from None
+        except ValueError as exc:
             raise TransportError(f"{where}: {describe(exc)}") from None
+        except OSError as exc:
+            raise (_Unreachable if _transient(exc) else TransportError)(f"{where}: {describe(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - e.g. aiomqtt's socket callbacks racing the loop's selector
+            raise _Unreachable(f"{where}: the connection failed while it was set up ({type(exc).__name__}: "
+                               f"{' '.join(str(exc).split())})") from None
         return client
 
     async def close(self) -> None:
@@ -354,11 +462,15 @@ class MqttChannel:
             self._online.set()  # waiters wake and see _dead
 
     async def _discard(self, client: aiomqtt.Client) -> None:
-        """Disconnect ``client`` quietly (it may already be gone)."""
+        """Disconnect ``client`` quietly (it may already be gone), and read the reason aiomqtt kept for
+        the disconnection: unread, asyncio would print it ("Future exception was never retrieved")."""
         try:
             await asyncio.wait_for(client.__aexit__(None, None, None), timeout=2.0)
         except (asyncio.TimeoutError, aiomqtt.MqttError, OSError, RuntimeError):
             pass
+        disconnected = getattr(client, "_disconnected", None)
+        if isinstance(disconnected, asyncio.Future) and disconnected.done() and not disconnected.cancelled():
+            disconnected.exception()
 
     # ------------------------------------------------------------------ supervisor
 

@@ -45,8 +45,10 @@ def add_parser(subparsers) -> None:
         "privacy ledger (--budget), and sends its envelope again if the shuffler's signed receipt does not "
         "come (the shuffler counts a copy once). Data: N users with m samples each; with --seed S the data and "
         "the randomizer draws are those of `shuffledp simulate --seed S` (a seeded generator), without it every "
-        "device draws from the OS CSPRNG. Exits 0 once --rounds rounds were answered and released, 1 if one "
-        "failed or --timeout passed.",
+        "device draws from the OS CSPRNG. While it runs, and for --follow seconds after its last round, the fleet "
+        "follows every released round's signed outcome: a batch the shuffler later gives up (the analyzer never "
+        "acknowledged it) is recorded as lost in each device's ledger. Exits 0 once --rounds rounds were answered "
+        "and released, 1 if one failed (or was lost after its release) or --timeout passed.",
     )
     fleet.add_argument("--keys", type=Path, required=True, metavar="DIR", help="key directory (shuffledp keys init)")
     add_broker_options(fleet, "client")
@@ -61,6 +63,11 @@ def add_parser(subparsers) -> None:
                             "(1..64; 8 fits the broker's 4,096-byte client limit for every mechanism; 1: one each)")
     fleet.add_argument("--retry-interval", type=float, default=2.0, metavar="S",
                        help="seconds before an envelope without a receipt is sent again (doubling per copy)")
+    fleet.add_argument("--follow", type=float, default=0.0, metavar="S",
+                       help="after the last round ended, keep following released rounds' outcomes for S seconds, to "
+                            "record a batch the shuffler gives up unacknowledged (its ack timeout, 600 s by default, "
+                            "runs from the round's deadline); stops early once every followed round failed "
+                            "(default 0: stop with the last round)")
     fleet.add_argument("--timeout", type=float, default=0.0, metavar="S", help="give up after S seconds (0: never)")
     fleet.add_argument("--output", type=Path, default=None, metavar="FILE", help="write a JSON summary here")
     fleet.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -80,8 +87,9 @@ async def _clients_run_async(args: argparse.Namespace) -> int:
     from shuffledp.protocol.errors import ShuffleDPError
 
     log = setup_logging("clients", args.verbose)
-    if args.users < 1 or args.rounds < 1 or args.rate < 0 or args.retry_interval <= 0 or args.timeout < 0:
-        raise UsageError("need --users >= 1, --rounds >= 1, --rate >= 0, --retry-interval > 0, --timeout >= 0")
+    if (args.users < 1 or args.rounds < 1 or args.rate < 0 or args.retry_interval <= 0 or args.timeout < 0
+            or not args.follow >= 0):
+        raise UsageError("need --users >= 1, --rounds >= 1, --rate >= 0, --retry-interval > 0, --timeout >= 0, --follow >= 0")
     if not 1 <= args.pack <= 64:
         raise UsageError(f"--pack: must be in [1, 64], got {args.pack}")
     if args.seed is not None and args.seed < 0:
@@ -105,7 +113,8 @@ async def _clients_run_async(args: argparse.Namespace) -> int:
     channel = mqtt_channel(args, "client")
     await channel.connect()
     fleet = Fleet(channel, side.session_id, clients, draw=seeded_draw(args.seed) if seeded else None,
-                  rate=args.rate, retry_interval=args.retry_interval, pack=args.pack, on_event=log.info)
+                  rate=args.rate, retry_interval=args.retry_interval, pack=args.pack, on_event=log.info,
+                  follow=args.follow)
     log.info("%d device(s) of session %s on %s, waiting for rounds (true mean of their data %.6f; %s)",
              args.users, side.session_id.hex(), channel.address, true_mean,
              f"data and draws seeded with --seed {args.seed}" if seeded else "draws from the OS CSPRNG")

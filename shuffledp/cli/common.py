@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import json
 import logging
 import os
@@ -28,12 +27,14 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: Exit status of a command stopped by Ctrl-C.
 EXIT_INTERRUPTED = 130
 
-#: The default central delta is never larger than this ...
-DELTA_CAP = 1e-6
-#: ... and always below 1/n: n^-DELTA_EXPONENT.
-DELTA_EXPONENT = 1.1
-#: The rule, as ``--help`` and docs/cli.md state it.
-DEFAULT_DELTA_RULE = "min(1e-6, n^-1.1), n the number of users"
+#: The default central delta: one rule for every command and the Python API
+#: (:func:`shuffledp.protocol.accounting.composition.default_central_delta`).
+from shuffledp.protocol.accounting.composition import (  # noqa: E402  (no scipy: the accountant loads on use)
+    DEFAULT_DELTA_RULE,
+    DELTA_CAP,
+    DELTA_EXPONENT,
+    default_central_delta as default_delta,
+)
 
 
 class UsageError(Exception):
@@ -125,13 +126,15 @@ def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> Non
                    help=f"print {what} as one JSON document on stdout (with a \"shuffledp\" block: version, command, parameters)")
 
 
-def default_delta(n: int) -> float:
-    """The default central delta for ``n`` users: ``min(1e-6, n^-1.1)``.
-
-    Below 1/n always (a mechanism that publishes one user's data at random is (0, 1/n)-DP, so a
-    delta of 1/n or more promises nothing), and never more than 1e-6 (for small n, n^-1.1 alone
-    would be as large as 1e-2)."""
-    return min(DELTA_CAP, 1.0 / max(1, int(n)) ** DELTA_EXPONENT)
+def central_delta_arg(text: str) -> float:
+    """``--delta``'s type: a number in (0, 1), else a one-line usage error (exit 2) before any work."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < value < 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text}")
+    return value
 
 
 def delta_help(what: str = "central delta") -> str:
@@ -280,6 +283,16 @@ def add_broker_options(p: argparse.ArgumentParser, role: str) -> None:
                        help="allow --password-file without --ca-file to a broker that is not on this host (loopback): "
                        "the password, and every message (specs, reports, batches, acks), then cross the network "
                        "unencrypted, and the broker is not authenticated")
+    group.add_argument("--connect-retry", type=float, default=FIRST_CONNECT_RETRY, metavar="S",
+                       help="try a first connection that fails as it does while a broker starts or restarts "
+                       "(refused, reset, timed out) again, with exponential back-off (0.1 s doubling to 5 s), for up "
+                       "to S seconds, one log line per attempt (0: once); refused credentials and a certificate "
+                       "that fails verification are reported at once. After the first connection, a lost one is "
+                       "re-established for as long as the service runs")
+
+
+#: Seconds a service tries its first connection to the broker (``--connect-retry``).
+FIRST_CONNECT_RETRY = 30.0
 
 
 def is_loopback(host: str) -> bool:
@@ -305,9 +318,13 @@ def mqtt_channel(args: argparse.Namespace, role: str):
             and not is_loopback(host)):
         raise UsageError(f"--password-file without --ca-file would send the password in clear to {host}; "
                          f"add --ca-file PEM (TLS), or --insecure-plaintext to accept that")
+    retry = getattr(args, "connect_retry", FIRST_CONNECT_RETRY)
+    if not 0 <= retry < float("inf"):
+        raise UsageError(f"--connect-retry: must be a number of seconds >= 0, got {retry}")
     return MqttChannel(
         host,
         port,
+        first_connect_retry=retry,
         # Unguessable (128 random bits, no pid): mosquitto hands a session to whoever connects with its client id.
         identifier=f"shuffledp-{role}-{os.urandom(16).hex()}",
         username=args.username,
@@ -342,7 +359,7 @@ def add_scalar_mean_options(p: argparse.ArgumentParser, *, analyzer: bool) -> No
         p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from --sigma, -n, -m, --gamma)")
         p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
         p.add_argument("--grid-levels", type=int, default=4096, help="levels of the mean round's grid")
-        p.add_argument("--delta", type=float, default=None, help=delta_help("central delta of the privacy report"))
+        p.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta of the privacy report"))
     else:
         from shuffledp.simulation.population import DISTRIBUTIONS
 
@@ -357,13 +374,6 @@ def add_scalar_mean_options(p: argparse.ArgumentParser, *, analyzer: bool) -> No
 # --------------------------------------------------------------------------- the services: running
 
 
-class _UnsubackRace(logging.Filter):
-    """Drops aiomqtt's report of an UNSUBACK whose unsubscribe was cancelled by the channel's close."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "in on_unsubscribe callback" not in record.getMessage()
-
-
 def setup_logging(name: str, verbose: bool) -> logging.Logger:
     logging.basicConfig(
         stream=sys.stderr,
@@ -371,9 +381,6 @@ def setup_logging(name: str, verbose: bool) -> logging.Logger:
         format="%(asctime)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    # MqttChannel.close() cancels unsubscribes still in flight; when their UNSUBACK then
-    # arrives, aiomqtt logs a KeyError traceback for the unknown message id. Benign.
-    logging.getLogger("mqtt").addFilter(_UnsubackRace())
     if not verbose:
         # The services' own INFO lines duplicate the one line per round logged here.
         for noisy in ("shuffledp.shuffler.service", "shuffledp.mqtt", "shuffledp.deploy.fleet"):
@@ -381,14 +388,35 @@ def setup_logging(name: str, verbose: bool) -> logging.Logger:
     return logging.getLogger(name)
 
 
+#: The event-loop calls aiomqtt schedules for its socket (from paho's connect thread too).
+_SOCKET_CALLS = ("add_writer", "add_reader", "remove_writer", "remove_reader")
+
+
 def _closed_socket_callbacks(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """The event loop's exception handler: a socket callback that finds its socket already closed
-    (EBADF in ``add_reader``/``add_writer``, which aiomqtt schedules when the broker vanishes
-    abruptly) is logged at debug level; everything else goes to asyncio's default handler."""
+    """The event loop's exception handler, for what aiomqtt leaves to it: one debug line, no traceback.
+
+    * A socket callback (``add_reader``/``add_writer``/``remove_*``, which aiomqtt schedules,
+      partly from paho's connect thread) that fails because its socket was closed, its file
+      descriptor reused, or the selector changed under it (``OSError``, ``KeyError: '7 is not
+      registered'``, ``ValueError``) when the broker vanished or restarted: the channel has
+      already seen the connection go, and reconnects.
+    * aiomqtt's record of a disconnection nobody read ("Future exception was never retrieved"
+      with an aiomqtt error): the channel learned of it another way.
+
+    Everything else goes to asyncio's default handler."""
+    try:
+        from aiomqtt import MqttError
+    except ImportError:  # a command run without the mqtt extra: nothing of aiomqtt's to quiet
+        MqttError = ()  # noqa: N806
+
     exc = context.get("exception")
     handle = repr(context.get("handle", ""))
-    if isinstance(exc, OSError) and exc.errno == errno.EBADF and ("add_writer" in handle or "add_reader" in handle):
-        logging.getLogger("shuffledp.mqtt").debug("socket callback after the connection closed: %s", exc)
+    if isinstance(exc, (OSError, KeyError, ValueError)) and any(call in handle for call in _SOCKET_CALLS):
+        logging.getLogger("shuffledp.mqtt").debug("socket callback after the connection closed: %s: %s",
+                                                  type(exc).__name__, exc)
+        return
+    if MqttError and isinstance(exc, MqttError) and "future" in context and "handle" not in context:
+        logging.getLogger("shuffledp.mqtt").debug("a closed connection's reason, unread: %s: %s", type(exc).__name__, exc)
         return
     loop.default_exception_handler(context)
 

@@ -44,7 +44,9 @@ def add_parser(subparsers) -> None:
         "up", formatter_class=fmt, help="run a whole deployment on this machine (broker, shuffler, clients, analyzer)",
         description="Write keys, start a real mosquitto (TLS, passwords, ACL by role) with shuffledp.deploy.broker, "
         "then run the shuffler, a fleet of N simulated clients and the analyzer as separate processes "
-        "(python -m shuffledp.cli ...), relay their output, print the estimate, stop everything. Exit status 0 "
+        "(python -m shuffledp.cli ...), relay their output, print the estimate, stop everything. Each party tries "
+        "its first connection to the broker again, with back-off, for up to 30 s (a broker restarting meanwhile "
+        "does not end it), and re-establishes a lost connection for as long as it runs. Exit status 0 "
         "only if every party succeeded. With --seed S the estimate is exactly that of `shuffledp simulate --seed S` "
         "with the same data model, -n, -m and --epsilon0. Needs the mosquitto binaries.",
     )

@@ -41,6 +41,20 @@ report with ``answer_verified``:
   ledger (a lost round stays charged; ``client/ledger.py``). Unacknowledged
   envelopes of an ended round are dropped. Without an outcome the fleet gives up
   ``grace`` seconds after the round's deadline.
+* **Lost after release.** ``released`` is not final: the shuffler gives up a batch the
+  analyzer never acknowledges (its ``ack_timeout``) and then signs ``failed``
+  (``not-acknowledged``) for the round, retained over ``released``. So while
+  :meth:`Fleet.serve` runs, the fleet keeps following the outcome of every instance that
+  released (the same subscription: nothing published meanwhile is missed), and for
+  ``follow`` seconds after its last round ended (it stops early once every released round
+  it follows has failed). A later ``failed`` outcome is verified like the first, then
+  recorded in the round's :class:`FleetRound` (no longer ``released``) and in the ledger of
+  every client that answered there. Outcomes are taken only forward
+  (:func:`~shuffledp.client.ledger.outcome_moves_forward`): a failed outcome is final,
+  and a ``released`` relayed again after it changes nothing. A failure signed after the
+  fleet stopped following is not seen by it: the shuffler's ``ack_timeout`` (600 s by
+  default) runs from the round's deadline, so ``follow`` must cover that for a fleet
+  that stops after its rounds to learn of every loss.
 
 A client that would answer a round whose instance already published its outcome
 does not answer (and is not charged). Nothing here trusts the channel: every spec,
@@ -61,6 +75,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from shuffledp.client.client import Client, PreparedRound, verified_spec
+from shuffledp.client.ledger import outcome_moves_forward
 from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE
 from shuffledp.client.mechanisms import randomize_reports
 from shuffledp.protocol.transport.channel import Channel, outcome_topic, receipts_topic, reports_topic, spec_topic
@@ -176,7 +191,9 @@ class Fleet:
     vectorized call (a :class:`~shuffledp.protocol.mechanisms.randomness.SeededSource` for
     simulations); with neither, each client draws its own from its own source (a
     device's: the OS CSPRNG). ``on_event`` receives one human-readable line per notable
-    event (round answered, round ended).
+    event (round answered, round ended, a released round lost). ``follow``: seconds
+    :meth:`serve` keeps following released rounds' outcomes after its last round ended
+    (see the module docstring: a released round may still turn failed).
     """
 
     def __init__(
@@ -193,6 +210,7 @@ class Fleet:
         window: int = 256,
         pack: int = 1,
         on_event: Callable[[str], None] | None = None,
+        follow: float = 0.0,
     ) -> None:
         if not clients:
             raise ValueError("a fleet needs at least one client")
@@ -200,8 +218,8 @@ class Fleet:
             raise ValueError(f"pack must be in [1, {MAX_ENVELOPES_PER_MESSAGE}], got {pack}")
         if source is not None and draw is not None:
             raise ValueError("a fleet draws reports from a source or a draw function, not both")
-        if rate < 0 or retry_interval <= 0 or grace < 0 or window < 1:
-            raise ValueError("need rate >= 0, retry_interval > 0, grace >= 0, window >= 1")
+        if rate < 0 or retry_interval <= 0 or grace < 0 or window < 1 or not follow >= 0:
+            raise ValueError("need rate >= 0, retry_interval > 0, grace >= 0, window >= 1, follow >= 0")
         self.channel = channel
         self.session_id = session_id
         self.clients = list(clients)
@@ -214,7 +232,11 @@ class Fleet:
         self.window = window
         self.pack = pack
         self.on_event = on_event
+        self.follow = follow
         self.rounds: dict[int, FleetRound] = {}
+        #: (round id, instance) -> the task following a released instance's outcome, and its
+        #: subscription; None outside :meth:`serve` (a round run on its own is not followed).
+        self._followers: dict[tuple[int, int], tuple[asyncio.Task, Any]] | None = None
         #: Specs, receipts and outcomes that did not verify or were not for this session/round, by reason.
         self.bad_messages: Counter = Counter()
         self._local_means = np.array([c.local_mean for c in self.clients])
@@ -224,9 +246,12 @@ class Fleet:
             self.on_event(line)
 
     async def serve(self, rounds: int) -> list[FleetRound]:
-        """Answer ``rounds`` distinct rounds and follow each until its outcome (or deadline + grace)."""
+        """Answer ``rounds`` distinct rounds and follow each until its outcome (or deadline + grace);
+        meanwhile, and for ``follow`` seconds after the last round ended, follow the outcome of every
+        released round, to record one the shuffler later gives up (see the module docstring)."""
         specs = await self.channel.subscribe(spec_topic(self.session_id))
         tasks: list[asyncio.Task] = []
+        self._followers = {}
         try:
             while len(self.rounds) < rounds:
                 data = await specs.get()
@@ -244,10 +269,39 @@ class Fleet:
                 self.rounds[spec.round_id] = state
                 tasks.append(asyncio.create_task(self.run_round(spec, state)))
             await asyncio.gather(*tasks)
+            followers = [task for task, _ in self._followers.values()]
+            if followers and self.follow > 0:  # each ends once its round failed: a released one may still
+                await asyncio.wait(followers, timeout=self.follow)
         finally:
             await cancel_and_wait(tasks)
+            await self._stop_following()
             await specs.close()
         return [self.rounds[r] for r in sorted(self.rounds)]
+
+    async def _stop_following(self) -> None:
+        """Stop following released rounds and close their outcome subscriptions."""
+        followers, self._followers = self._followers or {}, None
+        await cancel_and_wait([task for task, _ in followers.values()])
+        for (round_id, instance), (task, _) in followers.items():
+            if not task.cancelled() and task.exception() is not None:  # a bug: said, with its traceback
+                _log.error("fleet: following round %d instance %d failed", round_id, instance, exc_info=task.exception())
+        for _, subscription in followers.values():
+            try:
+                await subscription.close()
+            except ShuffleDPError:
+                pass  # the channel is gone: nothing left to unsubscribe from
+
+    async def _follow_released(self, spec: RoundSpec, state: FleetRound, instance: int, subscription,
+                               clients: list[Client]) -> None:
+        """Read the outcome topic of an instance that released until its outcome turns failed (or the
+        channel is gone: a lost broker connection is re-established by the channel, a dead one ends this)."""
+        while state.outcomes.get(instance) == "released":
+            try:
+                data = await subscription.get()
+            except ShuffleDPError as exc:
+                _log.warning("fleet: round %d: stopped following instance %d's outcome: %s", spec.round_id, instance, exc)
+                return
+            self._take_outcome(spec, state, instance, data, {}, {instance: clients})
 
     async def run_round(self, spec: RoundSpec, state: FleetRound) -> FleetRound:
         """Answer one verified round with every client, then settle it (receipts, retransmission, outcome)."""
@@ -261,7 +315,7 @@ class Fleet:
             return state
         state.instances = tuple(sorted(set(assigned)))
         inbox: asyncio.Queue = asyncio.Queue()
-        subscriptions = []
+        subscriptions: list[tuple[str, int, Any]] = []
         pumps: list[asyncio.Task] = []
         publisher = _Publisher(self.channel, self.window, state)
         pending: dict[bytes, _Pending] = {}
@@ -273,7 +327,7 @@ class Fleet:
                 for kind, topic in (("receipts", receipts_topic(spec.session_id, spec.round_id, instance)),
                                     ("outcome", outcome_topic(spec.session_id, spec.round_id, instance))):
                     subscription = await self.channel.subscribe(topic)
-                    subscriptions.append(subscription)
+                    subscriptions.append((kind, instance, subscription))
                     pumps.append(asyncio.create_task(_pump(subscription, kind, instance, inbox)))
             pumps.append(asyncio.create_task(_tick(min(0.5, self.retry_interval / 2), inbox)))
             sender = asyncio.create_task(self._send(spec, state, values, sealer, assigned, pending, answered, publisher, order))
@@ -281,8 +335,17 @@ class Fleet:
         finally:
             await cancel_and_wait([*pumps, *([sender] if sender is not None else [])])
             await publisher.cancel()
-            for subscription in subscriptions:
-                await subscription.close()
+            while not inbox.empty():  # outcomes the pumps took but the settling loop did not (a failed after released)
+                kind, instance, data = inbox.get_nowait()
+                if kind == "outcome":
+                    self._take_outcome(spec, state, instance, data, pending, answered)
+            for kind, instance, subscription in subscriptions:
+                if kind == "outcome" and self._followers is not None and state.outcomes.get(instance) == "released":
+                    follower = asyncio.create_task(
+                        self._follow_released(spec, state, instance, subscription, answered.get(instance, [])))
+                    self._followers[(spec.round_id, instance)] = (follower, subscription)
+                else:
+                    await subscription.close()
         state.unacknowledged += len(pending)
         outcomes = ", ".join(f"instance {i}: {state.outcomes.get(i, 'no outcome')}" for i in state.instances)
         self._event(
@@ -418,15 +481,26 @@ class Fleet:
         if outcome.spec_digest != spec.digest:
             self.bad_messages["outcome-other-spec"] += 1
             return
-        if instance in state.outcomes:
-            return  # the retained outcome again
         result = "released" if outcome.outcome == "released" else f"failed:{outcome.reason}"
+        previous = state.outcomes.get(instance)
+        if not outcome_moves_forward(previous, result):
+            return  # the retained outcome again, or an older one replayed: a failed round stays failed
         state.outcomes[instance] = result
-        for client in answered.get(instance, ()):
-            client.ledger.record_outcome(spec.session_id, spec.round_id, result)
+        key = (spec.session_id, spec.round_id)
+        clients = answered.get(instance, ())
+        for client in clients:
+            client.ledger.record_outcome(spec.session_id, spec.round_id, result)  # forward only there too
+            sent = client.sent.get(key)
+            if sent is not None and outcome_moves_forward(sent.outcome, result):
+                sent.outcome = result
         for nonce in [n for n, p in pending.items() if p.instance == instance]:
             del pending[nonce]
             state.unacknowledged += 1
+        if previous is not None:
+            _log.warning("fleet: round %d: instance %d released its batch, then signed %s: %d device(s) record the "
+                         "round as lost", spec.round_id, instance, result, len(clients))
+            self._event(f"round {spec.round_id}: instance {instance}: released, then {result} (the shuffler gave the "
+                        f"batch up); {len(clients)} device(s) recorded the round as lost, still charged")
 
 
 def _prepared(spec: RoundSpec, sealer: Sealer) -> PreparedRound | None:

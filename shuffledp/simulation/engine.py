@@ -273,6 +273,7 @@ async def _run_parties(protocol: Protocol, data: np.ndarray, channels: tuple, se
                        round_timeout: float, workers: int) -> EngineRun:
     """:func:`run_messages_on`'s parties, set up and run (``data`` checked, ``workers`` decided)."""
     from shuffledp.simulation.client_pool import IN_PROCESS_WINDOW, ClientPool, SealingWorkers
+    from shuffledp.analyzer.coordinator import NO_LIVENESS_MARGIN
     from shuffledp.deploy.deployment import Deployment
     from shuffledp.protocol.transport.channel import InProcessChannel, reports_topic
     from shuffledp.shuffler.memory_spool import MemorySpool
@@ -281,7 +282,10 @@ async def _run_parties(protocol: Protocol, data: np.ndarray, channels: tuple, se
     deployment = Deployment()
     on_open = (lambda k: progress("opened reports", k)) if progress else None
     analyzer = deployment.analyzer(workers=workers)
-    coordinator = deployment.coordinator(coordinator_channel, analyzer=analyzer, round_timeout=round_timeout, on_progress=on_open)
+    # Every credential here is an honest simulated client: no liveness margin (NO_LIVENESS_MARGIN), so every
+    # round waits for, and is accounted at, every user's messages, as the fast engine's rounds are.
+    coordinator = deployment.coordinator(coordinator_channel, analyzer=analyzer, round_timeout=round_timeout,
+                                         on_progress=on_open, batch_margin=NO_LIVENESS_MARGIN)
     epsilon, delta = protocol.budget
     central = {"accept_central_only": True, "shuffler_signing_key": deployment.shuffler_keys.signing_public,
                "shuffler_key": deployment.shuffler_keys.hpke_public}

@@ -405,10 +405,10 @@ def test_an_unreachable_broker_is_one_line_and_status_1(keys_dir, tmp_path, caps
     from shuffledp.deploy.broker import free_port
 
     status = main(["shuffler", "serve", "--keys", str(keys_dir), "--broker", f"127.0.0.1:{free_port()}",
-                   "--spool", str(tmp_path / "s.db")])
+                   "--spool", str(tmp_path / "s.db"), "--connect-retry", "0.3"])
     assert status == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("shuffledp shuffler serve: transport:") and "refused" in last
+    assert last.startswith("shuffledp shuffler serve: transport:") and "refused" in last and "tried for 0.3 s" in last
 
 
 # --------------------------------------------------------------------------- the fleet, in process

@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
-from shuffledp.analyzer.coordinator import check_servable
+from shuffledp.analyzer.coordinator import NO_LIVENESS_MARGIN, check_servable
 from shuffledp.client.client import Client
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.client.local_data import as_real_array
@@ -813,7 +813,8 @@ def test_ledger_refuses_nan_and_negative_charges():
 
 async def test_coordinator_skips_junk_foreign_and_short_batches_and_opens_the_real_one():
     channel = InProcessChannel()
-    coordinator = DEPLOYMENT.coordinator(channel, analyzer=ANALYZER, round_timeout=10.0, grace=1.0)
+    coordinator = DEPLOYMENT.coordinator(channel, analyzer=ANALYZER, round_timeout=10.0, grace=1.0,
+                                         batch_margin=NO_LIVENESS_MARGIN)
     expected: Counter = Counter()
     published: dict[str, bytes] = {}
 

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives import serialization
 
+from shuffledp.analyzer.coordinator import NO_LIVENESS_MARGIN
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deploy.deployment import Deployment
 from shuffledp.deploy.fleet import Fleet
@@ -115,7 +116,9 @@ async def _round_under_faults(broker, tmp_path, fault) -> tuple:
         async with MqttChannel(host, port, **broker.channel_options("analyzer")) as analyzer_channel, MqttChannel(
             host, port, **broker.channel_options("client")
         ) as fleet_channel:
-            coordinator = deployment.coordinator(analyzer_channel, round_timeout=90.0, grace=10.0)
+            # n honest clients, released the moment all n arrived: no liveness margin
+            coordinator = deployment.coordinator(analyzer_channel, round_timeout=90.0, grace=10.0,
+                                                 batch_margin=NO_LIVENESS_MARGIN)
             # devices trickling in over about three seconds, retrying what no receipt names
             fleet = Fleet(fleet_channel, deployment.session_id, clients, SeededSource(2), rate=200.0, retry_interval=0.5)
             watch = await fleet_channel.subscribe(receipts_topic(deployment.session_id, 0))

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from shuffledp.analyzer.coordinator import NO_LIVENESS_MARGIN
 from shuffledp.analyzer.service import Analyzer
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deploy.deployment import Deployment
@@ -310,7 +311,9 @@ async def test_round_forwards_exactly_the_valid_reports():
     deployment = Deployment()
     channel = InProcessChannel()
     analyzer = deployment.analyzer()
-    coordinator = deployment.coordinator(channel, analyzer=analyzer, round_timeout=30.0, grace=5.0)
+    # an exact, honest population: released the moment min_batch arrive (no liveness margin)
+    coordinator = deployment.coordinator(channel, analyzer=analyzer, round_timeout=30.0, grace=5.0,
+                                         batch_margin=NO_LIVENESS_MARGIN)
     sid = coordinator.session_id
     shuffler = deployment.shuffler(channel)
     rng = np.random.default_rng(5)
@@ -425,7 +428,7 @@ async def test_round_below_min_batch_fails_and_says_so():
 async def test_large_batches_stream_in_signed_chunks_and_count_once():
     deployment = Deployment()
     channel = InProcessChannel()
-    coordinator = deployment.coordinator(channel, round_timeout=30.0, grace=5.0)
+    coordinator = deployment.coordinator(channel, round_timeout=30.0, grace=5.0, batch_margin=NO_LIVENESS_MARGIN)
     sid = coordinator.session_id
     shuffler = deployment.shuffler(channel, chunk_size=4)
     clients = [deployment.client(np.array([0.1 * i]), PrivacyLedger(1.0)) for i in range(10)]
