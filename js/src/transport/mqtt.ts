@@ -27,6 +27,18 @@
  *   it in the device's ledger: a failed round is a lost round, and stays charged). Without an
  *   outcome the session gives up `grace` after the round's deadline and reports the round as
  *   lost (no outcome).
+ * * **Lost after release.** `released` is not final: the shuffler gives up a batch the analyzer
+ *   never acknowledges (its ack timeout, 600 s after the round's deadline by default) and then
+ *   signs `failed` (`not-acknowledged`) for the round, retained over `released`. So a round that
+ *   ended with an instance's `released` keeps that instance's outcome subscription (the same one:
+ *   nothing published meanwhile is missed) while it is *followed* (the `follow` option; receipts
+ *   topics go at once). A later `failed` is verified like the first outcome, then settled by every
+ *   device that answered there (the round is lost in its ledger, still charged) and recorded in
+ *   the round's {@link DeviceRound} (no longer released); the subscription goes then. Outcomes are
+ *   taken only forward, as `Client.settleOutcome` and the ledgers take them: a failed outcome is
+ *   final, and a `released` relayed again after it changes nothing. Following costs one
+ *   subscription and the answering devices' indices per round, and at most `maxFollowedRounds`
+ *   rounds are followed at once (the one released first stops first).
  *
  * Every byte received is hostile. A message on a topic the session did not subscribe to, one
  * that does not decode, does not verify, or speaks of another session, round or instance is
@@ -85,6 +97,8 @@ export interface DeviceEvent {
     | "round-answered"
     | "retransmitted"
     | "round-ended"
+    | "round-lost"
+    | "follow-ended"
     | "refused-message"
     | "internal-error";
   roundId?: bigint;
@@ -110,7 +124,10 @@ export interface DeviceRound {
   unacknowledged: number;
   /** Publishes that failed (the envelope stayed pending and was sent again). */
   publishErrors: number;
-  /** Instance -> `"released"` or `"failed:<reason>"`, from signed outcomes. */
+  /**
+   * Instance -> `"released"` or `"failed:<reason>"`, from signed outcomes; a released one turns
+   * failed if the shuffler gives its batch up while the round is followed (`follow`).
+   */
   outcomes: Record<number, string>;
   /** Instances the session's answering devices were assigned to. */
   instances: number[];
@@ -145,6 +162,25 @@ export interface DeviceSessionOptions {
   grace?: number;
   /** Most publishes awaiting their acknowledgement at once (default 64). */
   window?: number;
+  /**
+   * How long a round whose outcome was `released` stays followed, for a `failed` outcome the
+   * shuffler may sign later (see the module's description); it stops early once the round failed.
+   *
+   * * Without `rounds` (a long-lived session, a web page): `follow` ms after the round's release;
+   *   default `Infinity`, as long as the session is open (the device cannot know the shuffler's
+   *   ack timeout, and a page that stops listening earlier would miss a loss).
+   * * With `rounds` (a process or test serving so many rounds, {@link runDevice}): every released
+   *   round is followed while the session serves, and for `follow` ms after its last round ended;
+   *   {@link DeviceSession.serve} resolves only once no round is followed. Default 0: stop with the
+   *   last round, as `shuffledp clients run` does without `--follow`. The shuffler's ack timeout
+   *   runs from a round's deadline, so to learn of every loss, cover it.
+   */
+  follow?: number;
+  /**
+   * Most released rounds followed at once (default {@link MAX_FOLLOWED_ROUNDS}): past it, the
+   * round released first stops being followed. What bounds a long-lived session's memory.
+   */
+  maxFollowedRounds?: number;
   /** Longest wait for the first connection (default 15000 ms). */
   connectTimeout?: number;
   /** MQTT client id (default `shuffledp-client-` and 128 random bits: never guessable). */
@@ -154,6 +190,9 @@ export interface DeviceSessionOptions {
   /** Receives one {@link DeviceEvent} per notable event. */
   onEvent?: (event: DeviceEvent) => void;
 }
+
+/** Default of `maxFollowedRounds`: most rounds a {@link DeviceSession} follows at once after their release. */
+export const MAX_FOLLOWED_ROUNDS = 64;
 
 /** Counters and rounds of a finished session. */
 export interface DeviceSessionResult {
@@ -218,6 +257,13 @@ interface RoundState {
   answeredBy: Map<number, number>;
   answering: boolean;
   ended: boolean;
+  /** Ended, and followed: `followedInstances` released, and a later `failed` may still come. */
+  following: boolean;
+  followedInstances: Set<number>;
+  /** When (`Date.now()`) the round ended with a release. */
+  releasedAt: number;
+  /** Outcome settlements of the round's devices, one after the other (each device sees them in order). */
+  settling: Promise<void>;
   /** instance -> its verified outcome message, for a device whose answer completes after it came. */
   outcomeBytes: Map<number, Uint8Array>;
   lastReceipt: number;
@@ -322,6 +368,11 @@ export class DeviceSession {
   private readonly rounds = new Map<bigint, RoundState>();
   /** Rounds that ended: only their record is kept (a long-lived session sees rounds without end). */
   private readonly endedRecords = new Map<bigint, DeviceRound>();
+  /** Ended rounds still followed for a later `failed` outcome, released first first (at most `maxFollowedRounds`). */
+  private readonly followed = new Map<bigint, RoundState>();
+  /** When (`Date.now()`) the session's `rounds` rounds had all ended. */
+  private servedAt: number | undefined;
+  private closing = false;
   private readonly topicIndex = new Map<string, RoundState>();
   private readonly specs: string;
   private readonly window: Window;
@@ -361,6 +412,8 @@ export class DeviceSession {
       retryInterval: positive(options.retryInterval, 2000, "retryInterval"),
       maxCopies: Math.floor(positive(options.maxCopies, 8, "maxCopies")),
       grace: options.grace === undefined ? 10_000 : Math.max(0, options.grace),
+      follow: DeviceSession.followOption(options),
+      maxFollowedRounds: Math.floor(positive(options.maxFollowedRounds, MAX_FOLLOWED_ROUNDS, "maxFollowedRounds")),
       window: Math.floor(positive(options.window, 64, "window")),
       connectTimeout: positive(options.connectTimeout, 15_000, "connectTimeout"),
       clock: options.clock ?? (() => Date.now() / 1000),
@@ -376,6 +429,14 @@ export class DeviceSession {
 
   /** The MQTT client id of the connection. */
   readonly clientId: string;
+
+  private static followOption(options: DeviceSessionOptions): number {
+    const follow = options.follow ?? (options.rounds === undefined ? Infinity : 0);
+    if (typeof follow !== "number" || Number.isNaN(follow) || follow < 0) {
+      throw new TransportError(`follow must be a number of milliseconds >= 0 (or Infinity), got ${String(options.follow)}`);
+    }
+    return follow;
+  }
 
   /**
    * Connects to the broker, subscribes to the session's spec topic and starts answering.
@@ -552,6 +613,10 @@ export class DeviceSession {
       return;
     }
     if (state.ended) {
+      if (state.following && route.kind === "outcome" && state.followedInstances.has(route.instance)) {
+        // A released round followed: the shuffler may still give its batch up.
+        this.takeOutcome(state, route.instance, payload).catch((error) => this.bug("outcome", error));
+      }
       return; // a late receipt or the retained outcome again, before the unsubscription took effect
     }
     if (route.kind === "receipts") {
@@ -616,6 +681,10 @@ export class DeviceSession {
       answeredBy: new Map(),
       answering: true,
       ended: false,
+      following: false,
+      followedInstances: new Set(),
+      releasedAt: 0,
+      settling: Promise.resolve(),
       outcomeBytes: new Map(),
       lastReceipt: this.now(),
       newestReceipted: new Map(),
@@ -680,11 +749,7 @@ export class DeviceSession {
       if (over !== undefined) {
         // The outcome came while this device was answering: it is charged, but nothing is sent.
         record.unacknowledged += answer.envelopes.length;
-        try {
-          await device.settleOutcome(over);
-        } catch (error) {
-          this.refuse(`outcome-${reasonOf(error)}`, `device ${index}: ${(error as Error).message}`, spec.roundId);
-        }
+        await this.settleDevices(state, [index], over);
         continue;
       }
       const topic = reportsTopic(spec.sessionId, spec.roundId, answer.instance);
@@ -814,22 +879,32 @@ export class DeviceSession {
       this.refuse("outcome-other-spec", "outcome of another spec", spec.roundId);
       return;
     }
-    if (record.outcomes[instance] !== undefined) {
-      return; // the retained outcome again
-    }
     const result = outcome.outcome === "released" ? "released" : `failed:${outcome.reason}`;
+    const previous = record.outcomes[instance];
+    if (previous !== undefined && (previous.startsWith("failed:") || result === "released")) {
+      return; // only forward: the retained outcome again, or an older one replayed (a failed round stays failed)
+    }
     const devices = [...state.answeredBy].filter(([, i]) => i === instance).map(([index]) => index);
     // Verified above, for this round's spec: the instance's round is over. Record it before the
     // devices settle (each verifies it again), so a copy arriving meanwhile is not settled twice.
     record.outcomes[instance] = result;
-    state.outcomeBytes.set(instance, data);
-    for (const index of devices) {
-      try {
-        await this.options.devices[index]?.settleOutcome(data);
-      } catch (error) {
-        // A ledger that cannot record it (storage trouble) is the device's: the round still ended.
-        this.refuse(`outcome-${reasonOf(error)}`, `device ${index}: ${(error as Error).message}`, spec.roundId);
+    if (!state.ended) {
+      state.outcomeBytes.set(instance, data);
+    }
+    await this.settleDevices(state, devices, data);
+    if (previous !== undefined) {
+      this.event(
+        "round-lost",
+        `round ${spec.roundId}: instance ${instance}: released, then ${result} (the shuffler gave the batch up); ` +
+          `${devices.length} device(s) recorded the round as lost, still charged`,
+        spec.roundId,
+      );
+    }
+    if (state.ended) {
+      if (state.following && [...state.followedInstances].every((i) => record.outcomes[i] !== "released")) {
+        this.unfollow(state, "");
       }
+      return;
     }
     for (const [key, pending] of state.pending) {
       if (pending.instance === instance) {
@@ -838,6 +913,23 @@ export class DeviceSession {
       }
     }
     this.maybeEnd(state);
+  }
+
+  /** The devices `indices` settle the signed outcome `data`, after the round's earlier settlements. */
+  private settleDevices(state: RoundState, indices: number[], data: Uint8Array): Promise<void> {
+    const roundId = state.spec.roundId;
+    const settled = state.settling.then(async () => {
+      for (const index of indices) {
+        try {
+          await this.options.devices[index]?.settleOutcome(data);
+        } catch (error) {
+          // A ledger that cannot record it (storage trouble) is the device's: the round still ended.
+          this.refuse(`outcome-${reasonOf(error)}`, `device ${index}: ${(error as Error).message}`, roundId);
+        }
+      }
+    });
+    state.settling = settled;
+    return settled;
   }
 
   private maybeEnd(state: RoundState): void {
@@ -855,12 +947,18 @@ export class DeviceSession {
     const { record } = state;
     record.unacknowledged += state.pending.size;
     state.pending.clear();
-    // Keep only the record: the spec, the outcomes' bytes and the devices' instances go.
+    // Keep only the record: the spec, the outcomes' bytes and the devices' instances go, but for
+    // a round followed: its spec and which devices answered on an instance that released.
     this.rounds.delete(record.roundId);
     this.endedRecords.set(record.roundId, record);
     state.outcomeBytes.clear();
-    state.answeredBy.clear();
     state.newestReceipted.clear();
+    const released = this.closing ? [] : record.instances.filter((i) => record.outcomes[i] === "released");
+    for (const [index, instance] of [...state.answeredBy]) {
+      if (!released.includes(instance)) {
+        state.answeredBy.delete(index);
+      }
+    }
     const outcomes = record.instances.map((i) => `instance ${i}: ${record.outcomes[i] ?? "no outcome"}`).join(", ");
     const refused = Object.entries(record.refused)
       .map(([k, v]) => `${k} ${v}`)
@@ -871,15 +969,88 @@ export class DeviceSession {
         `${record.retransmitted} retransmitted, ${record.unacknowledged} unacknowledged${why && outcomes ? ` (${why})` : ""}`,
       record.roundId,
     );
-    const topics = [...state.topics.keys()];
-    // Keep routing entries: a late message on these topics is then "unexpected" only after unsubscribing.
+    const followedTopics = new Set(released.map((i) => outcomeTopic(state.spec.sessionId, record.roundId, i)));
+    this.dropTopics(state, [...state.topics.keys()].filter((topic) => !followedTopics.has(topic)));
+    if (released.length > 0) {
+      state.following = true;
+      state.followedInstances = new Set(released);
+      state.releasedAt = this.now();
+      this.followed.set(record.roundId, state);
+      for (const oldest of [...this.followed.values()]) {
+        if (this.followed.size <= this.options.maxFollowedRounds) {
+          break;
+        }
+        this.unfollow(oldest, `more than ${this.options.maxFollowedRounds} rounds followed`);
+      }
+    }
+    this.endedRounds += 1;
+    if (this.options.rounds !== undefined && this.endedRounds >= this.options.rounds && this.servedAt === undefined) {
+      this.servedAt = this.now();
+    }
+    this.expireFollowed(this.now());
+    this.maybeFinish();
+  }
+
+  /**
+   * Unsubscribes from `topics` of a round. Routing entries stay until the unsubscription took
+   * effect, so a late message on these topics is "unexpected" only after it.
+   */
+  private dropTopics(state: RoundState, topics: string[]): void {
     void this.unsubscribe(topics).then(() => {
       for (const topic of topics) {
-        this.topicIndex.delete(topic);
+        state.topics.delete(topic);
+        if (this.topicIndex.get(topic) === state) {
+          this.topicIndex.delete(topic);
+        }
       }
     });
-    this.endedRounds += 1;
-    if (this.options.rounds !== undefined && this.endedRounds >= this.options.rounds) {
+  }
+
+  /** When a followed round stops being followed (see the `follow` option). */
+  private followEnd(state: RoundState): number {
+    const { follow, rounds } = this.options;
+    if (rounds === undefined) {
+      return state.releasedAt + follow;
+    }
+    return this.servedAt === undefined ? Infinity : Math.max(this.servedAt, state.releasedAt) + follow;
+  }
+
+  private expireFollowed(now: number): void {
+    for (const state of [...this.followed.values()]) {
+      if (now >= this.followEnd(state)) {
+        this.unfollow(state, "follow period over");
+      }
+    }
+  }
+
+  /**
+   * Stops following a round (it failed, its follow period is over, or the session closes): drops
+   * its outcome subscription and all it still held but its record. `why` empty: it failed.
+   */
+  private unfollow(state: RoundState, why: string): void {
+    if (!state.following) {
+      return;
+    }
+    state.following = false;
+    this.followed.delete(state.record.roundId);
+    const stillReleased = [...state.followedInstances].filter((i) => state.record.outcomes[i] === "released");
+    state.followedInstances.clear();
+    state.answeredBy.clear();
+    this.dropTopics(state, [...state.topics.keys()]);
+    if (why && !this.closing) {
+      this.event(
+        "follow-ended",
+        `round ${state.record.roundId}: stopped following the outcome of instance(s) ${stillReleased.join(", ")} ` +
+          `(${why}): released as far as the devices know`,
+        state.record.roundId,
+      );
+    }
+    this.maybeFinish();
+  }
+
+  /** Ends {@link serve} once `rounds` rounds ended and none is followed any more (or the session closed). */
+  private maybeFinish(): void {
+    if (this.closed || (this.options.rounds !== undefined && this.endedRounds >= this.options.rounds && this.followed.size === 0)) {
       this.finish?.();
     }
   }
@@ -904,6 +1075,7 @@ export class DeviceSession {
         }
         this.retransmit(state, now);
       }
+      this.expireFollowed(now);
     } catch (error) {
       this.bug("timer", error);
     }
@@ -939,9 +1111,10 @@ export class DeviceSession {
   }
 
   /**
-   * Resolves with every round seen once `rounds` rounds have ended (outcome or give-up), or when
-   * the session is closed. Never rejects: refusals are counted, transport trouble is reported
-   * through `onEvent` while mqtt.js reconnects.
+   * Resolves with every round seen once `rounds` rounds have ended (outcome or give-up) and no
+   * released round is followed any more (see `follow`), or when the session is closed. Never
+   * rejects: refusals are counted, transport trouble is reported through `onEvent` while mqtt.js
+   * reconnects.
    */
   async serve(): Promise<DeviceRound[]> {
     await this.finished;
@@ -961,11 +1134,15 @@ export class DeviceSession {
     return { rounds: this.roundRecords(), badMessages: { ...this.badMessages }, reconnects: this.reconnects };
   }
 
-  /** Stops answering, ends every open round as it stands and closes the connection. Idempotent. */
+  /**
+   * Stops answering, ends every open round as it stands, stops following released rounds and
+   * closes the connection. Idempotent.
+   */
   async close(): Promise<void> {
     if (this.closed) {
       return;
     }
+    this.closing = true;
     if (this.ticker !== undefined) {
       clearInterval(this.ticker);
       this.ticker = undefined;
@@ -974,6 +1151,9 @@ export class DeviceSession {
       this.endRound(state, "session closed");
     }
     this.closed = true;
+    for (const state of [...this.followed.values()]) {
+      this.unfollow(state, "session closed");
+    }
     this.finish?.();
     const client = this.client;
     if (client) {
@@ -991,7 +1171,9 @@ export class DeviceSession {
 
 /**
  * Opens a {@link DeviceSession}, serves `options.rounds` rounds (required here), closes it, and
- * returns what happened. Rejects only with a {@link TransportError} of the first connection.
+ * returns what happened. A released round is followed while the rounds are served and `follow`
+ * ms after the last one ended (default 0): give `follow` to learn of a batch the shuffler gives
+ * up later. Rejects only with a {@link TransportError} of the first connection.
  */
 export async function runDevice(options: DeviceSessionOptions & { rounds: number }): Promise<DeviceSessionResult> {
   const session = await DeviceSession.open(options);

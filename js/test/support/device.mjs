@@ -3,20 +3,28 @@
 //
 //   node test/support/device.mjs --keys DIR --first K --count N --broker mqtts://HOST:PORT --ca-file CA.pem \
 //        --account USER:PASSWORD_FILE [--account ...] --data FILE.json [--rounds 2] [--budget 1] \
-//        [--retry-interval MS] [--timeout S] [--output FILE]
+//        [--retry-interval MS] [--follow MS] [--ledger-dir DIR] [--expect released|lost] [--timeout S]
+//        [--output FILE]
 //
 // Devices K .. K+N-1 of the key directory (`shuffledp keys init`: public.json, credentials.json) each
-// hold one local value (entry i of the JSON array in --data) and a memory ledger of --budget epsilon.
-// They are spread evenly over the --account entries, one broker connection (DeviceSession) per
-// account, as devices with their own accounts would connect. Every device draws its noise from
-// the system CSPRNG (SystemSource). Prints one JSON summary on stdout (and to --output); exits 0
-// once every session saw --rounds rounds released, 1 otherwise (a round failed, or --timeout).
+// hold one local value (entry i of the JSON array in --data) and a ledger of --budget epsilon: in
+// memory, or with --ledger-dir a FileLedger `DIR/device-<credential index>.json` each (what a test
+// reads afterwards). They are spread evenly over the --account entries, one broker connection
+// (DeviceSession) per account, as devices with their own accounts would connect. Every device draws
+// its noise from the system CSPRNG (SystemSource). --follow is the sessions' `follow` option: how
+// long after the last round ended a released round's outcome is still followed (a later `failed`
+// is recorded as a lost round). Prints one JSON summary on stdout (and to --output), with each
+// device's ledger outcome per round; exits 0 once every session saw --rounds rounds end as
+// --expect says (released: every round released; lost: every round failed and recorded as lost in
+// every device's ledger), 1 otherwise (or on --timeout).
 
 import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { parseArgs } from "node:util";
 
 import { Client } from "../../dist/client/client.js";
 import { loadBrokerAccount, loadEnrollments } from "../../dist/enrollmentFiles.js";
+import { FileLedger } from "../../dist/ledger/fileLedger.js";
 import { MemoryLedger } from "../../dist/ledger/ledger.js";
 import { DeviceSession, roundReleased } from "../../dist/transport/mqtt.js";
 
@@ -32,6 +40,9 @@ const { values: args } = parseArgs({
     rounds: { type: "string", default: "2" },
     budget: { type: "string", default: "1" },
     "retry-interval": { type: "string", default: "2000" },
+    follow: { type: "string" },
+    "ledger-dir": { type: "string" },
+    expect: { type: "string", default: "released" },
     timeout: { type: "string", default: "0" },
     output: { type: "string" },
   },
@@ -66,7 +77,15 @@ async function main() {
     }
     return loadBrokerAccount(args.broker, entry.slice(0, colon), entry.slice(colon + 1), args["ca-file"]);
   });
-  const ledgers = enrollments.map(() => new MemoryLedger({ epsilonBudget: Number(args.budget) }));
+  if (!["released", "lost"].includes(args.expect)) {
+    usage(`--expect: released or lost, got ${args.expect}`);
+  }
+  const budget = { epsilonBudget: Number(args.budget) };
+  const ledgerFiles = enrollments.map((_, i) => (args["ledger-dir"] ? join(args["ledger-dir"], `device-${first + i}.json`) : undefined));
+  const ledgers = [];
+  for (const file of ledgerFiles) {
+    ledgers.push(file === undefined ? new MemoryLedger(budget) : await FileLedger.open(file, budget));
+  }
   const devices = enrollments.map(
     (enrollment, i) =>
       new Client({
@@ -91,6 +110,7 @@ async function main() {
         devices: groups[a],
         rounds,
         retryInterval: Number(args["retry-interval"]),
+        ...(args.follow === undefined ? {} : { follow: Number(args.follow) }),
         onEvent: log,
       }),
     );
@@ -111,17 +131,28 @@ async function main() {
   }
   const results = sessions.map((s) => s.result());
   const lost = [];
-  for (const ledger of ledgers) {
+  const ledgerOutcomes = [];
+  for (const [i, ledger] of ledgers.entries()) {
     lost.push((await ledger.lostRounds()).length);
+    const state = await ledger.snapshot();
+    // round id -> "released" / "failed:<reason>", as this device's ledger holds it
+    const outcomes = Object.fromEntries(Object.entries(state.outcomes).map(([key, word]) => [key.split("/")[1], word]));
+    ledgerOutcomes.push({ device: first + i, file: ledgerFiles[i] ?? null, spentEpsilon: state.spentEpsilon, outcomes });
   }
-  const ok =
-    how === "served" && results.every((r) => r.rounds.length === rounds && r.rounds.every((round) => roundReleased(round)));
+  const lostRound = (round) => round.instances.length > 0 && round.instances.every((i) => round.outcomes[i]?.startsWith("failed:"));
+  const roundsAsExpected = results.every(
+    (r) => r.rounds.length === rounds && r.rounds.every((round) => (args.expect === "lost" ? lostRound(round) : roundReleased(round))),
+  );
+  const ledgersAsExpected =
+    args.expect === "released" || ledgerOutcomes.every((l) => Object.keys(l.outcomes).length === rounds && lost[l.device - first] === rounds);
+  const ok = how === "served" && roundsAsExpected && ledgersAsExpected;
   const summary = {
     devices: count,
     first,
     connections: sessions.length,
     sessions: results,
     devices_with_lost_rounds: lost.filter((n) => n > 0).length,
+    ledgers: ledgerOutcomes,
     timed_out: how === "timeout",
     ok,
   };

@@ -1,5 +1,5 @@
 // Test support (no tests here): a hostile MQTT 3.1.1 broker on loopback, in-process. It accepts one
-// device connection, answers CONNECT, and lets a test see every SUBSCRIBE and PUBLISH the device
+// device connection, answers CONNECT, and lets a test see every SUBSCRIBE, UNSUBSCRIBE and PUBLISH the device
 // sends, withhold SUBACKs, and deliver any payload on any topic: what a broker that is the attacker
 // can do. Packets are framed with mqtt-packet, the codec mqtt.js itself uses.
 import { createServer } from "node:net";
@@ -10,6 +10,7 @@ export class FakeBroker {
   constructor({ holdSubacks = () => false } = {}) {
     this.holdSubacks = holdSubacks;
     this.subscriptions = [];
+    this.unsubscriptions = []; // topics the device unsubscribed from, in order
     this.published = []; // { topic, payload } the device sent
     this.waiters = [];
     this.socket = undefined;
@@ -48,6 +49,7 @@ export class FakeBroker {
         break;
       }
       case "unsubscribe":
+        this.unsubscriptions.push(...packet.unsubscriptions);
         this.send({ cmd: "unsuback", messageId: packet.messageId });
         break;
       case "publish":
