@@ -53,12 +53,22 @@ of two independent super-uniform variables satisfies ``P(p_f p_m <= k) <= k (1 +
 (``E min(1, k / p_f)``). The range is **trusted** when ``p_f p_m <= k`` with
 ``k (1 + ln(1/k)) = alpha`` (:func:`combined_threshold`), and **untrusted** otherwise.
 
-*Guarantee.* With probability at least ``1 - alpha - gamma`` (``alpha`` =
-:data:`TRUST_ALPHA` = 0.001 by default), a range reported trusted holds at least one user.
-Then, on the concentration event, every user lies within ``2 tau`` of the range, so
-projection moves each user by at most ``2 tau``: the catastrophic failure (an estimate
-hundreds of standard errors off with a normal-looking standard error) is reported as
-untrusted except with probability ``alpha + gamma``.
+*Guarantee: what is proven.* Let ``E`` be the event that the users' local means span less
+than the range's width ``6 tau`` (the concentration radius gives ``P(not E) <= gamma`` when
+``tau`` comes from the data model; a ``tau`` the user chose carries no such probability). On
+``E`` and "the range holds no user", both p-values are super-uniform, so
+
+    P(the range holds no user AND it is reported trusted)
+        <= P(no user, trusted, E) + P(not E) <= alpha + gamma    (alpha = TRUST_ALPHA = 0.001).
+
+This is a *joint* probability over runs, not the conditional probability that a range reported
+trusted is empty (that can be larger, e.g. where empty ranges are common), and not a statement
+about this run's data: the verdict is a test result, "trusted at level alpha + gamma" or "not
+trusted". With a user-given ``tau`` the bound is ``alpha`` for data in ``E`` and nothing is
+claimed otherwise. On ``E`` a trusted range that holds a user has every user within ``2 tau``
+of it, so projection moves each user by at most ``2 tau``: the catastrophic failure (an
+estimate hundreds of standard errors off with a normal-looking standard error) and a trusted
+verdict occur together with probability at most ``alpha + gamma``.
 
 The verdict is reported with the estimate, in the human output and the JSON;
 ``tests/analyzer/test_range_check.py`` checks the rates and the sign test's exact null, and
@@ -81,7 +91,7 @@ from shuffledp.protocol.errors import InvalidParameter
 DEFAULT_ALPHA = 0.01
 #: Failure probability of the a-priori requirement.
 DEFAULT_BETA = 0.01
-#: Probability that a range holding no user is reported trusted by the two-round verdict.
+#: The two-round verdict's level: P(the range holds no user AND it is reported trusted) <= TRUST_ALPHA + gamma.
 TRUST_ALPHA = 0.001
 
 
@@ -324,32 +334,71 @@ def check_coordinate_ranges(
     return CoordinateRangeCheck("untrusted" if warned else "ok", dim, warned, checks)
 
 
+def guarantee_text(check: dict[str, Any]) -> str:
+    """What the two-round verdict proves, in words (module docstring, *Guarantee*): the joint probability
+    and its terms. ``check`` may say where ``tau`` came from: ``gamma`` (the data model's failure
+    probability) or ``tau_from == "user"`` (no gamma term); without either, the straddle event is named."""
+    alpha = check["trust_alpha"]
+    joint = "P(the range holds no user AND it is reported trusted)"
+    if check.get("tau_from") == "user":
+        return (f"{joint} <= {alpha:g}, for users whose local means span less than the range's width 6 tau "
+                f"(tau given by the user, not derived from a data model: no gamma term, and nothing is claimed for "
+                f"users spread wider); a joint probability over runs, not the chance that a range reported trusted is empty")
+    gamma = check.get("gamma")
+    if gamma is not None:
+        return (f"{joint} <= {alpha:g} + gamma = {alpha + gamma:g} (gamma = {gamma:g}: the chance, under the data "
+                f"model, that some user's local mean lies farther than tau from the mean); a joint probability over runs, not the "
+                f"chance that a range reported trusted is empty")
+    return (f"{joint} <= {alpha:g} + P(the users' local means span 6 tau or more); a joint probability over runs, "
+            f"not the chance that a range reported trusted is empty")
+
+
+def trust_level(check: dict[str, Any]) -> str:
+    """``alpha + gamma`` as printed (``alpha`` alone for a user-given tau; ``alpha + P(spread)`` if unknown)."""
+    alpha = check["trust_alpha"]
+    if check.get("tau_from") == "user":
+        return f"{alpha:g}"
+    if check.get("gamma") is not None:
+        return f"{alpha + check['gamma']:g}"
+    return f"{alpha:g} + P(spread)"
+
+
 def format_range_check(check: dict[str, Any]) -> str:
-    """One line for a :meth:`RangeCheck.as_dict`, then one ``!`` line per reason (the CLIs' output)."""
-    head = "OK" if check["status"] == "ok" else "UNTRUSTED"
+    """One line for a :meth:`RangeCheck.as_dict`, then one ``!`` line per reason (the CLIs' output).
+
+    The verdict reads as a test result: ``trusted at level ...`` or ``not trusted: ...``, never as a
+    fact about the data; the two-round verdict adds what it proves (:func:`guarantee_text`)."""
+    trusted = check["status"] == "ok"
     if "coordinates" in check:
-        line = (f"{head}: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates' announced bins not "
-                f"shown to hold users (alpha {check['alpha']:g} overall); fewest reports per coordinate "
+        warned = len(check["warned_coordinates"])
+        head = (f"trusted at level {check['alpha']:g}" if trusted else
+                f"not trusted: {warned} of {check['coordinates']} coordinates' announced bins not shown to hold users")
+        line = (f"{head} (frequency test per coordinate; P(some coordinate's announced bin holds no user AND it "
+                f"passes) <= {check['alpha']:g}); fewest reports per coordinate "
                 f"{check['fewest_reports']:,}, {check['users_needed']:,} needed")
-        return line if check["status"] == "ok" else line + "\n      ! those coordinates' ranges may hold none of the users"
+        return line if trusted else line + "\n      ! those coordinates' ranges may hold none of the users"
     if check.get("clipping_p_value") is None:
+        head = f"trusted at level {check['alpha']:g}" if trusted else "not trusted"
         line = (f"{head}: announced bin's estimate {check['announced_frequency']:.3f} vs {check['threshold']:.3f} "
                 f"needed; n = {check['users']:,}, {check['users_needed']:,} needed")
+        return line + "".join(f"\n      ! {reason}" for reason in check["reasons"])
+    product = check["range_p_value"] * check["clipping_p_value"]
+    evidence = (f"range round p = {check['range_p_value']:.2g} x mean round's clipping p = "
+                f"{check['clipping_p_value']:.2g} = {product:.2g}")
+    if trusted:
+        line = (f"trusted at level {trust_level(check)}: the test rejected \"the range holds no user\" "
+                f"({evidence} <= {check['combined_threshold']:.2g})")
     else:
-        trusted = check["status"] == "ok"
-        verdict = "the range holds users" if trusted else "the range may hold none of the users"
-        product = check["range_p_value"] * check["clipping_p_value"]
-        line = (f"{head}: {verdict} (a range holding no user is trusted w.p. <= {check['trust_alpha']:g})\n"
-                f"      evidence: range round p = {check['range_p_value']:.2g} x mean round's clipping p = "
-                f"{check['clipping_p_value']:.2g} = {product:.2g}, trusted if <= {check['combined_threshold']:.2g}")
-        notes = [r for r in check["reasons"] if r.startswith("n = ")]
-        reasons = [r for r in check["reasons"] if r not in notes]
-        return line + "".join(f"\n      ! {r}" for r in reasons) + "".join(f"\n      note: {r}" for r in notes)
-    return line + "".join(f"\n      ! {reason}" for reason in check["reasons"])
+        line = (f"not trusted: the test could not reject \"the range holds no user\" "
+                f"({evidence} > {check['combined_threshold']:.2g})")
+    line += f"\n      guarantee: {guarantee_text(check)}"
+    notes = [r for r in check["reasons"] if r.startswith("n = ")]
+    reasons = [r for r in check["reasons"] if r not in notes]
+    return line + "".join(f"\n      ! {r}" for r in reasons) + "".join(f"\n      note: {r}" for r in notes)
 
 
 __all__ = [
     "DEFAULT_ALPHA", "DEFAULT_BETA", "TRUST_ALPHA", "CoordinateRangeCheck", "RangeCheck", "binomial_lower_tail",
     "check_coordinate_ranges", "check_range_round", "clipping_p_value", "combined_threshold", "detection_threshold",
-    "format_range_check", "range_p_value", "users_needed",
+    "format_range_check", "guarantee_text", "range_p_value", "trust_level", "users_needed",
 ]

@@ -133,7 +133,7 @@ async def run(devices: int, m: int, epsilon: float) -> None:
     print(f"  true mean of the devices' readings  {truth:.3f} °C")
     print(f"  estimate                            {outcome.mean.estimate:.3f} °C "
           f"(standard error {outcome.mean.standard_error:.3f}; range {outcome.found_range.lower:.1f} .. "
-          f"{outcome.found_range.upper:.1f}, check {outcome.range_check.status})")
+          f"{outcome.found_range.upper:.1f}, range check: {'trusted' if outcome.range_check.ok else 'not trusted'})")
     print(f"  rounds per device: {sorted({tuple(o) for o in outcomes})}; batches {[r.smallest_batch for r in records]}")
 
 

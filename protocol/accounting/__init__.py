@@ -20,6 +20,13 @@ from shuffledp.protocol.lazy_exports import lazy_exports
 #: Each public name and the module of this package that defines it.
 _EXPORTS = {
     "AmplificationNotClaimed": "guarantees",
+    "account_plan": "composition",
+    "check_central_delta": "composition",
+    "default_central_delta": "composition",
+    "mechanism_rule": "composition",
+    "plan_round": "composition",
+    "session_plan": "composition",
+    "shuffled_session": "composition",
     "BOUND_NAMES": "shuffle_round",
     "BlockPairType": "guarantees",
     "ClonePair": "clones",

@@ -49,7 +49,6 @@ answered, and a file that says otherwise has been altered.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import time
@@ -333,26 +332,36 @@ def round_guarantee(spec: RoundSpec):
     return plan_guarantee(spec.params, spec.epsilon0)
 
 
+def plan_params(params) -> tuple[str, dict[str, Any]]:
+    """``(mechanism, parameters)`` of a round's mechanism ``params`` as a session plan states them
+    (:func:`shuffledp.protocol.accounting.composition.plan_round`): what the one rule table reads."""
+    if isinstance(params, HadamardRangeParams):
+        return params.MECHANISM, {"padded_bins": int(params.padded_bins)}
+    if isinstance(params, (ProjectedMeanParams, VectorMeanParams)):
+        return params.MECHANISM, {"grid_levels": int(params.grid_levels), "noise": params.noise}
+    if isinstance(params, VectorRangeParams):
+        # One user's whole answer (all its messages_per_user reports, eps0 together) is one pure
+        # eps0-LDP randomizer's output, in either mode: the table's sampled-mode (generic) rule.
+        return params.MECHANISM, {"mode": "sampled"}
+    if isinstance(params, ShiftedNormParams):
+        return params.MECHANISM, {"padded_bins": int(params.scalar.padded_bins)}
+    if isinstance(params, (ModularSumParams, VectorSumParams, LocalVectorParams, CoordinateTreeParams)):
+        return params.MECHANISM, {}
+    raise InvalidParameter("mechanism", f"no accounting rule for {getattr(params, 'MECHANISM', type(params).__name__)!r}")
+
+
 def plan_guarantee(params, epsilon0: float):
     """:func:`round_guarantee` of a round given by its mechanism ``params`` and local ``epsilon0``
-    (a signed spec, or a round an engine ran)."""
-    from shuffledp.protocol.accounting import generic_guarantee, hadamard_response_guarantee, laplace_mean_guarantee
+    (a signed spec, or a round an engine ran): the rule of the one table every session is accounted
+    by (:func:`shuffledp.protocol.accounting.composition.mechanism_rule`; None where it claims no amplification)."""
+    from shuffledp.protocol.accounting.composition import mechanism_rule, round_guarantee as accounted
 
-    if isinstance(params, HadamardRangeParams):
-        return hadamard_response_guarantee(epsilon0, max(2, params.padded_bins))
-    if isinstance(params, ProjectedMeanParams):
-        return laplace_mean_guarantee(epsilon0, params.grid_levels) if params.noise == "laplace" else None
-    if isinstance(params, VectorRangeParams):
-        return generic_guarantee(epsilon0)
-    if isinstance(params, VectorMeanParams):  # one uniform coordinate, same G: the scalar report's law
-        return laplace_mean_guarantee(epsilon0, params.grid_levels) if params.noise == "laplace" else None
-    if isinstance(params, (ModularSumParams, VectorSumParams, LocalVectorParams)):
+    mechanism, plan = plan_params(params)
+    rule = mechanism_rule(mechanism, epsilon0, plan)
+    if isinstance(rule, str):
         return None
-    if isinstance(params, CoordinateTreeParams):
-        return generic_guarantee(epsilon0)
-    if isinstance(params, ShiftedNormParams):
-        return hadamard_response_guarantee(epsilon0, max(2, params.scalar.padded_bins))
-    raise InvalidParameter("mechanism", f"no accounting rule for {getattr(params, 'MECHANISM', type(params).__name__)!r}")
+    kind, report_epsilon0, size, _, blocks = rule
+    return accounted(kind, report_epsilon0, size, blocks)
 
 
 def _unamplified_claim(spec: RoundSpec, smallest: int) -> tuple[float | None, float | None, str]:
@@ -449,7 +458,7 @@ def claim_report(
         else:
             bound = shuffled_round(local, users, delta)
             epsilon, round_delta, method = bound.epsilon, bound.delta, bound.method
-            amplified.append((local, users))
+            amplified.append(_rule_group(spec, users))
         if epsilon is None and not violations:
             violations.append(method)
         audit, note = _lower_bound(spec, users, epsilon, method, delta, lower_rounds, seed)
@@ -531,17 +540,25 @@ def _compose(rows: list[dict[str, Any]], amplified: list[tuple[Any, int]], delta
     return out
 
 
-@functools.lru_cache(maxsize=32)
-def _amplified_composition(amplified: tuple[tuple[Any, int], ...], delta: float) -> tuple[float, float]:
-    """``(SessionAccountant epsilon, basic composition at delta/k each)`` of shuffled rounds ``(local, users)``,
-    as :func:`shuffledp.protocol.accounting.composition.shuffled_session` composes a simulated protocol's rounds (memoized: seconds a call)."""
-    from shuffledp.protocol.accounting import SessionAccountant, shuffled_round
+def _rule_group(spec: RoundSpec, users: int) -> tuple:
+    """The round as the one rule table accounts it: ``(accounted_as, epsilon0, size, 1, users, blocks, None)``."""
+    from shuffledp.protocol.accounting.composition import mechanism_rule
 
-    accountant = SessionAccountant()
-    for local, users in amplified:
-        accountant.add_round(local, users)
-    basic = math.fsum(shuffled_round(local, users, delta / len(amplified)).epsilon for local, users in amplified)
-    return accountant.epsilon(delta), basic
+    mechanism, plan = plan_params(spec.params)
+    kind, epsilon0, size, _, blocks = mechanism_rule(mechanism, spec.epsilon0, plan)  # amplified: not a reason
+    return (kind, epsilon0, size, 1, users, blocks, None)
+
+
+def _amplified_composition(amplified: tuple[tuple, ...], delta: float) -> tuple[float, float]:
+    """``(SessionAccountant epsilon, basic composition at delta/k each)`` of the shuffled rounds, by the one
+    composition every session is accounted by (:func:`shuffledp.protocol.accounting.composition.shuffled_session`,
+    kept in the accountant's cache)."""
+    from shuffledp.protocol.accounting.composition import shuffled_session
+
+    out = shuffled_session(list(amplified), 0, delta)
+    if out.get("session_composition_epsilon") is None:
+        raise InvalidParameter("session", out["method"])
+    return out["session_composition_epsilon"], out["basic_composition_epsilon"]
 
 
 def _analyzer_claim(central: dict[str, Any] | None, composed: dict[str, Any], delta: float) -> dict[str, Any] | None:
@@ -618,6 +635,7 @@ __all__ = [
     "format_claim",
     "load_session",
     "plan_guarantee",
+    "plan_params",
     "round_guarantee",
     "trusted_analyzer_key",
     "verify_session",

@@ -136,7 +136,7 @@ MAX_ERROR_TEXT = 1024
 #: Seconds the command may stay silent (no byte of an expected answer) before the audit gives up.
 DEFAULT_TIMEOUT = 120.0
 #: Runs per input of each row: default and ``--quick``.
-DEFAULT_EXTERNAL_TRIALS = 10**5
+DEFAULT_EXTERNAL_TRIALS = 2 * 10**5
 QUICK_EXTERNAL_TRIALS = 10**4
 #: Family-wise level of the law-equality tests (Bonferroni over the rows). They do not decide the
 #: audit's verdict (a different law need not be less private), so they have their own budget.

@@ -7,6 +7,14 @@ shuffled-randomized-response floor where one exists, and the bound it uses. With
 ``--rounds`` and/or ``--sampling-rate`` it also composes the rounds into a session.
 ``--json`` prints one JSON document; ``--plot FILE.png`` draws epsilon against n.
 
+With ``--plan FILE`` it accounts a whole session instead: a JSON session plan (a list of rounds,
+each with its mechanism, epsilon0 and delta0 of one report, its parameters, the reports per
+user, the batch of users it is shuffled among and their sampling, and the central delta; the
+schema is in docs/accounting.md), composed by the rule ``simulate``, ``vector`` and
+``distribution`` use. Their ``--json`` output carries the plan they accounted (``"plan"``), and
+a file holding that output may be given as it is: the session epsilon printed is theirs, to the
+last digit.
+
 The central delta defaults to min(1e-6, n^-1.1).
 
 Every input is answered in bounded time or refused with one line. ``--users`` up to 10^18: above
@@ -106,7 +114,11 @@ def add_parser(subparsers) -> None:
         description=__doc__,
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--epsilon0", "-e", type=_positive_float, required=True, help="local epsilon of one report")
+    p.add_argument("--plan", metavar="FILE", default=None,
+                   help="account the session plan in this JSON file (a plan, or a --json output of simulate, vector "
+                   "or distribution holding one) instead of one mechanism; schema in docs/accounting.md")
+    p.add_argument("--epsilon0", "-e", type=_positive_float, default=None,
+                   help="local epsilon of one report (required without --plan)")
     p.add_argument(
         "--mechanism",
         choices=(
@@ -127,8 +139,8 @@ def add_parser(subparsers) -> None:
         help="grid size G of the Laplace report (laplace-mean; enables its privacy-blanket bound)",
     )
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (gaussian-mean)")
-    p.add_argument("--users", "-n", type=_positive_int, required=True,
-                   help="number of users n: reports in the shuffled batch")
+    p.add_argument("--users", "-n", type=_positive_int, default=None,
+                   help="number of users n: reports in the shuffled batch (required without --plan)")
     p.add_argument("--delta", type=_probability, default=None, help=delta_help())
     p.add_argument("--rounds", "-T", type=_positive_int, default=1, help="number of identical rounds to compose")
     p.add_argument(
@@ -336,9 +348,89 @@ def _plot(args, path: str) -> None:
     plt.close(fig)
 
 
+#: Largest plan file read.
+MAX_PLAN_BYTES = 16 << 20
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_plan(path: str) -> dict[str, Any]:
+    """The session plan in ``path``: a plan object, or a JSON document with a ``"plan"`` (a ``--json``
+    output of simulate or vector); a list of results (``distribution --json``, a vector sweep) is refused
+    with the hint to pick one plan. :class:`InvalidParameter` for anything else."""
+    from shuffledp.protocol.errors import InvalidParameter
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_PLAN_BYTES + 1)
+    except OSError as exc:
+        raise InvalidParameter("plan", f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_PLAN_BYTES:
+        raise InvalidParameter("plan", f"{path}: larger than {MAX_PLAN_BYTES} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise InvalidParameter("plan", f"{path}: not JSON ({exc})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("plan"), dict):
+        doc = doc["plan"]
+    if not isinstance(doc, dict):
+        raise InvalidParameter("plan", f"{path}: not a session plan (a JSON object; from a list of results, "
+                                       "write one result's \"plan\" to the file)")
+    return doc
+
+
+def _plan_report(args) -> dict[str, Any]:
+    from shuffledp.protocol.accounting.composition import account_plan
+
+    if args.delta is not None:
+        from shuffledp.protocol.errors import InvalidParameter
+
+        raise InvalidParameter("delta", "a plan names its own central delta (its \"delta\" field): drop --delta")
+    plan = read_plan(args.plan)
+    return {"plan": plan, "session": account_plan(plan)}
+
+
+def _print_plan(rep: dict[str, Any], out=None) -> None:
+    out = sys.stdout if out is None else out
+    plan, s = rep["plan"], rep["session"]
+    print(f"session plan: {len(plan['rounds'])} round(s), central delta {plan['delta']:g}", file=out)
+    for i, r in enumerate(plan["rounds"]):
+        params = ", ".join(f"{k}={v}" for k, v in sorted(r.get("params", {}).items()))
+        k = r.get("reports_per_user", 1)
+        sampling = r.get("sampling")
+        sampled = "every user" if sampling is None else f"{sampling.get('scheme', 'poisson')} sampling at rate {sampling['rate']:g}"
+        print(f"  round {i}: {r['mechanism']} ({params}), eps0 = {r['epsilon0']!r} per report, delta0 = {r.get('delta0', 0.0):g}, "
+              f"{k} report{'s' if k > 1 else ''} per user, batch {r['batch']:,} ({sampled})", file=out)
+    for i, b in enumerate(s.get("per_round", [])):
+        if b.get("epsilon") is not None:
+            print(f"    accounted group {i}: eps {b['epsilon']:.6g} at delta {b['delta']:.3g} per round x {b['count']} ({b['method']})",
+                  file=out)
+    if s["epsilon"] is None:
+        print(f"session: {s['method']}", file=out)
+    else:
+        print(f"session: eps = {s['epsilon']!r} at delta = {s['delta']:g}  ({s['method']})", file=out)
+
+
 def run(args: argparse.Namespace) -> int:
     from shuffledp.protocol.errors import ShuffleDPError
 
+    if args.plan is not None:
+        try:
+            rep = _plan_report(args)
+        except ShuffleDPError as exc:
+            return fail("account", exc, EXIT_USAGE)
+        if args.json:
+            json.dump(with_run_info(rep, args), sys.stdout, indent=2, allow_nan=False)
+            print()
+        else:
+            _print_plan(rep)
+        return 0
+    missing = [name for name, value in (("--epsilon0/-e", args.epsilon0), ("--users/-n", args.users)) if value is None]
+    if missing:
+        print(f"shuffledp account: the following arguments are required: {', '.join(missing)}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)  # as argparse's own usage errors (without --plan they are required)
     if args.delta is None:
         args.delta = default_delta(args.users)  # recorded with the parameters
     try:

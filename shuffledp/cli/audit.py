@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from shuffledp.cli.common import EXIT_USAGE, add_json_option, default_delta, fail
+from shuffledp.cli.common import EXIT_USAGE, add_json_option, central_delta_arg, default_delta, fail
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
@@ -68,7 +68,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--shuffler-service", action="store_true",
                    help="mechanics: audit the shuffler service already serving the session of --keys DIR over --broker "
                    "(an audit deployment: the auditor reads every party's key) instead of starting one")
-    p.add_argument("--delta", type=float, default=None,
+    p.add_argument("--delta", type=central_delta_arg, default=None,
                    help=f"central delta of the shuffled audits (default: min(1e-6, n^-1.1) at the largest n audited, "
                    f"n = {max(SHUFFLED_NS):,}: {default_delta(max(SHUFFLED_NS)):g})")
     p.add_argument("--seed", type=int, default=0, help="audit seed (reported)")
@@ -281,7 +281,7 @@ def run_client_audit(command: str, quick: bool, seed: int, progress=None, *, tri
     """The external audit (:func:`shuffledp.audit.external.audit_external`) of ``command``, as a
     result of :func:`run_audit`'s shape: its rows under ``"local"`` (source ``external``, each
     with its law test under ``"law"``), ``"implementation"`` naming the command, nothing under
-    the other parts. ``trials`` per input and row (default 10^5, 10^4 with ``quick``), with the
+    the other parts. ``trials`` per input and row (default 2 x 10^5, 10^4 with ``quick``), with the
     whole audit's false-alarm budget :data:`AUDIT_ALPHA`; ``options`` go to ``audit_external``.
     ``progress(stage, runs)`` as the command's runs arrive (:func:`client_audit_runs` in all)."""
     from shuffledp.audit.external import audit_external
@@ -302,7 +302,7 @@ def run_client_audit(command: str, quick: bool, seed: int, progress=None, *, tri
 
 
 def client_trials(quick: bool) -> int:
-    """Runs per input of each row of the external audit: 10^5, or 10^4 with ``--quick``."""
+    """Runs per input of each row of the external audit: 2 x 10^5, or 10^4 with ``--quick``."""
     from shuffledp.audit.external import DEFAULT_EXTERNAL_TRIALS, QUICK_EXTERNAL_TRIALS
 
     return QUICK_EXTERNAL_TRIALS if quick else DEFAULT_EXTERNAL_TRIALS

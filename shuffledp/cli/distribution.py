@@ -26,6 +26,7 @@ from shuffledp.cli.common import (
     HelpFormatter,
     add_json_option,
     default_delta,
+    central_delta_arg,
     delta_help,
     deprecated_alias,
     fail,
@@ -46,7 +47,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--samples", "-m", default="1,10,100,1000,10000", help="comma-separated samples per user")
     p.add_argument("--epsilon0", "-e", type=float, default=4.0, help="local user-level budget eps0")
     deprecated_alias(p, "--epsilon", "--epsilon0")
-    p.add_argument("--delta", type=float, default=None, help=delta_help("central delta of the guarantees after shuffling"))
+    p.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta of the guarantees after shuffling"))
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the true distribution (0 = uniform)")
     p.add_argument("--seed", type=int, default=0)
     add_engine_arguments(p, "fast")

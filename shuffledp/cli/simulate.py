@@ -22,6 +22,7 @@ from shuffledp.cli.common import (
     UsageError,
     add_json_option,
     default_delta,
+    central_delta_arg,
     delta_help,
     deprecated_alias,
     fail,
@@ -81,7 +82,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
     p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from the data model)")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
-    p.add_argument("--delta", type=float, default=None, help=delta_help("central delta: sum, vector-sum, instance-optimal: the target; mean, vector-mean, "
+    p.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta: sum, vector-sum, instance-optimal: the target; mean, vector-mean, "
                                                    "distribution: where the central eps after shuffling is accounted"))
     p.add_argument("--seed", type=int, default=0, help="simulation seed")
     p.add_argument("--seeds", type=int, default=None, metavar="K",
@@ -353,7 +354,8 @@ def format_result(result: SimulationResult) -> str:
         "",
         f"  true mean (all n*m samples)  {result.true_mean:.6f}",
         f"  estimate                     {result.estimate:.6f}"
-        + ("" if result.range_check.get("status", "ok") == "ok" else "   (UNTRUSTED: the range may hold no user; see the range check)"),
+        + ("" if result.range_check.get("status", "ok") == "ok" else
+           "   (not trusted: the range check could not reject that the range holds no user)"),
         f"  error                        {result.error:+.6f}   ({result.error / result.rmse_theory:+.2f} x theoretical RMSE)",
         f"  theoretical RMSE             {result.rmse_theory:.6f}   (exact: noise + rounding + clipping, given the range)",
         f"  Theorem 1 bound (RMSE)       {result.theorem1_rmse_bound:.6f}   "
@@ -419,7 +421,7 @@ def plot_result(result: SimulationResult, path: str) -> None:
     right.set_ylim(0, 1)
     right.set_yticks([])
     eps = result.central.get("epsilon")
-    priv = f"central ε = {eps:.3g}" if eps is not None else "no central claim"
+    priv = f"central ε = {eps:.3g} at δ = {result.central['delta']:.2g}" if eps is not None else "no central claim"
     right.set_title(f"round 1: mean (ε0/2); {priv}")
     right.set_xlabel("mean")
     right.legend(loc="upper left", fontsize=7)

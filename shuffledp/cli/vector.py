@@ -24,6 +24,7 @@ from shuffledp.cli.common import (
     HelpFormatter,
     add_json_option,
     default_delta,
+    central_delta_arg,
     delta_help,
     deprecated_alias,
     fail,
@@ -54,7 +55,7 @@ def add_parser(subparsers) -> None:
     deprecated_alias(p, "--epsilon", "--epsilon0")
     p.add_argument("--mode", choices=VECTOR_MODES, default="sampled", help="range-round budget mode")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability of the radius")
-    p.add_argument("--delta", type=float, default=None, help=delta_help("central delta of the shuffled guarantee"))
+    p.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta of the shuffled guarantee"))
     p.add_argument("--seed", type=int, default=0)
     add_engine_arguments(p, default="fast")  # --fast streams users block by block
     add_json_option(p)
@@ -129,8 +130,8 @@ def format_results(results, args: argparse.Namespace) -> str:
     ]
     for r in results:
         check = r.range_check
-        verdict = "-" if not check else ("ok" if check["status"] == "ok" else
-                                          f"UNTRUSTED: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates")
+        verdict = "-" if not check else (f"trusted at level {check['alpha']:g}" if check["status"] == "ok" else
+                                          f"not trusted: {len(check['warned_coordinates'])} of {check['coordinates']} coordinates")
         lines.append(f"{r.config['n']:>10,} {r.l2_error:>10.4g} {r.mse_theory ** 0.5:>12.4g} "
                      f"{r.theorem2_mse_bound ** 0.5:>12.4g} {100 * r.fraction_coordinates_ranges_hit:>10.2f}% {r.seconds:>8.2f}  {verdict}")
     warned = [r for r in results if r.range_check and r.range_check["status"] != "ok"]

@@ -22,6 +22,7 @@ _EXPORTS = {
         "parse_broker",
         "party_channels",
         "run_simulation",
+        "session_plan_of",
     )
 }
 

@@ -44,7 +44,6 @@ it has no bound for a round, the result says "local guarantee only".
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -55,6 +54,7 @@ from shuffledp.analyzer.frequency import decode_hadamard_response, hadamard_resp
 from shuffledp.analyzer.vector_mean import VectorMeanAccumulator, VectorMeanProtocol
 from shuffledp.client.hadamard_response import choose_hadamard_response, randomize_hadamard_response
 from shuffledp.client.mean_randomizer import PerUserGrid, noise_variance
+from shuffledp.protocol.accounting.composition import check_central_delta, default_central_delta
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.randomness import SeededSource
 from shuffledp.simulation.engine import ENGINES, run_fast
@@ -76,25 +76,31 @@ class DistributionConfig:
     #: Engine of the vector estimator: ``fast`` or ``messages`` (and the ``broker`` it may use).
     path: str = "fast"
     broker: str | None = None
-    #: Central delta of the shuffled guarantees (:func:`estimator_privacy`); None: no central accounting
-    #: (the CLI passes its default, ``min(1e-6, n^-1.1)``).
+    #: Central delta of the shuffled guarantees (:func:`estimator_privacy`); None: the default every
+    #: command uses, ``min(1e-6, n^-1.1)`` (:attr:`central_delta`).
     delta: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.n, int) and self.n >= 2):
             raise InvalidParameter("n", f"must be an integer >= 2, got {self.n}")
-        if self.delta is not None and not (0.0 < self.delta < 1.0):
-            raise InvalidParameter("delta", f"must be in (0, 1), got {self.delta}")
+        if self.delta is not None:
+            check_central_delta(self.delta, "delta")
         if self.path not in ENGINES:
             raise InvalidParameter("path", f"must be one of {tuple(ENGINES)}, got {self.path!r}")
         if self.broker is not None and self.path != "messages":
             raise InvalidParameter("broker", "a broker carries messages: use the messages path")
         self.population()
 
+    @property
+    def central_delta(self) -> float:
+        """The central delta: given, or :func:`~shuffledp.protocol.accounting.composition.default_central_delta`."""
+        return self.delta if self.delta is not None else default_central_delta(self.n)
+
     def vector_config(self) -> VectorSimulationConfig:
         """The vector estimator's run: Algorithm 5 on the users' empirical distributions."""
         return VectorSimulationConfig(
-            self.population(), self.n, self.epsilon0, gamma=self.gamma, seed=self.seed, path=self.path, broker=self.broker
+            self.population(), self.n, self.epsilon0, gamma=self.gamma, seed=self.seed, path=self.path, broker=self.broker,
+            central_delta=self.central_delta,
         )
 
     def population(self) -> VectorPopulation:
@@ -181,52 +187,53 @@ def vector_rounds(config: DistributionConfig) -> dict[str, Any]:
     }
 
 
-@functools.lru_cache(maxsize=16)
-def _oracle_central(epsilon0: float, k: int, blocks: int, n: int, delta: float) -> dict[str, Any]:
-    """The oracle's one shuffled round: block Hadamard response at ``eps0``, ``n`` reports."""
-    from shuffledp.protocol.accounting import block_hadamard_response_guarantee, shuffled_round
-    from shuffledp.protocol.errors import ShuffleDPError
+def oracle_plan(config: DistributionConfig, delta: float | None = None) -> dict[str, Any]:
+    """The oracle's session plan (``docs/accounting.md``): one ``block-hadamard-response`` round over the
+    ``k`` symbols in the client's block count, one report per user at ``eps0``, ``n`` users in the batch."""
+    from shuffledp.protocol.accounting.composition import plan_round, session_plan
 
-    try:
-        r = shuffled_round(block_hadamard_response_guarantee(epsilon0, k, blocks), n, delta)
-    except ShuffleDPError as exc:
-        return {"epsilon": None, "delta": None, "method": f"local guarantee only: {exc}"}
-    return {"epsilon": r.epsilon, "delta": r.delta, "method": f"one shuffled round ({r.method})"}
+    hr = choose_hadamard_response(config.k, config.epsilon0)
+    round_ = plan_round("block-hadamard-response", config.epsilon0, {"k": int(config.k), "blocks": int(hr.blocks)}, config.n)
+    return session_plan([round_], config.central_delta if delta is None else delta)
 
 
 def estimator_privacy(config: DistributionConfig, delta: float | None = None) -> dict[str, dict[str, Any]]:
-    """Each estimator's user-level guarantee: local ``(eps0, 0)`` per user and, with ``delta``
-    (default ``config.delta``), the central ``(eps, delta)`` after shuffling each round's ``n`` reports.
+    """Each estimator's user-level guarantee: local ``(eps0, 0)`` per user and the central ``(eps, delta)``
+    after shuffling each round's ``n`` reports, at ``delta`` (default ``config.central_delta``), with the
+    session ``plan`` each was accounted from (``shuffledp account --plan`` reads it).
 
     * oracle: one ``block-hadamard-response`` round at ``eps0`` (``client/hadamard_response.py``
-      with the client's block count), accounted by the accountant's bounds for that mechanism.
+      with the client's block count), accounted by the one rule every protocol's session is
+      (:func:`shuffledp.protocol.accounting.composition.account_plan`).
     * vector: Algorithm 5's rounds as ``shuffledp vector`` accounts them
       (:func:`shuffledp.simulation.vector.central_guarantee_at`: each round accounted for the reports
       it sends, composed; Gaussian noise: local guarantee only)."""
-    from shuffledp.simulation.vector import central_guarantee_at
+    from shuffledp.simulation.vector import account_plan, central_guarantee_at, session_plan_of
 
-    delta = config.delta if delta is None else delta
+    delta = config.central_delta if delta is None else check_central_delta(delta)
     hr = choose_hadamard_response(config.k, config.epsilon0)
     pc = config.vector_config().protocol_config()
-    unaccounted = {"epsilon": None, "delta": None, "method": "not accounted: no central delta given"}
+    plan = oracle_plan(config, delta)
     oracle = {
         "local_epsilon0": float(config.epsilon0),
         "local_delta0": 0.0,
         "rounds": [{"mechanism": "block-hadamard-response", "reports_per_user": 1, "report_epsilon0": config.epsilon0,
                     "accounted_as": "block-hadamard-response", "num_blocks": hr.blocks}],
-        "central": unaccounted if delta is None else
-        dict(_oracle_central(float(config.epsilon0), config.k, hr.blocks, config.n, float(delta))),
+        "central": account_plan(plan),
+        "plan": plan,
     }
-    central = central_guarantee_at(pc, config.n, float(delta if delta is not None else 1e-6))
+    central = central_guarantee_at(pc, config.n, delta)
     rounds = central.pop("rounds")
     vector = {
         "local_epsilon0": float(sum(r["report_epsilon0"] * r["reports_per_user"] for r in rounds)),
         "local_delta0": float(pc.delta0),
         "rounds": rounds,
-        "central": unaccounted if delta is None else central,
+        "central": central,
+        "plan": session_plan_of(pc, config.n, delta),
     }
-    if vector["central"].get("epsilon") is None and delta is not None and "local guarantee only" not in vector["central"]["method"]:
-        vector["central"]["method"] = f"local guarantee only ({vector['central']['method']})"
+    for entry in (oracle, vector):
+        if entry["central"].get("epsilon") is None and "local guarantee only" not in entry["central"]["method"]:
+            entry["central"]["method"] = f"local guarantee only ({entry['central']['method']})"
     return {"oracle": oracle, "vector": vector}
 
 

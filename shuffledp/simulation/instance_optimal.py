@@ -21,6 +21,7 @@ import numpy as np
 from shuffledp.analyzer.instance_optimal import MODELS, InstanceOptimalConfig, InstanceOptimalProtocol
 from shuffledp.simulation.dask_engine import check_engine, run_fast_on
 from shuffledp.simulation.engine import ENGINES, describe_engine, run_messages
+from shuffledp.protocol.accounting.composition import check_central_delta
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.simulation.vector_population import VectorPopulation
 
@@ -41,6 +42,7 @@ class InstanceOptimalSimulation:
     broker: str | None = None
 
     def __post_init__(self) -> None:
+        check_central_delta(self.delta, "delta")  # the central target: a number in (0, 1)
         if self.model not in MODELS:
             raise InvalidParameter("model", f"must be one of {MODELS}, got {self.model!r}")
         if self.path not in ENGINES:

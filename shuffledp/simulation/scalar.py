@@ -43,6 +43,7 @@ from shuffledp.client.range_randomizer import bin_index
 from shuffledp.simulation.population import Population, generated_users, local_means
 from shuffledp.simulation.worker_parent import start_worker_parent_for
 from shuffledp.protocol.transport.channel import InProcessChannel
+from shuffledp.protocol.accounting.composition import check_central_delta, default_central_delta
 from shuffledp.protocol.errors import InvalidParameter
 
 PATHS = ("fast", "messages")
@@ -75,6 +76,8 @@ class SimulationConfig:
             if self.path != "messages":
                 raise InvalidParameter("broker", "a broker carries messages: use the messages path")
             parse_broker(self.broker)
+        if self.central_delta is not None:
+            check_central_delta(self.central_delta, "central_delta")
         self.protocol_config()  # validates epsilon0, delta0, noise, tau
 
     @property
@@ -86,8 +89,9 @@ class SimulationConfig:
 
     @property
     def delta(self) -> float:
-        """Central delta for the shuffled accounting: given, or 1/n^1.1 (below 1/n)."""
-        return self.central_delta if self.central_delta is not None else 1.0 / self.n**1.1
+        """Central delta for the shuffled accounting: given, or the default every command uses,
+        ``min(1e-6, n^-1.1)`` (:func:`~shuffledp.protocol.accounting.composition.default_central_delta`)."""
+        return self.central_delta if self.central_delta is not None else default_central_delta(self.n)
 
     def protocol_config(self) -> ScalarMeanConfig:
         return ScalarMeanConfig(
@@ -124,6 +128,8 @@ class SimulationResult:
     local_delta: float
     central: dict[str, Any]
     seconds: float
+    #: The session plan ``central`` was accounted from (``shuffledp account --plan`` reads it).
+    plan: dict[str, Any] = field(default_factory=dict)
     randomness: str = "seeded numpy PCG64 (simulation; devices use the OS CSPRNG)"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -194,17 +200,26 @@ def central_guarantee(config: SimulationConfig) -> dict[str, Any]:
     mean report); both are upper bounds: the session composition (dp-accounting PLD/RDP of
     the rounds' curves) and the basic composition of per-round bounds at delta/2 each, and
     the smaller is reported. Gaussian reports are (eps0, delta0)-LDP: no amplification is
-    claimed. Results are memoized on the parameters they depend on (one call costs
-    seconds; repeated simulations of one configuration pay it once).
+    claimed. The rounds are the session plan :func:`session_plan_of` gives, accounted by
+    :func:`shuffledp.protocol.accounting.composition.account_plan` (what ``shuffledp account --plan`` runs);
+    answers are kept in the accountant's cache (one call costs seconds; repeated simulations
+    of one configuration pay it once).
     """
-    protocol = config.protocol_config()
-    if protocol.noise == "gaussian":
-        return {
-            "epsilon": None,
-            "delta": None,
-            "method": "none: Gaussian reports are (eps0, delta0)-LDP; no amplification is claimed",
-        }
-    return central_guarantee_at(protocol, config.n, config.delta)
+    return central_guarantee_at(config.protocol_config(), config.n, config.delta)
+
+
+def session_plan_of(protocol, n: int, delta: float) -> dict[str, Any]:
+    """The scalar protocol's session plan (``docs/accounting.md``): the range round (``hadamard-range`` over
+    its padded bins) and the mean round (``projected-mean`` on its grid), each at ``eps0/2`` per report,
+    ``n`` users in each batch, accounted at the central ``delta``."""
+    from shuffledp.protocol.accounting.composition import plan_round, session_plan
+
+    rounds = [
+        plan_round("hadamard-range", protocol.round_epsilon, {"padded_bins": int(protocol.range_params().padded_bins)}, n),
+        plan_round("projected-mean", protocol.round_epsilon, {"grid_levels": protocol.grid_levels, "noise": protocol.noise}, n,
+                   delta0=protocol.delta0),
+    ]
+    return session_plan(rounds, delta)
 
 
 def central_guarantee_at(protocol, n: int, delta: float) -> dict[str, Any]:
@@ -223,13 +238,15 @@ def central_guarantee_at(protocol, n: int, delta: float) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=32)
 def _central_for(round_epsilon: float, padded_bins: int, n: int, delta: float, grid_levels: int | None = None) -> dict[str, Any]:
-    """The scalar protocol's two rounds by the accountant's one composition rule
-    (:func:`shuffledp.protocol.accounting.composition.shuffled_session`): the range round as
-    Hadamard response over its padded bins, the mean round as the projected Laplace report on its grid."""
-    from shuffledp.protocol.accounting.composition import shuffled_session
+    """The scalar protocol's two rounds by the accountant's one rule
+    (:func:`shuffledp.protocol.accounting.composition.account_plan` of :func:`session_plan_of`'s plan)."""
+    from shuffledp.protocol.accounting.composition import account_plan, plan_round, session_plan
 
-    rounds = (("hadamard-response", round_epsilon, max(2, padded_bins), 1), ("laplace-mean", round_epsilon, grid_levels, 1))
-    return shuffled_session(rounds, n, delta)
+    plan = session_plan([
+        plan_round("hadamard-range", round_epsilon, {"padded_bins": int(padded_bins)}, n),
+        plan_round("projected-mean", round_epsilon, {"grid_levels": grid_levels, "noise": "laplace"}, n),
+    ], delta)
+    return account_plan(plan)
 
 
 def run_simulation(config: SimulationConfig, progress: Progress | None = None, client: Any = None) -> SimulationResult:
@@ -292,11 +309,14 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None, c
         range_found=(found.lower, found.upper),
         range_contains_true_mean=bool(found.lower <= true_mean <= found.upper),
         fraction_users_in_range=in_range,
-        range_check=run.result.range_check.as_dict(),
+        # where tau came from, for the verdict's guarantee (alpha + gamma, or alpha for a user-given tau)
+        range_check={**run.result.range_check.as_dict(), "tau_from": "user" if config.tau is not None else "data model",
+                     "gamma": None if config.tau is not None else config.gamma},
         rounds=rounds,
         local_epsilon=config.epsilon0,
         local_delta=config.delta0,
         central=central,
         seconds=time.perf_counter() - started,
+        plan=session_plan_of(protocol, n, config.delta),
         extra=extra,
     )

@@ -28,6 +28,7 @@ from shuffledp.analyzer.summation import (
 from shuffledp.simulation.dask_engine import check_engine, run_fast_on
 from shuffledp.simulation.engine import ENGINES, run_messages
 from shuffledp.simulation.population import Population, block_samples, user_blocks
+from shuffledp.protocol.accounting.composition import check_central_delta
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, choose_vector_sum, scalar_sum_variance
 from shuffledp.simulation.vector_population import VectorPopulation
@@ -51,6 +52,7 @@ class SummationConfig:
     broker: str | None = None
 
     def __post_init__(self) -> None:
+        check_central_delta(self.delta, "delta")  # the central target: a number in (0, 1)
         if self.protocol not in SUM_PROTOCOLS:
             raise InvalidParameter("protocol", f"must be one of {SUM_PROTOCOLS}, got {self.protocol!r}")
         if self.path not in ENGINES:

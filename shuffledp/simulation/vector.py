@@ -8,9 +8,10 @@ from the population's seed) and both rounds stream into the analyzer's collector
 is one block of users plus O(D K) statistics, whatever n is. The exact error model is then
 accumulated from the users' true rotated means, block by block, with the announced ranges.
 
-Privacy: every result states the local guarantee (user-level ``(eps0, delta0)``-LDP) and, when the
-configuration names a central delta (``central_delta``; the CLI always does), the central
-``(eps, delta)`` after shuffling from the amplification accountant (:func:`central_guarantee_at`).
+Privacy: every result states the local guarantee (user-level ``(eps0, delta0)``-LDP) and the central
+``(eps, delta)`` after shuffling from the amplification accountant (:func:`central_guarantee_at`), at
+``central_delta`` or, when none is given, the default every command uses, ``min(1e-6, n^-1.1)``;
+and the session plan it was accounted from (:func:`session_plan_of`, read by ``shuffledp account --plan``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from shuffledp.analyzer.vector_mean import (
     VectorMeanProtocol,
     theorem2_mse_bound,
 )
+from shuffledp.protocol.accounting.composition import check_central_delta, default_central_delta
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.simulation.dask_engine import check_engine, run_fast_on
 from shuffledp.simulation.engine import ENGINES, run_messages
@@ -49,13 +51,13 @@ class VectorSimulationConfig:
     seed: int = 0
     path: str = "fast"
     broker: str | None = None
-    #: Central delta of the shuffled guarantee (:func:`central_guarantee_at`); ``None``: not accounted
-    #: (the result says so). The CLI passes ``--delta`` or its default ``min(1e-6, n^-1.1)``.
+    #: Central delta of the shuffled guarantee (:func:`central_guarantee_at`); ``None``: the default
+    #: every command uses, ``min(1e-6, n^-1.1)`` (:attr:`delta`).
     central_delta: float | None = None
 
     def __post_init__(self) -> None:
-        if self.central_delta is not None and not 0 < self.central_delta < 1:
-            raise InvalidParameter("central_delta", f"must be in (0, 1), got {self.central_delta}")
+        if self.central_delta is not None:
+            check_central_delta(self.central_delta, "central_delta")
         if self.path not in ENGINES:
             raise InvalidParameter("path", f"must be one of {tuple(ENGINES)}, got {self.path!r}")
         if self.broker is not None and self.path != "messages":
@@ -63,6 +65,11 @@ class VectorSimulationConfig:
         if not (isinstance(self.n, int) and self.n >= 2):
             raise InvalidParameter("n", f"must be an integer >= 2, got {self.n}")
         self.protocol_config()
+
+    @property
+    def delta(self) -> float:
+        """Central delta of the shuffled guarantee: given, or :func:`~shuffledp.protocol.accounting.composition.default_central_delta`."""
+        return self.central_delta if self.central_delta is not None else default_central_delta(self.n)
 
     def protocol_config(self) -> VectorMeanConfig:
         pop = self.population
@@ -101,6 +108,8 @@ class VectorSimulationResult:
     #: Central guarantee after shuffling (:func:`central_guarantee_at`): ``epsilon`` and ``delta``
     #: (``epsilon`` None where no shuffled bound is claimed; ``method`` says why) and the rounds.
     central: dict[str, Any] = field(default_factory=dict)
+    #: The session plan ``central`` was accounted from (``shuffledp account --plan`` reads it).
+    plan: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -143,15 +152,13 @@ def run_vector_simulation(
         truth.add_truth(rotated)
     truth.n = outcome.reports
     true_mean = total / (config.n * population.m)
-    if config.central_delta is not None:
-        if progress:
-            progress("privacy accounting", 0)
-        central = central_guarantee_at(protocol, config.n, config.central_delta)
-    else:
-        central = {"epsilon": None, "delta": None, "method": "not accounted: no central delta given"}
+    if progress:
+        progress("privacy accounting", 0)
+    central = central_guarantee_at(protocol, config.n, config.delta)
     result = _result(config, protocol, outcome.estimate, truth, true_mean, sq_norm, inside, started, outcome.range_check)
     result.local = {"epsilon0": config.epsilon0, "delta0": config.delta0}
     result.central = central
+    result.plan = session_plan_of(protocol, config.n, config.delta)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -224,17 +231,42 @@ def central_guarantee_at(protocol: VectorMeanConfig, n: int, delta: float) -> di
             "rounds": rounds + [mean],
         }
     rounds.append(mean)
-    key = tuple((r["accounted_as"], r["report_epsilon0"], r.get("num_bins", r.get("grid_levels")), r["composed"]) for r in rounds)
-    return {**_central_for(key, n, delta), "rounds": rounds}
+    return {**account_plan(session_plan_of(protocol, n, delta)), "rounds": rounds}
+
+
+def session_plan_of(protocol: VectorMeanConfig, n: int, delta: float) -> dict[str, Any]:
+    """Algorithm 5's session plan (``docs/accounting.md``), the rounds :func:`central_guarantee_at` describes:
+    the range round when it runs (``vector-range``: ``sampled``, one report at ``eps0/2``; ``paper``, ``D``
+    reports over ``K`` padded bins at ``eps0/(2D)`` each) and the mean round (``vector-mean`` on its grid),
+    ``n`` users in each batch, at the central ``delta``."""
+    from shuffledp.protocol.accounting.composition import plan_round, session_plan
+
+    rounds = []
+    if protocol.range_round:
+        params: dict[str, Any] = {"mode": protocol.mode}
+        if protocol.mode == "paper":
+            params["padded_bins"] = int(protocol.range_params().padded_bins)
+        rounds.append(plan_round("vector-range", protocol.range_epsilon, params, n,
+                                 reports_per_user=protocol.padded_dim if protocol.mode == "paper" else 1))
+    rounds.append(plan_round("vector-mean", protocol.mean_epsilon, {"grid_levels": protocol.grid_levels, "noise": protocol.noise},
+                             n, delta0=protocol.delta0))
+    return session_plan(rounds, delta)
+
+
+def account_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """:func:`shuffledp.protocol.accounting.composition.account_plan` (memoized here, in-process)."""
+    import json
+
+    return dict(_account_plan(json.dumps(plan, sort_keys=True)))
 
 
 @functools.lru_cache(maxsize=32)
-def _central_for(rounds: tuple, n: int, delta: float) -> dict[str, Any]:
-    """``rounds``: ``(accounted_as, epsilon0, size, count)`` per group of identical shuffled rounds, composed
-    by the accountant's one rule (:func:`shuffledp.protocol.accounting.composition.shuffled_session`)."""
-    from shuffledp.protocol.accounting.composition import shuffled_session
+def _account_plan(plan_json: str) -> dict[str, Any]:
+    import json
 
-    return shuffled_session(rounds, n, delta)
+    from shuffledp.protocol.accounting.composition import account_plan as account
+
+    return account(json.loads(plan_json))
 
 
 def _result(config, protocol, estimate, mean_acc: VectorMeanAccumulator, true_mean, sq_norm: float, inside: int, started: float, check=None):

@@ -7,9 +7,10 @@ classified by the truth (*failed*: the announced range misses the true mean) and
 the analyzer's two-round verdict (:mod:`shuffledp.analyzer.range_check`: reported
 *untrusted* or not; counted as ``warned``):
 
-* ``missed``: failed and reported trusted. The verdict bounds this by its ``alpha``
-  (0.001) for a range holding no user (the frequency test and the mean round's sign test
-  combined: the module's docstring);
+* ``missed``: failed and reported trusted. For a range holding no user the verdict bounds
+  the joint probability, P(the range holds no user AND it is reported trusted), by its
+  ``alpha`` (0.001) plus ``gamma`` (the frequency test and the mean round's sign test
+  combined: the module's docstring); a range that misses the mean but holds users is not covered;
 * ``false warnings``: reported untrusted though the range held the mean: the price of a
   verdict that only trusts a range shown to hold users.
 

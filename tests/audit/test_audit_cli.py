@@ -37,8 +37,11 @@ def test_a_planted_fault_fails_the_audit_and_names_the_row(monkeypatch, capsys):
 def test_cli_json_and_bad_usage(capsys):
     with pytest.raises(SystemExit):  # argparse refuses an unknown part
         main(["audit", "--part", "nothing"])
-    assert main(["audit", "--quick", "--part", "shuffled", "--json", "-q", "--delta", "2.0"]) == 2
-    assert "delta" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # refused by the parser, before any work
+        main(["audit", "--quick", "--part", "shuffled", "--json", "-q", "--delta", "2.0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "shuffledp audit: argument --delta: expected a number in (0, 1), got 2.0")
 
 
 def test_claim_part_reads_a_signed_session_file_and_refuses_an_altered_one(tmp_path, capsys):

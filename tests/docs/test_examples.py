@@ -27,7 +27,9 @@ def check_simulate_and_plot(out: str, cwd: Path) -> None:
     # the documented n = 2,000 ... 1,000,000, capped: every n up to the cap, then the cap
     ns = [n for n in (2_000, 10_000, 100_000, 1_000_000) if n < SIZE_CAP] + [SIZE_CAP]
     for n in ns:
-        row = re.search(rf"^\s*{n:,}\s+(-?[0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+(\S+)\s+(\S+)\s*$", out, re.MULTILINE)
+        # estimate, |error|, RMSE theory, range check (trusted / not trusted), central eps, its delta
+        row = re.search(rf"^\s*{n:,}\s+(-?[0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s+(trusted|not trusted)\s+(\S+)\s+(\S+)\s*$",
+                        out, re.MULTILINE)
         assert row, f"no row for n = {n:,}:\n{out}"
         error, rmse = float(row.group(2)), float(row.group(3))
         assert error < 6 * rmse, f"n = {n:,}: |error| {error} is more than 6 theoretical RMSEs ({rmse})"

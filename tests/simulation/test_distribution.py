@@ -126,8 +126,9 @@ def test_each_estimator_states_its_local_and_central_guarantee():
         assert 0 < entry["central"]["epsilon"] < 4.0 and entry["central"]["delta"] == 1e-6
     one = estimator_privacy(DistributionConfig(k=16, n=10_000, m=10, epsilon0=4.0, delta=1e-6))["vector"]
     assert [(r["mechanism"], r["report_epsilon0"]) for r in one["rounds"]] == [("vector-mean", 4.0)]
-    # no delta given: no central claim
-    assert estimator_privacy(DistributionConfig(k=16, n=10_000, m=10, epsilon0=4.0))["vector"]["central"]["epsilon"] is None
+    # no delta given: the default every command uses, min(1e-6, n^-1.1)
+    default = estimator_privacy(DistributionConfig(k=16, n=10_000, m=10, epsilon0=4.0))
+    assert default["vector"]["central"] == one["central"] and default["oracle"]["central"]["delta"] == 1e-6
 
 
 def test_the_command_prints_tv_l2_rounds_and_both_guarantees(capsys):

@@ -70,11 +70,16 @@ def test_gaussian_reports_get_the_local_guarantee_only():
     assert format_central(got) == [f"central privacy after shuffling  central: {got['method']}"]
 
 
-def test_the_simulation_reports_local_and_central_only_when_asked():
+def test_the_simulation_reports_local_and_central_at_the_default_delta_unless_given():
+    from shuffledp.protocol.accounting.composition import default_central_delta
+
     population = VectorPopulation("gaussian", 3, 5)
     plain = run_vector_simulation(VectorSimulationConfig(population, 300, 4.0, seed=1))
     assert plain.local == {"epsilon0": 4.0, "delta0": 0.0}
-    assert plain.central["epsilon"] is None and plain.central["method"].startswith("not accounted")
+    # no delta given: the rule every command uses, min(1e-6, n^-1.1), not "not accounted"
+    default = central_guarantee_at(VectorSimulationConfig(population, 300, 4.0, seed=1).protocol_config(), 300,
+                                   default_central_delta(300))
+    assert plain.central == default and plain.central["delta"] == 1e-6
     for path in ("fast", "messages"):
         accounted = run_vector_simulation(VectorSimulationConfig(population, 300, 4.0, seed=1, path=path, central_delta=DELTA))
         protocol = VectorSimulationConfig(population, 300, 4.0, seed=1).protocol_config()
