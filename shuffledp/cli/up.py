@@ -20,6 +20,7 @@ from pathlib import Path
 
 from shuffledp.cli.common import (
     EXIT_FAILED,
+    central_delta_arg,
     EXIT_INTERRUPTED,
     EXIT_OK,
     HelpFormatter,
@@ -60,7 +61,7 @@ def add_parser(subparsers) -> None:
     up.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B")
     up.add_argument("--epsilon0", "-e", type=float, default=1.0, help="local budget eps0 of the session")
     deprecated_alias(up, "--epsilon", "--epsilon0")
-    up.add_argument("--delta", type=float, default=None, help=delta_help("central delta of the analyzer's privacy report"))
+    up.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta of the analyzer's privacy report"))
     up.add_argument("--seed", type=int, default=None,
                     help="seed the simulated data and the devices' randomizer draws: the estimate is then exactly "
                     "that of `shuffledp simulate --seed` with the same parameters; without it the data are fresh "
