@@ -308,7 +308,9 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
         "standard_error": outcome.mean.standard_error,
         "reports": outcome.mean.n,
         "range": [outcome.found_range.lower, outcome.found_range.upper],
-        "range_check": outcome.range_check.as_dict() if outcome.range_check else None,
+        # where tau came from, for the verdict's guarantee (alpha + gamma, or alpha for a user-given tau)
+        "range_check": ({**outcome.range_check.as_dict(), "tau_from": "user" if args.tau is not None else "data model",
+                         "gamma": None if args.tau is not None else args.gamma} if outcome.range_check else None),
         "rounds": rounds,
         "seconds": time.time() - started,
     }
