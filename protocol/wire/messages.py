@@ -47,6 +47,7 @@ from typing import ClassVar, Union, get_args
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.mechanisms.hadamard import next_power_of_two
 from shuffledp.protocol.mechanisms.randomness import MAX_NOISE_SCALE
+from shuffledp.protocol.wire.ed25519_keys import check_ed25519_key
 
 WIRE_VERSION = 3
 #: The SHA-256 digest that binds a round's sealed reports and signed messages to its exact spec.
@@ -744,7 +745,8 @@ class RoundSpec:
     ``analyzer_key`` is the X25519 key reports are sealed to (inner layer);
     ``shuffler_key`` the X25519 key envelopes are sealed to (outer layer), and
     ``shuffler_signing_key`` the Ed25519 key the shuffler signs batches, receipts and
-    outcomes with: the analyzer names the one shuffler it will accept batches from.
+    outcomes with: the analyzer names the one shuffler it will accept batches from (a
+    small-order point or a non-canonical encoding, under which anyone could sign, is refused).
     ``min_batch`` is the batch size the shuffler waits for before forwarding,
     ``max_batch`` the most reports a batch of this round may hold (the analyzer
     refuses a longer batch before decoding it), and ``deadline`` (Unix seconds)
@@ -779,6 +781,8 @@ class RoundSpec:
         _bytes_of(self.analyzer_key, X25519_KEY_BYTES, "analyzer_key")
         _bytes_of(self.shuffler_key, X25519_KEY_BYTES, "shuffler_key")
         _bytes_of(self.shuffler_signing_key, ED25519_KEY_BYTES, "shuffler_signing_key")
+        # a small-order or non-canonical key would let anyone sign as this round's shuffler
+        check_ed25519_key(self.shuffler_signing_key, "shuffler_signing_key", ED25519_KEY_BYTES)
         _count(self.max_batch, "max_batch", 1, MAX_BATCH)
         _count(self.min_batch, "min_batch", 1, self.max_batch)
         floor = getattr(self.params, "min_reports", 1)

@@ -21,7 +21,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from shuffledp.protocol.errors import BadSignature, InvalidParameter, SealingError
-from shuffledp.protocol.wire.messages import SESSION_ID_BYTES, SPEC_DIGEST_BYTES
+from shuffledp.protocol.wire.ed25519_keys import weak_ed25519_key
+from shuffledp.protocol.wire.messages import ED25519_KEY_BYTES, SESSION_ID_BYTES, SPEC_DIGEST_BYTES
 
 SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
 INFO_LABEL = b"shuffledp/v3/report"
@@ -150,7 +151,15 @@ def sign(private: Ed25519PrivateKey, data: bytes) -> bytes:
 
 def verify(public: bytes, data: bytes, signature: bytes, what: str = "round spec") -> None:
     """Raise :class:`BadSignature` (naming ``what`` was signed) unless ``signature`` is
-    ``public``'s Ed25519 signature of ``data``."""
+    ``public``'s Ed25519 signature of ``data``.
+
+    A ``public`` that is a small-order point or a non-canonical encoding is refused before
+    OpenSSL sees it (:func:`~shuffledp.protocol.wire.ed25519_keys.weak_ed25519_key`): OpenSSL
+    checks the cofactorless equation only, under which such a key verifies signatures anyone
+    can make. A signature whose ``s`` is not below the group order is refused by OpenSSL."""
+    problem = weak_ed25519_key(public) if isinstance(public, bytes) and len(public) == ED25519_KEY_BYTES else None
+    if problem is not None:
+        raise BadSignature(f"{what} signature refused: the signing key is {problem}")
     try:
         Ed25519PublicKey.from_public_bytes(public).verify(signature, data)
     except (InvalidSignature, ValueError) as exc:

@@ -82,6 +82,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from shuffledp.analyzer.coordinator import ShufflerIdentity
 from shuffledp.protocol.wire.credentials import CREDENTIAL_BYTES, ISSUER_KEY_BYTES, CredentialIssuer
 from shuffledp.protocol.errors import ShuffleDPError
+from shuffledp.protocol.wire.ed25519_keys import weak_ed25519_key
 from shuffledp.protocol.wire.messages import SESSION_ID_BYTES
 from shuffledp.protocol.wire.onion import ShufflerKeys
 from shuffledp.protocol.wire.sealing import AnalyzerKeys
@@ -397,6 +398,16 @@ def _hex_field(doc: dict, path: Path, *keys: str, size: int) -> bytes:
     return raw
 
 
+def _signing_field(doc: dict, path: Path, party: str) -> bytes:
+    """``party``'s Ed25519 public key, refused if it is a key anyone could sign under
+    (a small-order point or a non-canonical encoding: :func:`weak_ed25519_key`)."""
+    raw = _hex_field(doc, path, party, "signing_public", size=32)
+    problem = weak_ed25519_key(raw)
+    if problem is not None:
+        raise KeyFileError(f"{path}: field {party}.signing_public is {problem}")
+    return raw
+
+
 def load_public(directory: Path | str) -> PublicInfo:
     """Read and check ``public.json`` (format, session id and the four public keys).
 
@@ -423,11 +434,11 @@ def _load_public(dir_fd: int, directory: Path) -> PublicInfo:
         raise KeyFileError(f"{path}: not a {FORMAT} file")
     return PublicInfo(
         session_id=_hex_field(doc, path, "session_id", size=SESSION_ID_BYTES),
-        analyzer_signing_public=_hex_field(doc, path, "analyzer", "signing_public", size=32),
+        analyzer_signing_public=_signing_field(doc, path, "analyzer"),
         analyzer_hpke_public=_hex_field(doc, path, "analyzer", "hpke_public", size=32),
         shuffler=ShufflerIdentity(
             _hex_field(doc, path, "shuffler", "hpke_public", size=32),
-            _hex_field(doc, path, "shuffler", "signing_public", size=32),
+            _signing_field(doc, path, "shuffler"),
         ),
     )
 

@@ -100,7 +100,7 @@ def big_runs(big_budgets, big_data):
 def _spec(plan, round_id: int) -> RoundSpec:
     """A real spec for ``plan`` (its ``__post_init__`` also runs the mechanism's ``check_budget``)."""
     return RoundSpec(
-        bytes(16), round_id, plan.params, plan.epsilon0, bytes(32), bytes(32), bytes(32),
+        bytes(16), round_id, plan.params, plan.epsilon0, bytes(32), bytes(32), bytes(range(32)),
         min_batch=getattr(plan.params, "min_reports", 1), deadline=1e12, delta0=plan.delta0,
         messages_per_user=plan.messages_per_user,
     )

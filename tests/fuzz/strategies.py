@@ -401,7 +401,7 @@ def g_shuffler_keys(r: Rng) -> tuple[bytes, bytes]:
         return OTHER_SHUFFLER_KEYS.hpke_public, OTHER_SHUFFLER_KEYS.signing_public
     if k == 6:
         return r.pick(LOW_ORDER_X25519), r.bytes(32)
-    return r.bytes(32), r.pick((bytes(32), r.bytes(32)))
+    return r.bytes(32), r.bytes(32)  # a small-order signing key (e.g. 32 zero bytes) makes no valid spec
 
 
 def g_round_spec(

@@ -40,6 +40,7 @@ from shuffledp.protocol.errors import (
     MessageTooLarge,
     UnsupportedVersion,
 )
+from shuffledp.protocol.wire.ed25519_keys import weak_ed25519_key
 from shuffledp.protocol.wire.onion import envelope_format
 from shuffledp.protocol.wire.report_format import HPKE_OVERHEAD, read_batch_chunk, report_format
 
@@ -52,6 +53,8 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 round_ids = st.integers(0, 2**63 - 1)
 session_ids = st.binary(min_size=16, max_size=16)
 keys32 = st.binary(min_size=32, max_size=32)
+#: Ed25519 public keys a spec may name: not a small-order point nor a non-canonical encoding.
+signing_keys = keys32.filter(lambda k: weak_ed25519_key(k) is None)
 batch_ids = st.binary(min_size=16, max_size=16)
 spec_digests = st.binary(min_size=32, max_size=32)
 nonces = st.binary(min_size=16, max_size=16)
@@ -108,7 +111,7 @@ def _round_spec(draw):
         epsilon0=draw(st.floats(min_value=m.MIN_EPSILON, max_value=m.MAX_EPSILON)),
         analyzer_key=draw(keys32),
         shuffler_key=draw(keys32),
-        shuffler_signing_key=draw(keys32),
+        shuffler_signing_key=draw(signing_keys),
         min_batch=draw(st.integers(1, max_batch)),
         max_batch=max_batch,
         deadline=draw(any_finite),
@@ -262,7 +265,7 @@ def test_defaulted_keys_are_still_required(path):
     """The deterministic encoding writes every key, defaulted ones too; one without a key is refused."""
     spec = m.RoundSpec(
         session_id=bytes(16), round_id=1, params=m.ProjectedMeanParams(0.0, 1.0), epsilon0=1.0,
-        analyzer_key=bytes(32), shuffler_key=bytes(32), shuffler_signing_key=bytes(32), min_batch=10, deadline=5.0,
+        analyzer_key=bytes(32), shuffler_key=bytes(32), shuffler_signing_key=bytes(range(32)), min_batch=10, deadline=5.0,
     )
     body = cbor2.loads(codec.encode(spec))
     target = body
@@ -665,7 +668,7 @@ def test_the_largest_vector_mean_spec_fits_its_limit():
     for first in (-1.0 / 3.0, -1.5):  # bounds as 9-byte doubles, and as 3-byte halves (the most objects per byte)
         bounds = tuple(first - i for i in range(m.MAX_VECTOR_DIM))
         params = m.VectorMeanParams(m.MAX_VECTOR_DIM, 2**64 - 1, bounds, tuple(b + 1.0 for b in bounds), "gaussian", 4096)
-        spec = m.RoundSpec(bytes(16), 2**63 - 1, params, 1.0, bytes(32), bytes(32), bytes(32), m.MAX_BATCH, 1e300,
+        spec = m.RoundSpec(bytes(16), 2**63 - 1, params, 1.0, bytes(32), bytes(32), bytes(range(32)), m.MAX_BATCH, 1e300,
                            delta0=0.999, shuffler_instances=64)
         data = codec.encode(spec)
         assert codec.decode(data, m.RoundSpec) == spec

@@ -121,7 +121,7 @@ def test_sealer_rejects_bad_public_key():
         Sealer(b"short")
 
 
-SPEC = RoundSpec(SESSION, 1, HadamardRangeParams(-1.0, 1.0, 0.25), 0.5, KEYS.hpke_public, bytes(32), bytes(32), 10, 1e12)
+SPEC = RoundSpec(SESSION, 1, HadamardRangeParams(-1.0, 1.0, 0.25), 0.5, KEYS.hpke_public, bytes(32), bytes(range(32)), 10, 1e12)
 SPEC_BYTES = codec.encode(SPEC)
 SIGNATURE = sign(KEYS.signing_private, SPEC_BYTES)
 
@@ -132,7 +132,7 @@ def test_verify_accepts_good_signature():
 
 
 def test_modified_spec_rejected():
-    changed = codec.encode(RoundSpec(SESSION, 2, SPEC.params, 0.5, KEYS.hpke_public, bytes(32), bytes(32), 10, 1e12))
+    changed = codec.encode(RoundSpec(SESSION, 2, SPEC.params, 0.5, KEYS.hpke_public, bytes(32), bytes(range(32)), 10, 1e12))
     with pytest.raises(BadSignature):
         verify(KEYS.signing_public, changed, SIGNATURE)
 
