@@ -53,6 +53,15 @@ def main() -> None:
     if args.dir is not None and args.dir.exists() and any(args.dir.iterdir()):
         sys.exit(f"js_device.py: --dir {args.dir} is not empty; give a new directory")
     work = args.dir or Path(tempfile.mkdtemp(prefix="shuffledp-js-device-"))
+    try:
+        one_round(node, work, args.value, args.budget, kept=args.dir is not None)
+    finally:
+        if args.dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def one_round(node: str, work: Path, value: float, budget: float, *, kept: bool) -> None:
+    """The round of the module docstring, with the keys and the device's ledger file in ``work``."""
     keys_dir, ledger_file = work / "keys", work / "device-ledger.json"
     init_keys(keys_dir, clients=1)  # what `shuffledp keys init DIR --users 1` writes
     analyzer_side, shuffler_side = load_analyzer(keys_dir), load_shuffler(keys_dir)
@@ -65,12 +74,13 @@ def main() -> None:
         shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=1, deadline=time.time() + 60,
     )
     signed_spec = analyzer.sign_spec(spec)  # what the device receives from the shuffler
-    kept = f" (kept in {work})" if args.dir else ""
-    print(f"analyzer signed round 0: {len(signed_spec)} bytes; keys and enrollment made as `shuffledp keys init` does{kept}")
+    where = f" (kept in {work})" if kept else ""
+    print(f"analyzer signed round 0: {len(signed_spec)} bytes; keys and enrollment made as `shuffledp keys init` "
+          f"does{where}")
 
     device = subprocess.Popen(
         [node, str(DEVICE), "--keys", str(keys_dir), "--ledger", str(ledger_file),
-         "--budget", str(args.budget), "--value", str(args.value)],
+         "--budget", str(budget), "--value", str(value)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=sys.stdout, text=True,
     )
 
@@ -92,7 +102,8 @@ def main() -> None:
         print(f"shuffler admitted client {client_id.hex()[:8]}...: nonce {admission.nonce.hex()[:8]}..., "
               f"sealed report of {len(admission.sealed)} bytes")
         private = deployment.shuffler_keys.signing_private
-        receipts = signed_encoding(private, AdmissionReceipts(spec.session_id, 0, spec.digest, (admission.nonce,), (), ()))
+        receipts = signed_encoding(private, AdmissionReceipts(spec.session_id, 0, spec.digest,
+                                                              (admission.nonce,), (), ()))
         outcome = signed_encoding(private, RoundOutcome(spec.session_id, 0, spec.digest, "released", "", 1,
                                                         bytes(16), answer["instance"]))
 
@@ -112,8 +123,6 @@ def main() -> None:
     ledger = json.loads(ledger_file.read_text())
     print(f"the device's ledger file holds: spent eps {ledger['spentEpsilon']} of {ledger['epsilonBudget']}, "
           f"outcomes {ledger['outcomes']}")
-    if args.dir is None:
-        shutil.rmtree(work)
 
 
 if __name__ == "__main__":

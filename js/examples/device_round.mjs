@@ -56,6 +56,7 @@ async function main() {
   const ledger = await FileLedger.open(args.ledger, { epsilonBudget: Number(args.budget) });
   const client = new Client({
     localData: Number(args.value),
+    sessionId: enrollment.sessionId,
     analyzerSigningKey: enrollment.analyzerSigningKey,
     shufflerSigningKey: enrollment.shufflerSigningKey,
     shufflerKey: enrollment.shufflerKey,

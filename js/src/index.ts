@@ -42,7 +42,12 @@ export {
   type PrivacyLedger,
   type RoundRef,
 } from "./ledger/ledger.js";
-export { IndexedDbLedger, LEDGER_STORE } from "./ledger/indexedDbLedger.js";
+export {
+  IndexedDbLedger,
+  LEDGER_STORE,
+  type IndexedDbLedgerOptions,
+  type PersistentStorage,
+} from "./ledger/indexedDbLedger.js";
 
 // ------------------------------------------------------------------------------ randomness
 

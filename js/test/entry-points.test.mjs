@@ -106,15 +106,15 @@ test("docs/api/js-client.md names every export of every entry point", () => {
   assert.match(page, /wire\s+format\s+3/);
 });
 
-test("the README's examples import what the entry points export, and parse", async () => {
+test("the README's examples import what the entry points export, and type-check", async () => {
   const { execFileSync } = await import("node:child_process");
   const { mkdtempSync, rmSync, writeFileSync } = await import("node:fs");
-  const { tmpdir } = await import("node:os");
   const readme = readFileSync(join(PACKAGE, "README.md"), "utf8");
   const blocks = [...readme.matchAll(/^```js\n(.*?)^```$/gms)].map((match) => match[1]);
   assert.ok(blocks.length >= 3, "the README has its browser, Node and one-round examples");
   const modules = { "@shuffledp/client": main, "@shuffledp/client/node": node, "@shuffledp/client/mqtt": mqtt };
-  const scratch = mkdtempSync(join(tmpdir(), "shuffledp-readme-"));
+  // Inside the package, so that its own name resolves; the blocks as TypeScript modules, strict.
+  const scratch = mkdtempSync(join(PACKAGE, ".readme-check-"));
   try {
     blocks.forEach((block, i) => {
       for (const [, names, from] of block.matchAll(/import\s*\{([^}]*)\}\s*from\s*"([^"]+)"/g)) {
@@ -123,10 +123,32 @@ test("the README's examples import what the entry points export, and parse", asy
           assert.ok(name in modules[from], `README block ${i}: ${from} exports no ${name}`);
         }
       }
-      const file = join(scratch, `block${i}.mjs`);
-      writeFileSync(file, block);
-      execFileSync(process.execPath, ["--check", file]); // throws on a syntax error
+      // A block that uses names it does not define (an excerpt) declares them first, from the package's types.
+      const free = [...block.matchAll(/\b(client|signedSpecBytes|receiptsBytes|outcomeBytes)\b/g)].map((m) => m[1]);
+      const declared = block.includes("new Client(") ? [] : [...new Set(free)];
+      const header = declared
+        .map((name) =>
+          name === "client" ? 'import type { Client } from "@shuffledp/client";\ndeclare const client: Client;' : `declare const ${name}: Uint8Array;`,
+        )
+        .join("\n");
+      writeFileSync(join(scratch, `block${i}.mts`), `${header}\n${block}\nexport {};\n`);
     });
+    writeFileSync(
+      join(scratch, "tsconfig.json"),
+      JSON.stringify({
+        compilerOptions: {
+          target: "ES2022", module: "NodeNext", moduleResolution: "NodeNext", lib: ["ES2022", "DOM"], strict: true,
+          noEmit: true, skipLibCheck: true, types: ["node"],
+        },
+        include: ["*.mts"],
+      }),
+    );
+    const tsc = join(PACKAGE, "node_modules", "typescript", "bin", "tsc");
+    try {
+      execFileSync(process.execPath, [tsc, "-p", join(scratch, "tsconfig.json")], { encoding: "utf8" });
+    } catch (error) {
+      assert.fail(`the README's examples do not type-check:\n${error.stdout}`);
+    }
   } finally {
     rmSync(scratch, { recursive: true, force: true });
   }
