@@ -64,3 +64,31 @@ def test_each_named_function_and_test_exists(path, name):
         assert member in _defined(owner.body), f"{path}::{head} has no member {member}"
     if path.startswith("tests/"):
         assert head.startswith("test_") and isinstance(names[head], (ast.FunctionDef, ast.AsyncFunctionDef))
+
+
+#: ``js/src/...ts::Name`` or ``Name.member`` (the JavaScript device client's sources) and
+#: ``js/test/...test.mjs::title`` (a Node test by its title).
+JS_REFERENCE = re.compile(r"`(js/(?:src|test)/[A-Za-z0-9_/.-]+\.(?:ts|mjs))::([^`]+)`")
+
+
+def js_references() -> list[tuple[str, str]]:
+    return sorted(set(JS_REFERENCE.findall(PAGE.read_text())))
+
+
+def test_the_page_names_the_javascript_client_s_functions_and_tests():
+    refs = js_references()
+    assert any(path.startswith("js/src/") for path, _ in refs) and any(path.startswith("js/test/") for path, _ in refs)
+
+
+@pytest.mark.parametrize("path,name", js_references(), ids=lambda v: v[:80])
+def test_each_named_javascript_function_and_test_exists(path, name):
+    source = (ROOT / path).read_text()
+    if path.startswith("js/test/"):
+        assert re.search(r'\btest\(\s*"' + re.escape(name) + '"', source), f"{path} has no test titled {name!r}"
+        return
+    head, _, member = name.partition(".")
+    declared = re.search(rf"^export (?:abstract )?(?:class|(?:async )?function|const|interface|type) {re.escape(head)}\b", source, re.M)
+    assert declared, f"{path} exports no {head}"
+    if member:
+        body = source[declared.start():]
+        assert re.search(rf"^\s+(?:static )?(?:async )?{re.escape(member)}\(", body, re.M), f"{path}::{head} has no member {member}"
