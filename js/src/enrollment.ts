@@ -14,11 +14,12 @@
  * `--password-file`, `--ca-file`); see {@link BrokerAccount}.
  *
  * Parsing is strict and total, as `keys.py` loads them: any document that is not exactly
- * such a file (wrong format tag, a key of the wrong length, hex that is not hex, credentials
- * of another session) is refused with {@link EnrollmentError}, naming the field. Nothing here
+ * such a file (wrong format tag, a key of the wrong length, hex that is not hex, a signing key
+ * anyone could sign under, credentials of another session) is refused with {@link EnrollmentError}, naming the field. Nothing here
  * reads files: `enrollmentFiles.ts` does that in Node; a web page fetches the documents.
  */
 
+import { weakEd25519Key } from "./wire/ed25519Keys.js";
 import { ShuffleDPError } from "./wire/errors.js";
 
 /** Format tag of `public.json`. */
@@ -120,12 +121,22 @@ export function parsePublicInfo(document: unknown): PublicInfo {
     fail("public.json", `not a ${PUBLIC_FORMAT} file`);
   }
   const hex = (path: string[], size: number) => hexBytes(field(doc, path), size, path.join("."));
+  // An Ed25519 key that is a small-order point or a non-canonical encoding would let anyone sign
+  // as that party (`wire/ed25519Keys.ts`; keys.py refuses it too).
+  const signing = (path: string[]) => {
+    const key = hex(path, PUBLIC_KEY_BYTES);
+    const problem = weakEd25519Key(key);
+    if (problem !== undefined) {
+      fail(path.join("."), `is ${problem}`);
+    }
+    return key;
+  };
   return {
     sessionId: hex(["session_id"], SESSION_ID_BYTES),
-    analyzerSigningKey: hex(["analyzer", "signing_public"], PUBLIC_KEY_BYTES),
+    analyzerSigningKey: signing(["analyzer", "signing_public"]),
     analyzerHpkeKey: hex(["analyzer", "hpke_public"], PUBLIC_KEY_BYTES),
     shufflerKey: hex(["shuffler", "hpke_public"], PUBLIC_KEY_BYTES),
-    shufflerSigningKey: hex(["shuffler", "signing_public"], PUBLIC_KEY_BYTES),
+    shufflerSigningKey: signing(["shuffler", "signing_public"]),
   };
 }
 

@@ -1,7 +1,8 @@
 // The device Client against hostile parties and bad luck: a spec of another session, a ledger
 // that fails while an outcome is recorded (the word must reach it when the outcome comes again),
-// forged outcomes under a small-order shuffler key, a log of the Client object (no credential, no
-// buffered randomness), and a crash between the charge and the publish (no second answer).
+// a spec naming a small-order shuffler key (refused; outcomes forged under it refused too), a log
+// of the Client object (no credential, no buffered randomness), and a crash between the charge
+// and the publish (no second answer).
 import { test } from "node:test";
 import { inspect } from "node:util";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -14,8 +15,10 @@ import assert from "node:assert/strict";
 import { Client } from "../dist/client/client.js";
 import { MemoryLedger } from "../dist/ledger/ledger.js";
 import { SeededSource, SystemSource } from "../dist/random/source.js";
-import { BadSignature, BudgetExceeded, InvalidParameter, UntrustedRound } from "../dist/wire/errors.js";
+import { BadSignature, BudgetExceeded, InvalidParameter, MalformedMessage, UnknownRound, UntrustedRound } from "../dist/wire/errors.js";
 import { encodeMessage } from "../dist/wire/messages.js";
+import { decodeVerified, specDigest } from "../dist/wire/onion.js";
+import { signSpecBytes } from "../dist/wire/signing.js";
 import { ANALYZER, SESSION, SHUFFLER, credentialOf, roundSpec, signedMessage, signedSpec } from "./support/rounds.mjs";
 
 const NOW = 1_800_000_000;
@@ -73,22 +76,45 @@ test("an outcome the ledger could not record is recorded when it comes again", a
   assert.deepEqual((await memory.lostRounds()).map((r) => r.roundId), [0n]);
 });
 
-test("a spec naming a small-order shuffler signing key does not let anyone forge that shuffler's outcomes", async () => {
+test("a spec naming a small-order shuffler signing key is refused, and forged outcomes under that key are refused", async () => {
   // The neutral point as the key, and (R = neutral point, s = 0) as the signature, satisfy the
-  // cofactorless check [s]B = R + [k]A for every message; strict RFC 8032 verification refuses them.
+  // cofactorless check [s]B = R + [k]A for every message: anyone could sign as that "shuffler".
+  // The device refuses the spec (malformed: the key is not a usable Ed25519 key, as Python's
+  // RoundSpec refuses it) before charging anything; an outcome under that key is refused too.
   const neutral = new Uint8Array(32);
   neutral[0] = 1;
   const forged = new Uint8Array(64);
   forged[0] = 1;
   const { client, ledger } = device({ shufflerSigningKey: undefined, shufflerKey: undefined });
-  const answer = await client.answer(signedSpec(roundSpec({ shufflerSigningKey: neutral })));
-  const outcome = encodeMessage({
-    type: "round-outcome", sessionId: SESSION, roundId: 0n, specDigest: answer.digest, outcome: "failed",
-    reason: "forged", admitted: 0, batchId: new Uint8Array(16), instance: answer.instance, signature: forged,
+  const honest = encodeMessage(roundSpec());
+  const specBytes = withShufflerSigningKey(honest, neutral);
+  const signed = encodeMessage({ type: "signed-round-spec", specBytes, signature: signSpecBytes(ANALYZER.signingSeed, specBytes) });
+  await assert.rejects(client.answer(signed), (error) => {
+    assert.ok(error instanceof MalformedMessage, String(error));
+    assert.equal(error.reason, "malformed");
+    assert.match(error.message, /shuffler_signing_key/);
+    return true;
   });
-  await assert.rejects(client.settleOutcome(outcome), BadSignature);
+  assert.equal((await ledger.snapshot()).answered.length, 0);
+  const outcome = encodeMessage({
+    type: "round-outcome", sessionId: SESSION, roundId: 0n, specDigest: specDigest(specBytes), outcome: "failed",
+    reason: "forged", admitted: 0, batchId: new Uint8Array(16), instance: 0, signature: forged,
+  });
+  // nothing was sent for that round, so no word about it is taken
+  await assert.rejects(client.settleOutcome(outcome), UnknownRound);
   assert.equal(await ledger.outcomeOf(SESSION, 0n), undefined);
+  // and a forged outcome under that key does not verify, should a spec naming it ever get through
+  assert.throws(() => decodeVerified(outcome, "round-outcome", neutral), BadSignature);
 });
+
+/** `specBytes` (an encoded spec naming SHUFFLER's signing key once) naming `key` instead. */
+function withShufflerSigningKey(specBytes, key) {
+  const at = Buffer.from(specBytes).indexOf(Buffer.from(SHUFFLER.signingPublic));
+  assert.ok(at >= 0 && Buffer.from(specBytes).indexOf(Buffer.from(SHUFFLER.signingPublic), at + 1) < 0);
+  const out = specBytes.slice();
+  out.set(key, at);
+  return out;
+}
 
 test("logging a device shows neither its credential nor the random words its next reports will use", async () => {
   // An application that logs its Client (console.log, JSON) must not write down the credential,

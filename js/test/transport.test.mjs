@@ -14,7 +14,7 @@ function options(overrides = {}) {
   return {
     broker: { url: "mqtts://127.0.0.1:1", username: "client", password: "x" },
     sessionId: session,
-    analyzerSigningKey: new Uint8Array(32),
+    analyzerSigningKey: new Uint8Array(32).fill(7), // a usable Ed25519 key (all zeros is a small-order point)
     devices: [device],
     connectTimeout: 500,
     ...overrides,

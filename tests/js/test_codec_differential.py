@@ -15,6 +15,9 @@ inserted and deleted bytes, truncations, trailing bytes, length fields off by on
 their shortest form, swapped major types, ints written as floats and back, widened floats,
 swapped and duplicated map keys, indefinite lengths, tags, items spliced in from another
 vector). Some inputs pin the expected type or pass an array-length limit (``max_items``).
+Every round-spec vector is also given each of the 14 Ed25519 keys anyone could sign under
+(``WEAK_SIGNING_KEYS``) as its ``shuffler_signing_key``, alone and with a fault the spec's checks
+meet before it or after it: both codecs must refuse each, and name the same field first.
 
 Python decodes each with :func:`shuffledp.protocol.wire.codec.decode` and re-encodes what it
 accepts with :func:`~shuffledp.protocol.wire.codec.encode`; the package does the same with
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import random
 import struct
 from collections import Counter
@@ -42,6 +46,8 @@ from shuffledp.protocol.errors import ShuffleDPError
 from shuffledp.protocol.wire import codec
 from shuffledp.protocol.wire import messages as wire_messages
 from shuffledp.protocol.wire.cbor_strict import ALLOCATION_FACTOR, ALLOCATION_SLACK, ITEM_COST
+from shuffledp.protocol.wire.ed25519_keys import P as FIELD_PRIME
+from shuffledp.protocol.wire.ed25519_keys import SMALL_ORDER_Y
 
 from .conftest import run_node
 
@@ -85,6 +91,28 @@ INT_LIMIT_EDGES = sorted({int(c) + d for c in _LIMITS for d in (-1, 0, 1)})
 FLOAT_LIMIT_EDGES = sorted(
     {x for c in _LIMITS for x in (math.nextafter(float(c), -math.inf), float(c), math.nextafter(float(c), math.inf))}
     | {float(c) * 1.01 for c in _LIMITS} | {float(c) * 0.99 for c in _LIMITS}
+)
+
+#: The 14 encodings ``weak_ed25519_key`` refuses: each small-order y with either sign bit, and
+#: y + p (a non-canonical encoding) where it fits in 255 bits (y = 0, 1), with either sign bit.
+#: ``tests/protocol/test_ed25519_keys.py`` derives the same 14 from the group itself.
+WEAK_SIGNING_KEYS = sorted(
+    {(y | sign << 255).to_bytes(32, "little") for y in SMALL_ORDER_Y for sign in (0, 1)}
+    | {(y + FIELD_PRIME | sign << 255).to_bytes(32, "little") for y in SMALL_ORDER_Y if y + FIELD_PRIME < 2**255 for sign in (0, 1)}
+)
+assert len(WEAK_SIGNING_KEYS) == 14
+#: Faults combined with a weak shuffler_signing_key: RoundSpec checks the first two before the
+#: key (the analyzer's key, the budget) and the last three after it.
+WEAK_KEY_COMPANIONS = {
+    "analyzer_key": bytes(31),
+    "epsilon0": 31.0,
+    "max_batch": 0,
+    "min_batch": 0,
+    "messages_per_user": 2,
+}
+ROUND_SPEC_FIELDS = (
+    "session_id", "round_id", "params", "epsilon0", "delta0", "analyzer_key", "shuffler_key",
+    "shuffler_signing_key", "max_batch", "min_batch", "deadline", "messages_per_user", "shuffler_instances",
 )
 
 
@@ -260,6 +288,24 @@ class Generator:
             if data and rng.random() < 0.5:  # start with a map head so the reader gets further
                 data = bytes([0xA0 | rng.randrange(12)]) + data[1:]
             self.add_generated(data, None, "random bytes")
+
+    def weak_signing_keys(self) -> None:
+        """Each round-spec vector naming each weak shuffler signing key, alone and with another
+        fault (``WEAK_KEY_COMPANIONS``), plain and as an expected round-spec (no draws from the
+        generator's random stream: the other inputs stay as they were)."""
+        for tree, tag in self.trees:
+            if tag != "round-spec":
+                continue
+            for key in WEAK_SIGNING_KEYS:
+                for companion in (None, *WEAK_KEY_COMPANIONS):
+                    body = dict(tree, shuffler_signing_key=key)
+                    if companion is not None:
+                        body[companion] = WEAK_KEY_COMPANIONS[companion]
+                    data = cbor2.dumps(body, canonical=True)
+                    origin = f"weak shuffler_signing_key {key.hex()}" + (f" and bad {companion}" if companion else "")
+                    self.add(data, None, None, origin)
+                    if companion is None:
+                        self.add(data, "round-spec", None, origin + ", expected round-spec")
 
     # Numeric fields at their edges.
 
@@ -637,6 +683,7 @@ def generate_cases() -> list[dict[str, Any]]:
     generator.random_bytes(N_RANDOM)
     generator.structural(N_STRUCTURAL)
     generator.byte_level(N_BYTE_LEVEL)
+    generator.weak_signing_keys()
     return generator.cases
 
 
@@ -714,3 +761,29 @@ def test_javascript_codec_agrees_with_python(answers):
                 f"  input   {case['hex'][:400]}\n  python  {json.dumps(py)[:400]}\n  js      {json.dumps(ours)[:400]}"
             )
         pytest.fail("\n".join(lines))
+
+
+def _fields_named(message: str) -> set[str]:
+    return {name for name in ROUND_SPEC_FIELDS if re.search(rf"\b{name}\b", message)}
+
+
+def test_a_weak_shuffler_signing_key_is_refused_where_python_refuses_it(answers):
+    """A round spec naming a key anyone could sign under is malformed in both codecs, and with a
+    second fault both name the same field first: the key is checked at the same point."""
+    cases, python, js = answers
+    weak = [(case, py, ours) for case, py, ours in zip(cases, python, js) if case["origin"].startswith("weak shuffler_signing_key")]
+    assert len(weak) == 10 * len(WEAK_SIGNING_KEYS) * (len(WEAK_KEY_COMPANIONS) + 2), len(weak)
+    named = Counter()
+    for case, py, ours in weak:
+        assert not py["ok"] and py["reason"] == "malformed", (case["origin"], py)
+        assert not ours["ok"] and ours["reason"] == "malformed", (case["origin"], ours)
+        fields = _fields_named(py["message"])
+        assert len(fields) == 1 and fields == _fields_named(ours["message"]), (case["origin"], py["message"], ours["message"])
+        named[fields.pop()] += 1
+    # the key alone, and with a fault checked after it, is what both name; a fault checked before wins
+    per_key_and_vector = len(WEAK_SIGNING_KEYS) * 10
+    assert named == {
+        "shuffler_signing_key": per_key_and_vector * 5,
+        "analyzer_key": per_key_and_vector,
+        "epsilon0": per_key_and_vector,
+    }, named

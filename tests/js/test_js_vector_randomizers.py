@@ -123,7 +123,7 @@ def spec_of(params, epsilon0: float, delta0: float) -> RoundSpec:
         epsilon0=epsilon0,
         analyzer_key=bytes(32),
         shuffler_key=bytes(32),
-        shuffler_signing_key=bytes(32),
+        shuffler_signing_key=bytes(range(32)),  # any usable Ed25519 key: nothing is signed here
         min_batch=getattr(params, "min_reports", 1),
         deadline=0.0,
         delta0=delta0,

@@ -36,6 +36,7 @@ import type { PrivacyLedger } from "../ledger/ledger.js";
 import { checkReportValues, randomizeRound, reportRanges } from "../mechanisms/index.js";
 import { SystemSource, type RandomSource } from "../random/source.js";
 import { assignedInstance, clientIdOf } from "../wire/credentials.js";
+import { checkEd25519Key } from "../wire/ed25519Keys.js";
 import { InvalidParameter, RoundExpired, UnknownRound, UntrustedRound } from "../wire/errors.js";
 import { CREDENTIAL_BYTES, SESSION_ID_BYTES, decodeMessage, hasLocalGuarantee, messagesPerUserOf, type RoundSpec } from "../wire/messages.js";
 import { decodeVerified, EnvelopeWrapper, verifiedSpec } from "../wire/onion.js";
@@ -48,7 +49,11 @@ const KEY_BYTES = 32;
 export interface ClientOptions {
   /** The user's local mean: a number, or a vector (one number per coordinate) for vector rounds. */
   localData: number | number[];
-  /** The analyzer's Ed25519 public key (32 bytes): the device answers only specs it signed. */
+  /**
+   * The analyzer's Ed25519 public key (32 bytes): the device answers only specs it signed. A key
+   * anyone could sign under (a small-order point or a non-canonical encoding) is refused, as a
+   * pinned shuffler signing key of that kind is.
+   */
   analyzerSigningKey: Uint8Array;
   /** The 48-byte admission credential issued at enrollment (shown to the shuffler only). */
   credential: Uint8Array;
@@ -127,6 +132,11 @@ function checkKey(key: unknown, name: string): Uint8Array {
   return key.slice();
 }
 
+/** A pinned Ed25519 key, refused if anyone could sign under it (`ed25519Keys.ts`): it would pin nothing. */
+function checkSigningKey(key: unknown, name: string): Uint8Array {
+  return checkEd25519Key(checkKey(key, name), name, KEY_BYTES);
+}
+
 function checkLocalData(data: unknown): number | number[] {
   if (typeof data === "number") {
     if (!Number.isFinite(data)) {
@@ -179,7 +189,7 @@ export class Client {
       throw new InvalidParameter("options", "must be an object");
     }
     this.localData = checkLocalData(options.localData);
-    this.analyzerSigningKey = checkKey(options.analyzerSigningKey, "analyzerSigningKey");
+    this.analyzerSigningKey = checkSigningKey(options.analyzerSigningKey, "analyzerSigningKey");
     if (options.sessionId !== undefined && !(options.sessionId instanceof Uint8Array && options.sessionId.length === SESSION_ID_BYTES)) {
       throw new InvalidParameter("sessionId", `must be the ${SESSION_ID_BYTES}-byte session id the device enrolled for`);
     }
@@ -198,7 +208,7 @@ export class Client {
       throw new InvalidParameter("shufflerKey", "a device pins both of its shuffler's keys (signing and sealing) or neither");
     }
     this.shufflerSigningKey =
-      options.shufflerSigningKey === undefined ? undefined : checkKey(options.shufflerSigningKey, "shufflerSigningKey");
+      options.shufflerSigningKey === undefined ? undefined : checkSigningKey(options.shufflerSigningKey, "shufflerSigningKey");
     this.shufflerKey = options.shufflerKey === undefined ? undefined : checkKey(options.shufflerKey, "shufflerKey");
     const floor = options.minBatchFloor ?? 1;
     if (!Number.isSafeInteger(floor) || floor < 1) {

@@ -17,6 +17,7 @@
 
 import { checkMechanismBudget } from "../mechanisms/budget.js";
 import { type CborMap, type CborValue, type ReadOptions, asBytes, decodeCbor, encodeCbor } from "./cbor.js";
+import { checkEd25519Key } from "./ed25519Keys.js";
 import { InvalidParameter, MalformedMessage, MessageTooLarge, ShuffleDPError, UnsupportedVersion } from "./errors.js";
 
 // ---------------------------------------------------------------------------------------------
@@ -750,6 +751,8 @@ function checkRoundSpec(s: Wire): void {
   bytesOf(s.analyzer_key, X25519_KEY_BYTES, "analyzer_key");
   bytesOf(s.shuffler_key, X25519_KEY_BYTES, "shuffler_key");
   bytesOf(s.shuffler_signing_key, ED25519_KEY_BYTES, "shuffler_signing_key");
+  // a small-order or non-canonical key would let anyone sign as this round's shuffler
+  checkEd25519Key(s.shuffler_signing_key, "shuffler_signing_key", ED25519_KEY_BYTES);
   count(s.max_batch, "max_batch", 1n, BigInt(MAX_BATCH));
   count(s.min_batch, "min_batch", 1n, s.max_batch);
   const floor = minReports(params);

@@ -14,13 +14,17 @@
  * nothing zeroed: the signature travels beside it, in the signed-round-spec).
  *
  * Verification is strict RFC 8032 (`zip215: false` in @noble/curves): non-canonical encodings
- * of points and scalars are refused, as the Python parties' OpenSSL refuses them.
+ * of points and scalars are refused, as the Python parties' OpenSSL refuses them. Before that, a
+ * key that is a small-order point or a non-canonical encoding is refused by the rule of
+ * `protocol/wire/ed25519_keys.py` ({@link weakEd25519Key}), as `protocol/wire/sealing.py::verify`
+ * refuses it: strict verification refuses signatures under such keys too, and both checks stay.
  */
 
 import { ed25519 } from "@noble/curves/ed25519.js";
 import { sha256 } from "@noble/hashes/sha2.js";
 import { concatBytes, utf8ToBytes } from "@noble/hashes/utils.js";
 
+import { weakEd25519Key } from "./ed25519Keys.js";
 import { BadSignature, InvalidParameter } from "./errors.js";
 import { ED25519_KEY_BYTES, SIGNATURE_BYTES } from "./messages.js";
 
@@ -42,9 +46,16 @@ export function specSigningString(specBytes: Uint8Array): Uint8Array {
 
 /**
  * Throws {@link BadSignature} (naming `what` was signed) unless `signature` is `publicKey`'s
- * Ed25519 signature of `data`, verified strictly (RFC 8032; no ZIP-215 leniency).
+ * Ed25519 signature of `data`, verified strictly (RFC 8032; no ZIP-215 leniency). A `publicKey`
+ * under which anyone could sign (a small-order point or a non-canonical encoding:
+ * {@link weakEd25519Key}) is refused before the signature is looked at.
  */
 export function verifyEd25519(publicKey: Uint8Array, data: Uint8Array, signature: Uint8Array, what: string): void {
+  const problem =
+    publicKey instanceof Uint8Array && publicKey.length === ED25519_KEY_BYTES ? weakEd25519Key(publicKey) : undefined;
+  if (problem !== undefined) {
+    throw new BadSignature(`${what} signature refused: the signing key is ${problem}`);
+  }
   let valid = false;
   try {
     valid =

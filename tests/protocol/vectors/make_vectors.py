@@ -62,6 +62,9 @@ ANALYZER_ED25519_SEED = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697
 #: RFC 7748 §6.1 (Bob's private key) and RFC 8032 §7.1 test 2: the shuffler's test keys.
 SHUFFLER_X25519 = bytes.fromhex("5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb")
 SHUFFLER_ED25519_SEED = bytes.fromhex("4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb")
+#: The shuffler's Ed25519 public key (RFC 8032 §7.1 test 2): a usable signing key for refused
+#: specs, so each breaks only its own rule (all zeros would be a small-order point, also refused).
+SHUFFLER_ED25519_PUBLIC = Ed25519PrivateKey.from_private_bytes(SHUFFLER_ED25519_SEED).public_key().public_bytes_raw()
 #: The credential issuer's test key, and the enrolled client of the vectors.
 ISSUER_KEY = bytes(range(0xA0, 0xC0))
 CLIENT_ID = bytes.fromhex("c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1")
@@ -159,7 +162,7 @@ REFUSED = [
      'an outcome is "released" or "failed"', "outcome"),
     ("round-spec-modular-sum-too-few-shares",
      _message("round-spec", session_id=SESSION, round_id=2, epsilon0=1.0, delta0=1e-6, analyzer_key=bytes(32),
-              shuffler_key=bytes(32), shuffler_signing_key=bytes(32), min_batch=30_000, deadline=1_900_000_000.0,
+              shuffler_key=bytes(32), shuffler_signing_key=SHUFFLER_ED25519_PUBLIC, min_batch=30_000, deadline=1_900_000_000.0,
               messages_per_user=3, max_batch=30_000, shuffler_instances=1,
               params={"mechanism": "modular-sum", "lower": 0.0, "upper": 1.0, "precision": 100,
                       "modulus": 2_000_003, "messages": 3, "users": 10_000, "noise": "polya"}),
