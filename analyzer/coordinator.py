@@ -7,7 +7,11 @@ shuffled batch from its signed chunks, opening each as it arrives (until the rou
 deadline plus a grace period). It accepts only chunks signed by the shuffler the
 spec names, takes the first batch id to complete with at least ``min_batch`` valid
 reports, and acknowledges it with a signed :class:`BatchAck`; a signed ``failed``
-outcome from the shuffler ends the wait early. With several shuffler instances the
+outcome from the shuffler ends the wait early. The announcement is published again every
+``reannounce_interval`` seconds until the shuffler shows it opened the round (it relays the
+signed spec on the spec topic) or every instance has sent a chunk or an outcome of the round: a
+broker that drops the announcement to a shuffler that lags (its queue full) does not leave the
+round unopened. With several shuffler instances the
 round has one batch per instance, and a sealed report counts once in the round: a
 copy of one that an earlier batch of the round counted (the same HPKE encapsulated
 key) is dropped as ``duplicate-across-batches``, and does not count towards its
@@ -18,6 +22,7 @@ described as rounds (``analyzer/protocols.py``) this way.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import time
@@ -39,11 +44,15 @@ from shuffledp.analyzer.session_store import (
     failed_round,
 )
 from shuffledp.protocol.wire import codec
-from shuffledp.protocol.transport.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic
+from shuffledp.protocol.transport.channel import Channel, acks_topic, announce_topic, batch_topic, outcome_topic, spec_topic
 from shuffledp.protocol.errors import BatchTooSmall, InvalidParameter, MalformedMessage, ShuffleDPError
 from shuffledp.protocol.wire.messages import MAX_BATCH, SESSION_ID_BYTES, MechanismParams, RoundOutcome, RoundSpec, messages_per_user
 from shuffledp.protocol.wire.onion import decode_verified, verified_spec
 from shuffledp.protocol.wire.report_format import report_format
+
+_log = logging.getLogger(__name__)
+#: Seconds between re-publications of a round's announcement that no shuffler has answered yet.
+REANNOUNCE_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -195,9 +204,14 @@ class Coordinator:
         on_progress: Callable[[int], None] | None = None,
         batch_margin: int | None = None,
         store: SessionStore | None = None,
+        reannounce_interval: float = REANNOUNCE_INTERVAL,
     ) -> None:
         if batch_margin is not None and (not isinstance(batch_margin, int) or batch_margin < 0):
             raise ValueError("batch_margin must be None or a non-negative integer")
+        if not 0 < reannounce_interval < math.inf:
+            raise ValueError("reannounce_interval must be a positive number of seconds")
+        #: Seconds between re-publications of an announcement no shuffler has answered (:meth:`receive_round`).
+        self.reannounce_interval = reannounce_interval
         self.channel = channel
         #: ``max_batch - min_batch`` of the rounds this coordinator announces without an explicit
         #: ``max_batch``: None (the default) for the liveness margin ``analyzer run`` gives its rounds
@@ -222,6 +236,8 @@ class Coordinator:
         self.on_progress = on_progress
         #: Bytes on a batch topic that were not a batch of the round, by reason.
         self.rejected_batches: Counter = Counter()
+        #: Announcements published again because no shuffler had answered them yet.
+        self.reannounced: int = 0
 
     async def run_round(
         self,
@@ -330,17 +346,19 @@ class Coordinator:
         result there, because an acknowledged batch is deleted by the shuffler, and a
         result not yet written when the process dies would be lost for good."""
         subscriptions = []
-        for instance in range(spec.shuffler_instances):
-            subscriptions.append(("batch", await self.channel.subscribe(batch_topic(spec.session_id, spec.round_id, instance))))
-            subscriptions.append(("outcome", await self.channel.subscribe(outcome_topic(spec.session_id, spec.round_id, instance))))
         signed_spec = b""
         try:
+            for instance in range(spec.shuffler_instances):
+                subscriptions.append(("batch", instance, await self.channel.subscribe(batch_topic(spec.session_id, spec.round_id, instance))))
+                subscriptions.append(("outcome", instance, await self.channel.subscribe(outcome_topic(spec.session_id, spec.round_id, instance))))
             if announce:
                 signed_spec = self.analyzer.sign_spec(spec)
+                # before the announcement: the shuffler's relay of it says the round is open
+                subscriptions.append(("spec", -1, await self.channel.subscribe(spec_topic(spec.session_id))))
                 await self.channel.publish(announce_topic(spec.session_id), signed_spec, retain=True)
-            batches, failed = await self._collect_batches(spec, subscriptions)
+            batches, failed = await self._collect_batches(spec, subscriptions, signed_spec)
         finally:
-            for _, subscription in subscriptions:
+            for _, _, subscription in subscriptions:
                 await subscription.close()
         record = _record(spec, batches, failed, signed_spec)
         if before_ack is not None:
@@ -352,8 +370,14 @@ class Coordinator:
         for batch_id in batch_ids:
             await self.channel.publish(acks_topic(spec.session_id), self.analyzer.acknowledge(spec, batch_id))
 
-    async def _collect_batches(self, spec: RoundSpec, subscriptions) -> tuple[list[_Batch], int]:
+    async def _collect_batches(self, spec: RoundSpec, subscriptions, signed_spec: bytes = b"") -> tuple[list[_Batch], int]:
         """Assemble and open the round's batches, signed by its shuffler, until every instance is heard from.
+
+        With ``signed_spec`` (the round was announced here), the announcement is published again
+        every :attr:`reannounce_interval` seconds until the spec topic carries those very bytes (the
+        shuffler relays them when it opens the round; with one instance that settles it) or every
+        instance has sent a chunk or an outcome of the round. A repeated announcement is the same
+        signed bytes: a shuffler that has the round open, or served it, ignores it.
 
         Anyone who can publish to a batch topic can send bytes there; anything that is
         not a chunk of this round signed by the spec's shuffler is counted in
@@ -370,18 +394,34 @@ class Coordinator:
         assemblies: dict[bytes, _Assembly] = {}
         completed: dict[bytes, _Batch] = {}
         failed: set[int] = set()
+        heard: set[int] = set()  # instances that sent a chunk or an outcome of the round
+        announcing = bool(signed_spec)
+        reannounce_at = loop.time() + self.reannounce_interval
         inbox: asyncio.Queue = asyncio.Queue()
-        pumps = [asyncio.create_task(_pump(sub, kind, inbox)) for kind, sub in subscriptions]
+        pumps = [asyncio.create_task(_pump(sub, kind, instance, inbox)) for kind, instance, sub in subscriptions]
         try:
             while len(completed) + len(failed) < spec.shuffler_instances:
-                remaining = deadline - loop.time()
+                now = loop.time()
+                remaining = deadline - now
                 if remaining <= 0:
                     break
+                if announcing and now >= reannounce_at:
+                    await self._reannounce(spec, signed_spec)
+                    reannounce_at = loop.time() + self.reannounce_interval
+                    continue
+                wait = min(remaining, reannounce_at - now) if announcing else remaining
                 try:
-                    async with asyncio.timeout(remaining):  # not wait_for: see Shuffler.run_round
-                        kind, data = await inbox.get()
+                    async with asyncio.timeout(wait):  # not wait_for: see Shuffler.run_round
+                        kind, instance, data = await inbox.get()
                 except TimeoutError:
-                    break
+                    continue  # the deadline or a re-announcement: the loop's head decides
+                if kind == "spec":
+                    if data == signed_spec and spec.shuffler_instances == 1:
+                        announcing = False  # the shuffler opened the round
+                    continue
+                heard.add(instance)
+                if len(heard) == spec.shuffler_instances:
+                    announcing = False
                 if kind == "outcome":
                     instance = self._failed_instance(spec, data)
                     if instance is not None:
@@ -398,6 +438,16 @@ class Coordinator:
             why = f"the shuffler reports the round failed ({len(failed)} of {spec.shuffler_instances} instance(s))" if failed else "no batch by the deadline"
             raise BatchTooSmall(f"round {spec.round_id}: {why}; no batch of at least {spec.min_batch} reports")
         return list(completed.values()), len(failed)
+
+    async def _reannounce(self, spec: RoundSpec, signed_spec: bytes) -> None:
+        """Publish a round's announcement again (retained, the same bytes); a broker that does not take
+        it is logged, and the next interval tries again."""
+        try:
+            await self.channel.publish(announce_topic(spec.session_id), signed_spec, retain=True)
+            self.reannounced += 1
+        except ShuffleDPError as exc:
+            _log.warning("analyzer: round %d: announcement not published again (next try in %g s): %s",
+                         spec.round_id, self.reannounce_interval, exc)
 
     def _failed_instance(self, spec: RoundSpec, data: bytes) -> int | None:
         """The instance whose signed outcome says the round failed there, else None."""
@@ -490,10 +540,10 @@ class Coordinator:
                 return done.value, records
 
 
-async def _pump(subscription, kind: str, inbox: asyncio.Queue) -> None:
-    """Forward a subscription's messages into a shared inbox, tagged with their kind."""
+async def _pump(subscription, kind: str, instance: int, inbox: asyncio.Queue) -> None:
+    """Forward a subscription's messages into a shared inbox, tagged with their kind and instance."""
     while True:
-        inbox.put_nowait((kind, await subscription.get()))
+        inbox.put_nowait((kind, instance, await subscription.get()))
 
 
 def _record(spec: RoundSpec, batches: list[_Batch], failed: int, signed_spec: bytes = b"") -> RoundRecord:

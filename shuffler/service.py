@@ -46,6 +46,12 @@ topic), the shuffler
    the spool, it is never published again, and a signed ``failed`` outcome (reason
    ``not-acknowledged``) tells its clients.
 
+Every signed round outcome (``released`` or ``failed``) the broker does not take is published
+again at each re-publishing pass until it is out (:meth:`Shuffler._announce_outcome`). The
+analyzer's announcements and acknowledgements are read on ``control_channel`` when one is given
+(``shuffler serve`` gives a second MQTT connection), so no client traffic shares their broker
+queue (see :class:`Shuffler`).
+
 Bad input never stops the service: admission raises only typed errors, and a
 last-resort guard counts anything else as ``internal-error`` (a bug to fix, never
 seen in the fuzz suite) instead of ending the task. Neither does a spool that cannot
@@ -507,6 +513,21 @@ class Shuffler:
     clients who answer before the deadline are never dropped because ``min_batch``
     was reached early.
 
+    The analyzer's messages: its announcement of a round and its acknowledgement of a batch
+    reach the shuffler once each (the announcement is re-sent only to a new subscription, as
+    a retained message). Over MQTT the broker holds a bounded queue per connection and drops
+    what comes past it for a party that lags; a connection that also reads an open round's
+    reports topic, where every client account may publish, can have that queue filled by a
+    flood, and then an announcement dropped there leaves its round unopened (it fails at its
+    deadline), and an acknowledgement dropped there makes the shuffler give up a batch the
+    analyzer counted. So ``control_channel``, when given (``shuffler serve`` gives one:
+    :meth:`~shuffledp.protocol.transport.mqtt_channel.MqttChannel.companion`, a second
+    connection), carries the announce and acks subscriptions and nothing else: only the
+    analyzer's account may publish there (``TOPIC_ACCESS``), so no client traffic shares its
+    queue. Reports, receipts, batches and outcomes stay on ``channel``, and each is recovered
+    end to end if the broker drops it: devices send an envelope again until a receipt names
+    it, batches are re-published until acknowledged, and outcomes until the broker takes them.
+
     Durability: with a file-backed ``spool`` (:class:`~shuffledp.shuffler.spool.SqliteSpool`),
     a shuffler restarted after ``kill -9`` resumes the session's open rounds with their
     admission state, re-publishes unacknowledged batches and never re-opens a
@@ -530,6 +551,7 @@ class Shuffler:
         storage_retry_interval: float = STORAGE_RETRY_INTERVAL,
         ack_timeout: float = ACK_TIMEOUT,
         clock=time.time,
+        control_channel: Channel | None = None,
     ) -> None:
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError("chunk_size must be a positive integer")
@@ -540,6 +562,9 @@ class Shuffler:
         #: With ``workers`` > 1, large bursts' outer layers are opened on that many processes.
         self.opener_pool = OuterLayerPool(keys.hpke_private, workers) if workers > 1 else None
         self.channel = channel
+        #: Where the analyzer's announcements and acknowledgements are read (``channel`` if None):
+        #: see the class docstring.
+        self.control_channel = control_channel if control_channel is not None else channel
         self.session_id = session_id
         self.analyzer_signing_key = analyzer_signing_key
         self.keys = keys
@@ -568,15 +593,15 @@ class Shuffler:
         #: From when (``clock``) each unacknowledged batch's ``ack_timeout`` runs: its round's deadline,
         #: or when this process released or first re-published it, whichever is later.
         self._published_at: dict[bytes, float] = {}
-        #: Signed ``failed`` outcomes of given-up batches that the broker has not taken yet, by batch id.
-        self._expiries_unannounced: dict[bytes, tuple] = {}
+        #: Signed round outcomes the broker has not taken yet, the latest of each round, by (session id, round id).
+        self._outcomes_unannounced: dict[tuple[bytes, int], tuple] = {}
         self.started = time.time()
 
     # ------------------------------------------------------------------ serving
     async def serve(self) -> None:
         """Resume from the spool, then serve announced rounds and acknowledgements until cancelled."""
-        announcements = await self.channel.subscribe(announce_topic(self.session_id))
-        acks = await self.channel.subscribe(acks_topic(self.session_id))
+        announcements = await self.control_channel.subscribe(announce_topic(self.session_id))
+        acks = await self.control_channel.subscribe(acks_topic(self.session_id))
         ack_task = asyncio.create_task(self._serve_acks(acks))
         republish_task = asyncio.create_task(self._republish_periodically())
         try:
@@ -726,10 +751,7 @@ class Shuffler:
         except ShuffleDPError as exc:  # e.g. the broker away longer than a publish waits
             _log.warning("shuffler: round %d released, its batch not published yet (published again every %g s "
                          "until acknowledged): %s", spec.round_id, self.republish_interval, exc)
-        try:
-            await self._publish_outcome(spec, "released", "", stats.admitted, batch_id)
-        except ShuffleDPError as exc:
-            _log.warning("shuffler: round %d released, its released outcome not published: %s", spec.round_id, exc)
+        await self._publish_outcome(spec, "released", "", stats.admitted, batch_id)
         _log.info("shuffler: round %d released %d reports in %d chunk(s)", spec.round_id, stats.admitted, len(chunks))
         return stats
 
@@ -767,7 +789,20 @@ class Shuffler:
     async def _publish_outcome(
         self, spec: RoundSpec, outcome: str, reason: str, admitted: int, batch_id: bytes = bytes(BATCH_ID_BYTES)
     ) -> None:
-        await self._publish_round_outcome(spec.session_id, spec.round_id, spec.digest, outcome, reason, admitted, batch_id)
+        """Sign and publish a round's outcome (:meth:`_announce_outcome`: never raises, re-sent until out)."""
+        await self._announce_outcome((spec.session_id, spec.round_id, spec.digest, outcome, reason, admitted, batch_id))
+
+    async def _announce_outcome(self, outcome: tuple) -> None:
+        """Publish a round's signed outcome (the arguments of :meth:`_publish_round_outcome`), now if the
+        broker takes it, else at every re-publishing pass (every ``republish_interval`` seconds) until
+        it does: a device learns its round's fate from it, so a ``released`` or ``failed`` outcome
+        the broker refused (it was away longer than a publish waits) is never left unsent. A round
+        has one outcome pending at a time, its latest: a given-up batch's ``failed`` outcome takes the
+        place of its round's ``released`` one not yet out, so the retained outcome the broker ends up
+        holding is the round's last word. Never raises: the round's state is in the spool whatever
+        becomes of its announcement."""
+        self._outcomes_unannounced[(outcome[0], outcome[1])] = outcome
+        await self._announce_outcomes()
 
     async def _publish_round_outcome(
         self, session_id: bytes, round_id: int, spec_digest: bytes, outcome: str, reason: str, admitted: int,
@@ -784,7 +819,7 @@ class Shuffler:
         give up (:meth:`_expire`) those unacknowledged for ``ack_timeout`` seconds."""
         count = 0
         now = self.clock()
-        await self._announce_expiries()
+        await self._announce_outcomes()
         for stored in self.spool.unacknowledged():
             if stored.session_id == self.session_id and stored.batch_id not in self._acks_unwritten:
                 since = self._published_at.get(stored.batch_id)
@@ -842,20 +877,20 @@ class Shuffler:
             stats.outcome = NOT_ACKNOWLEDGED
         _log.warning("shuffler: round %d: batch %s not acknowledged %g s after the round's deadline: given up, deleted",
                      round_id, batch_id.hex(), self.ack_timeout)
-        self._expiries_unannounced[batch_id] = (session_id, round_id, digest, "failed", NOT_ACKNOWLEDGED, admitted, batch_id)
-        await self._announce_expiries()
+        await self._announce_outcome((session_id, round_id, digest, "failed", NOT_ACKNOWLEDGED, admitted, batch_id))
 
-    async def _announce_expiries(self) -> None:
-        """Publish the signed ``failed`` outcome of every given-up batch not announced yet; one the
-        broker does not take stays pending for the next pass (``republish_unacknowledged``)."""
-        for batch_id, outcome in list(self._expiries_unannounced.items()):
+    async def _announce_outcomes(self) -> None:
+        """Publish every round outcome not announced yet (:meth:`_announce_outcome`), oldest first; at the
+        first the broker does not take, stop: they stay pending for the next pass (``republish_unacknowledged``)."""
+        for key, outcome in list(self._outcomes_unannounced.items()):
             try:
                 await self._publish_round_outcome(*outcome)
-            except Exception as exc:  # noqa: BLE001 - the round is failed for good: its outcome must still go out
-                _log.error("shuffler: round %d: the given-up batch's failed outcome not published (retried every %g s): %s",
-                           outcome[1], self.republish_interval, exc, exc_info=not isinstance(exc, ShuffleDPError))
+            except Exception as exc:  # noqa: BLE001 - the round's state is final: its outcome must still go out
+                _log.error("shuffler: round %d: its %s outcome not published (retried every %g s): %s",
+                           outcome[1], outcome[3], self.republish_interval, exc, exc_info=not isinstance(exc, ShuffleDPError))
                 return
-            del self._expiries_unannounced[batch_id]
+            if self._outcomes_unannounced.get(key) is outcome:  # not replaced by a later outcome meanwhile
+                del self._outcomes_unannounced[key]
 
     async def _republish_periodically(self) -> None:
         while True:

@@ -320,6 +320,22 @@ class MqttChannel:
         self.republished = 0
         self.last_error: str | None = None
 
+    def companion(self, suffix: str) -> "MqttChannel":
+        """A new, unconnected channel to the same broker with the same account, TLS and options, and
+        the client id ``<this channel's>-<suffix>``: a second MQTT connection, so a second broker
+        session with a queue of its own. A party reads on it the topics that must not share a
+        queue with a flood (the shuffler: the analyzer's announcements and acknowledgements,
+        beside reports topics every client account may publish to; see ``Shuffler``)."""
+        if not suffix or not all(c.isalnum() or c in "-_" for c in suffix):
+            raise ValueError(f"suffix must be letters, digits, '-' or '_', got {suffix!r}")
+        return MqttChannel(
+            self.hostname, self.port, first_connect_retry=self.first_connect_retry,
+            identifier=f"{self.identifier}-{suffix}", username=self.username, password=self._password,
+            tls_ca_file=self.tls_ca_file, reconnect=self.reconnect, max_backoff=self.max_backoff,
+            publish_timeout=self.publish_timeout, queue_limit=self.queue_limit, connect_timeout=self.connect_timeout,
+            max_inflight_publishes=self._max_inflight_publishes, keepalive=self.keepalive,
+        )
+
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> "MqttChannel":

@@ -123,6 +123,9 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
         raise UsageError("--stats-interval and --log-interval must be > 0")
     side = load_shuffler(args.keys)
     channel = mqtt_channel(args, "shuffler")
+    # The analyzer's announcements and acknowledgements on a connection of their own, whose broker
+    # queue no client account can fill (see Shuffler): the same account, a second client id.
+    control = channel.companion("control")
     try:
         spool = SqliteSpool(args.spool, durable_against_power_loss=args.durable)
     except (sqlite3.Error, SpoolError) as exc:
@@ -135,14 +138,14 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
             shuffler = Shuffler(
                 channel, side.session_id, side.analyzer_signing_key, side.shuffler_keys, side.issuer,
                 spool=spool, chunk_size=args.chunk_size, republish_interval=args.republish_interval,
-                instance=args.instance, workers=args.workers,
+                instance=args.instance, workers=args.workers, control_channel=control,
             )
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
         def snapshot() -> dict[str, Any]:
             stats = shuffler.stats()
-            stats.update(transport=transport_stats(channel), instance=args.instance, spool=str(args.spool),
+            stats.update(transport=transport_stats(channel), control_transport=transport_stats(control), instance=args.instance, spool=str(args.spool),
                          pid=os.getpid(), written_at=time.time())
             return with_run_info(stats, args)
 
@@ -155,6 +158,7 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
                 metrics = None
                 raise UsageError(f"--metrics-port: cannot listen on {args.metrics_host}:{args.metrics_port} ({exc})") from None
         await channel.connect()
+        await control.connect()
         log.info(
             "serving session %s (instance %d) on %s%s; spool %s: %d open round(s) to resume, %d unacknowledged batch(es)%s",
             side.session_id.hex(), args.instance, channel.address, " (TLS)" if args.ca_file else "", args.spool,
@@ -187,10 +191,11 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
     finally:
         if metrics is not None:
             await metrics.close()
-        try:
-            await channel.close()
-        except TransportError:
-            pass
+        for opened in (control, channel):
+            try:
+                await opened.close()
+            except TransportError:
+                pass
         spool.close()
 
 

@@ -399,9 +399,12 @@ ROLE_RETAINED_SUFFIXES: dict[str, tuple[str, ...]] = {
 #: is for a device *process* that restarts (new client id) while the broker still holds
 #: its dead connection, which it notices only after 1.5 keepalives (90 s by default),
 #: and for a subscriber beside a publisher. Service accounts get a few: several shuffler
-#: instances, or an audit beside a service, share an account, never hundreds. A fleet
-#: that shares one client username needs its size here (``--client-connections``).
-ROLE_CONNECTIONS: dict[str, int] = {"analyzer": 8, "shuffler": 8, "client": 2}
+#: instances, or an audit beside a service, share an account, never hundreds. Each
+#: shuffler process holds two connections (the second reads only the analyzer's
+#: announcements and acknowledgements, so that no client flood shares its queue: see
+#: ``Shuffler``), hence twice the analyzer's. A fleet that shares one client username
+#: needs its size here (``--client-connections``).
+ROLE_CONNECTIONS: dict[str, int] = {"analyzer": 8, "shuffler": 16, "client": 2}
 #: ``(mqtt5, persistent_sessions)`` per role (:class:`RoleLimits`). The parties all speak
 #: MQTT 3.1.1 with clean sessions; client accounts, held by every device, are held to it.
 ROLE_MQTT5_AND_SESSIONS: dict[str, tuple[bool, bool]] = {"analyzer": (True, True), "shuffler": (True, True), "client": (False, False)}
