@@ -368,9 +368,10 @@ def sylvester_hadamard(K: int) -> np.ndarray:
     """The K x K Sylvester-Hadamard matrix, ``H[j, v] = (-1)^popcount(j & v)``."""
     if K < 1 or (K & (K - 1)) != 0:
         raise InvalidParameter("K", f"must be a power of two, got {K}")
-    j = np.arange(K)[:, None]
-    v = np.arange(K)[None, :]
-    parity = np.vectorize(lambda x: bin(int(x)).count("1") & 1)(j & v)
+    parity = np.arange(K, dtype=np.int64)[:, None] & np.arange(K, dtype=np.int64)[None, :]
+    for shift in (32, 16, 8, 4, 2, 1):  # fold the bits onto bit 0 by xor: popcount(x) & 1
+        parity ^= parity >> shift
+    parity &= 1
     return (1 - 2 * parity).astype(np.int8)
 
 

@@ -21,14 +21,19 @@ ROOT = Path(__file__).resolve().parents[2]
 DEVICE_PACKAGES = {"shuffledp", "numpy", "cbor2", "cryptography", "cffi", "pycparser", "pip", "setuptools"}
 
 
+def _pip(env_dir: Path, *args: str) -> list[str]:
+    """This interpreter's pip working on the device environment (``pip --python``): the environment
+    needs no pip of its own, so it is created without one (ensurepip cost seconds per run)."""
+    return [sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), *args]
+
+
 @pytest.fixture(scope="module")
 def device_env(tmp_path_factory) -> Path:
     env_dir = tmp_path_factory.mktemp("device") / "venv"
-    venv.create(env_dir, with_pip=True)
-    python = env_dir / "bin" / "python"
+    venv.create(env_dir, with_pip=False)
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         "-c", str(ROOT / "requirements" / "test.lock"), "-e", str(ROOT)],
+        _pip(env_dir, "install", "-q", "--disable-pip-version-check",
+             "-c", str(ROOT / "requirements" / "test.lock"), "-e", str(ROOT)),
         check=True, capture_output=True, text=True, timeout=240,
     )
     return env_dir
@@ -41,7 +46,7 @@ def _run(env_dir: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_device_install_holds_only_the_device_dependencies(device_env):
-    out = _run(device_env, str(device_env / "bin" / "python"), "-m", "pip", "list", "--format=freeze")
+    out = _run(device_env, *_pip(device_env, "list", "--format=freeze", "--disable-pip-version-check"))
     names = {line.split("==")[0].split(" ")[0].lower() for line in out.stdout.split()}
     assert names, out.stderr
     assert names <= DEVICE_PACKAGES, f"the device install pulled in {sorted(names - DEVICE_PACKAGES)}"
