@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import shutil
 import subprocess
 from pathlib import Path
@@ -71,3 +72,16 @@ def run_node(script: str | Path, *args: str, input: bytes | None = None, timeout
 def run_node_json(script: str | Path, request: object, timeout: float = 600) -> object:
     """Send ``request`` as JSON on stdin to a Node script and read its JSON answer from stdout."""
     return json.loads(run_node(script, input=json.dumps(request).encode(), timeout=timeout))
+
+
+@pytest.fixture
+def processes():
+    """Processes a test starts (append them); any still running at the end is resumed (it may have
+    been paused with SIGSTOP) and killed, by its own pid."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+            p.wait(10)

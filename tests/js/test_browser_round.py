@@ -57,16 +57,6 @@ def _require(path: str | None, what: str) -> str:
 
 
 @pytest.fixture
-def processes():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-
-
-@pytest.fixture
 def broker():
     b = start_broker(ACCOUNTS, websocket=True)
     yield b

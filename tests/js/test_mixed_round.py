@@ -11,7 +11,6 @@ device's report, and the estimate must be within the analyzer's stated error of 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
@@ -41,17 +40,6 @@ PROCESS_TIMEOUT = 180
 #: The session's local epsilon (split over its two rounds), and every device's ledger budget: large
 #: enough that the randomizers' noise leaves the estimate a standard error small enough to mean something.
 EPSILON0 = 4.0
-
-
-@pytest.fixture
-def processes():
-    """Processes a test starts; any still running at the end are killed (by their own pid)."""
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
 
 
 @pytest.fixture(scope="module")

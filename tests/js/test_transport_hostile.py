@@ -45,16 +45,6 @@ def broker():
     b.close()
 
 
-@pytest.fixture
-def processes():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-
-
 def hostile_specs(session_id: bytes) -> list[bytes]:
     """Payloads for the spec topic: junk, an empty map, one over the signed spec's 25 KiB limit, and a
     well-formed spec of this session signed by an analyzer key no device pinned."""

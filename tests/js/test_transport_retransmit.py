@@ -42,18 +42,6 @@ def broker():
     b.close()
 
 
-@pytest.fixture
-def processes():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            if p.returncode is None:
-                os.kill(p.pid, signal.SIGCONT)  # a paused process cannot act on SIGKILL's clean-up otherwise
-            p.kill()
-            p.wait(10)
-
-
 async def test_unreceipted_envelopes_are_sent_again_and_admitted_once(js_package, broker, tmp_path, processes):
     keys = tmp_path / "keys"
     public = init_keys(keys, clients=USERS)
