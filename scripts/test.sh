@@ -90,7 +90,7 @@ export PATH="$PWD/$venv/bin:$PATH"
 status=0
 # The JavaScript client's own tests (Node's test runner), then the Python suite, which
 # also runs the JavaScript client against the Python parties (tests/js/).
-(cd js && node --test test/*.test.mjs) || status=$?
+(cd js && node --test --test-reporter=dot test/*.test.mjs) || status=$?
 # shellcheck disable=SC2086  # $workers is two words or none
 "$venv/bin/python" -m pytest -q -p no:cacheprovider $workers "${pytest_args[@]}" || status=$?
 exit "$status"
