@@ -23,7 +23,8 @@ topic), the shuffler
    receipts topic names the nonces admitted and refused (refusals of a credential that
    does not verify only up to ``UNVERIFIED_REFUSALS_PER_ROUND`` per round, so forged
    credentials cannot buy signed answers in bulk). An exact retransmission of
-   an admitted envelope is acknowledged again, never counted twice;
+   an admitted envelope is acknowledged again (up to ``RETRANSMISSION_ACKS`` times a
+   round, so neither can a valid credential resending it), never counted twice;
 4. once ``max_batch`` envelopes are admitted, or at the deadline, releases the round
    if it holds at least ``min_batch``: keeps only the sealed reports, permutes them
    with the OS CSPRNG (:func:`secure_permutation`), cuts the batch into signed chunks
@@ -128,6 +129,11 @@ REFUSALS_PER_CREDENTIAL = 8
 #: signed refusals per round, not one each. An honest device holds a valid credential, so its
 #: refusals are charged to its own client id, never here.
 UNVERIFIED_REFUSALS_PER_ROUND = REFUSALS_PER_CREDENTIAL
+#: Times one admitted envelope's exact retransmission is named again in a round's receipts (its client
+#: may have missed the receipt); later copies are dropped unanswered (still counted as retransmitted).
+#: Every receipt is signed and reaches every device of the round, so without this bound one valid
+#: credential would buy signed answers without limit by resending its admitted envelope.
+RETRANSMISSION_ACKS = REFUSALS_PER_CREDENTIAL
 #: Most envelopes admitted (and spooled) in one group commit, and named in one receipts message.
 BURST = 4096
 #: Seconds between attempts to write a round's opening or release the spool could not write.
@@ -212,6 +218,8 @@ class RoundAdmission:
         self.refusals: Counter = Counter()
         #: Refusals named in receipts whose credential did not verify (UNVERIFIED_REFUSALS_PER_ROUND at most).
         self.unverified_refusals = 0
+        #: Times each admitted nonce was named again for a retransmission (RETRANSMISSION_ACKS at most).
+        self.reacknowledged: Counter = Counter()
         self.nonces: dict[bytes, bytes] = {}  # nonce -> sealed report
         self.sealed_seen: set[bytes] = set()
         self.payloads: list[bytes] = []
@@ -289,7 +297,8 @@ class RoundAdmission:
         envelopes whose outer layer opened are named (by nonce) in the receipts,
         except ``rate-limited`` ones and, past the round's first
         ``UNVERIFIED_REFUSALS_PER_ROUND``, those whose credential does not verify, which
-        are dropped unanswered.
+        are dropped unanswered. An exact retransmission of an admitted envelope is named
+        admitted again up to ``RETRANSMISSION_ACKS`` times a round, then dropped unanswered.
         """
         return self._admit_opened(self._open_all(unpack_envelopes(items, self.opener.format.size)))
 
@@ -336,10 +345,13 @@ class RoundAdmission:
                 pending.add(admitted)
         if pending.envelopes:
             self._commit(pending.envelopes, receipts)  # a storage failure is counted and logged there
+        reacknowledged = self.reacknowledged
         for nonce in retransmitted:  # named admitted only once its original is committed
             if nonce in self.nonces:
                 self.stats.retransmitted += 1
-                receipts.admitted.append(nonce)
+                if reacknowledged[nonce] < RETRANSMISSION_ACKS:  # then unanswered: signed answers stay bounded
+                    reacknowledged[nonce] += 1
+                    receipts.admitted.append(nonce)
         return receipts
 
     def _admissible_burst(self, opened_items: list) -> list[AdmittedEnvelope] | None:
@@ -595,6 +607,8 @@ class Shuffler:
         self._published_at: dict[bytes, float] = {}
         #: Signed round outcomes the broker has not taken yet, the latest of each round, by (session id, round id).
         self._outcomes_unannounced: dict[tuple[bytes, int], tuple] = {}
+        #: Rounds (session id, round id) whose ``failed`` outcome this process announced: final, nothing follows it.
+        self._failed_outcomes: set[tuple[bytes, int]] = set()
         self.started = time.time()
 
     # ------------------------------------------------------------------ serving
@@ -799,9 +813,17 @@ class Shuffler:
         the broker refused (it was away longer than a publish waits) is never left unsent. A round
         has one outcome pending at a time, its latest: a given-up batch's ``failed`` outcome takes the
         place of its round's ``released`` one not yet out, so the retained outcome the broker ends up
-        holding is the round's last word. Never raises: the round's state is in the spool whatever
-        becomes of its announcement."""
-        self._outcomes_unannounced[(outcome[0], outcome[1])] = outcome
+        holding is the round's last word. Outcomes go only forward, as devices take them: once a
+        round's ``failed`` outcome is announced (or pending), a ``released`` one for it is dropped, so
+        a round given up while its own task still waited to publish its batch and ``released``
+        outcome is never announced released after it failed. Never raises: the round's state is in
+        the spool whatever becomes of its announcement."""
+        key = (outcome[0], outcome[1])
+        if key in self._failed_outcomes:
+            return  # a failed outcome is final: nothing follows it
+        if outcome[3] != "released":
+            self._failed_outcomes.add(key)
+        self._outcomes_unannounced[key] = outcome
         await self._announce_outcomes()
 
     async def _publish_round_outcome(
