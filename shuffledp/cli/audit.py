@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from shuffledp.cli.common import EXIT_USAGE, add_json_option, central_delta_arg, default_delta, fail
+from shuffledp.cli.common import EXIT_INTERRUPTED, EXIT_USAGE, add_json_option, central_delta_arg, default_delta, fail
 from shuffledp.cli.run_info import with_run_info
 from shuffledp.progress import progress_bar, pyplot, save_figure
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
@@ -329,6 +329,9 @@ def _run_client(args: argparse.Namespace) -> int:
             result = run_client_audit(args.client, args.quick, args.seed, progress=step)
     except ShuffleDPError as exc:  # the command cannot start, fails, or breaks the protocol; bad parameters
         return fail("audit", exc, EXIT_USAGE)
+    except KeyboardInterrupt:  # the client's process is ended on the way out (ExternalClient closes it)
+        print("shuffledp audit: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     try:
         print(json.dumps(with_run_info(result, args), indent=2, default=float) if args.json else format_audit(result))
     except BrokenPipeError:

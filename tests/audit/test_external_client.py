@@ -8,9 +8,13 @@ protocol ends the audit with one typed line (exit status 2), never a traceback.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import struct
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -235,3 +239,30 @@ def test_law_equality_statistic_accepts_one_law_and_rejects_another():
 
     statistic, dof = two_sample_chi_square(reports(), reports())
     assert dof == 15 and chi2.sf(statistic, dof) >= 1e-3
+
+
+def test_ctrl_c_during_a_client_audit_is_one_line_and_status_130(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while the audit waits on
+    its client: one line on stderr, exit status 130, no traceback, and the client's process ended."""
+    started = tmp_path / "started"
+    client = tmp_path / "slow_client.py"
+    client.write_text(
+        "import pathlib, sys, time\n"
+        "sys.stdin.readline()\n"
+        f"pathlib.Path({str(started)!r}).write_text('asked')\n"
+        "time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-m", "shuffledp.cli", "audit", "--quick", "--client", f"{sys.executable} {client}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120  # a safety limit only: the wait ends when the client is asked
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the audit never asked its client"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in err.splitlines() if " runs (" not in line]
+    assert proc.returncode == 130 and lines == ["shuffledp audit: interrupted"] and "Traceback" not in err, err
