@@ -65,6 +65,7 @@ import os
 import select
 import selectors
 import shlex
+import signal
 import struct
 import subprocess
 import threading
@@ -162,6 +163,28 @@ class ExternalClientError(ShuffleDPError):
 # --------------------------------------------------------------------------
 
 
+#: Signals only the main thread may take: Ctrl-C and a polite stop.
+_MAIN_THREAD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _start_without_signals(thread: threading.Thread) -> None:
+    """Start ``thread`` with Ctrl-C and SIGTERM blocked in it.
+
+    A signal sent to the process goes to any thread that does not block it. Taken by a helper
+    thread, Python's handler would run only when the main thread next executes bytecode, which
+    its wait on the command's output (up to the whole timeout) delays. A new thread inherits
+    the mask of the thread that starts it, so the mask is set around ``start()`` and restored;
+    a signal arriving meanwhile stays pending for the main thread."""
+    if not hasattr(signal, "pthread_sigmask"):  # no per-thread masks (Windows): nothing to route
+        thread.start()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _MAIN_THREAD_SIGNALS)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _placeholder(label: str, size: int) -> bytes:
     return hashlib.sha256(f"shuffledp/audit/external/{label}".encode()).digest()[:size]
 
@@ -235,7 +258,7 @@ class ExternalClient:
         except OSError as exc:
             raise ExternalClientError(f"cannot start {_one_line(self.label)!r}: {exc.strerror or exc}") from None
         self._process = process
-        threading.Thread(target=self._drain_stderr, args=(process.stderr,), daemon=True).start()
+        _start_without_signals(threading.Thread(target=self._drain_stderr, args=(process.stderr,), daemon=True))
         self._selector = selectors.DefaultSelector()
         self._selector.register(process.stdout, selectors.EVENT_READ)
         return process

@@ -14,6 +14,7 @@ import subprocess
 import struct
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -239,6 +240,31 @@ def test_law_equality_statistic_accepts_one_law_and_rejects_another():
 
     statistic, dof = two_sample_chi_square(reports(), reports())
     assert dof == 15 and chi2.sf(statistic, dof) >= 1e-3
+
+
+def _blocked_signals(native_id: int) -> int:
+    """The signal mask of one thread of this process (Linux: ``SigBlk`` of /proc/self/task/ID/status)."""
+    with open(f"/proc/self/task/{native_id}/status") as status:
+        for line in status:
+            if line.startswith("SigBlk:"):
+                return int(line.split()[1], 16)
+    raise AssertionError("no SigBlk line")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads thread signal masks from Linux's /proc")
+def test_the_stderr_reader_thread_never_takes_ctrl_c_from_the_main_thread(tmp_path):
+    """A signal sent to the process (Ctrl-C, SIGTERM) goes to any thread that does not block it.
+    Taken by the thread that drains the command's stderr, it would not wake the main thread's
+    wait on the command's output, and Ctrl-C would do nothing for up to the whole timeout
+    (120 s by default). So that thread blocks both; the main thread blocks neither."""
+    command = write_client(tmp_path, "silent.py", "import sys, time\nsys.stdin.readline()\ntime.sleep(60)\n")
+    before = {thread.native_id for thread in threading.enumerate()}
+    with ExternalClient(command, timeout=5.0):
+        started = [thread for thread in threading.enumerate() if thread.native_id not in before]
+        assert len(started) == 1
+        wanted = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+        assert _blocked_signals(started[0].native_id) & wanted == wanted
+        assert _blocked_signals(threading.main_thread().native_id) & wanted == 0
 
 
 def test_ctrl_c_during_a_client_audit_is_one_line_and_status_130(tmp_path):
