@@ -11,7 +11,7 @@ from shuffledp.cli import main
 
 @pytest.mark.parametrize(
     "protocol,extra",
-    [("sum", []), ("vector-sum", ["-d", "5"]), ("mean", []), ("vector-mean", ["-d", "4", "-e", "4"]), ("distribution", ["-d", "4", "-e", "4"])],
+    [("sum", []), ("vector-sum", ["-d", "2"]), ("mean", []), ("vector-mean", ["-d", "4", "-e", "4"]), ("distribution", ["-d", "4", "-e", "4"])],
 )
 @pytest.mark.parametrize("path", ["--fast", "--messages"])
 def test_every_protocol_runs_on_both_paths(protocol, extra, path, capsys, tmp_path):
