@@ -415,7 +415,9 @@ class MqttChannel:
                 password=self._password,
                 identifier=self.identifier,
                 queue_type=functools.partial(_RoutingQueue, self._route),  # type: ignore[arg-type]
-                max_inflight_messages=self._max_inflight_publishes,
+                # No window of paho's own (0): the channel's publish slots already bound the publishes
+                # awaiting a PUBACK, and paho's window scans every message it holds at each PUBACK.
+                max_inflight_messages=0,
                 tls_context=self._ssl_context(),
                 timeout=self.connect_timeout,
                 keepalive=self.keepalive,
@@ -764,6 +766,45 @@ class MqttChannel:
             await asyncio.wait_for(asyncio.shield(pending), remaining)
         except asyncio.TimeoutError:
             raise TransportError(f"subscribe to {topic}: no acknowledgement within {self.publish_timeout:g} s") from None
+
+    async def retained(self, topic: str) -> bytes | None:
+        """The message the broker retains on ``topic``, or None if it retains none, known without
+        waiting out a timeout.
+
+        It subscribes, then unsubscribes and waits for the broker's UNSUBACK. A broker sends a
+        topic's retained message as it takes the SUBSCRIBE (mosquitto writes it right behind the
+        SUBACK, before it reads the next packet) and answers one connection's packets in order,
+        and this channel routes each message as paho reads it, so once the UNSUBACK is in, the
+        retained message, if there is one, is in the subscription. A connection lost meanwhile is
+        re-established with the topic subscribed again (which delivers the message again) before
+        the UNSUBSCRIBE is retried. The channel must not hold another subscription to ``topic``
+        (ValueError: its unsubscription would end that one too). Raises :class:`TransportError`
+        as :meth:`subscribe` does.
+        """
+        if self._subscribers.get(topic):
+            raise ValueError(f"{topic}: this channel already holds a subscription to it")
+        sub = await self.subscribe(topic)
+        try:
+            await self._unsubscribe_now(topic)
+        finally:
+            await sub.close()  # the broker no longer sends anything for it: nothing left to unsubscribe
+        found = sub.get_nowait_all(1)
+        return found[0] if found else None
+
+    async def _unsubscribe_now(self, topic: str) -> None:
+        """UNSUBSCRIBE ``topic`` and wait for the broker's UNSUBACK (on a reconnection, once it
+        subscribed the topic again), then forget it on the connection."""
+        deadline = self._deadline()
+        what = f"unsubscribe from {topic}"
+        while True:
+            conn = await self._wait_online(deadline, what)
+            try:
+                await self._run_on(conn, conn.client.unsubscribe(topic, timeout=math.inf), deadline, what)
+            except _ConnectionLost:
+                await self._wait_lost(conn, deadline)
+                continue
+            conn.topics.pop(topic, None)
+            return
 
     def _unsubscribe(self, topic: str, sub: QueueSubscription) -> None:
         subs = self._subscribers.get(topic, [])

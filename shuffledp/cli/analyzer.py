@@ -9,7 +9,6 @@ status 1.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,6 @@ from shuffledp.cli.common import (
     setup_logging,
     write_json_atomic,
 )
-
-#: How long the analyzer listens for a retained spec showing its session already ran.
-SESSION_CHECK_SECONDS = 0.5
 
 
 def add_parser(subparsers) -> None:
@@ -151,13 +147,9 @@ async def _session_round_seen(channel, session_id: bytes, analyzer_signing_key: 
     from shuffledp.protocol.transport.channel import spec_topic
     from shuffledp.protocol.errors import ShuffleDPError
 
-    subscription = await channel.subscribe(spec_topic(session_id))
-    try:
-        data = await asyncio.wait_for(subscription.get(), SESSION_CHECK_SECONDS)
-    except asyncio.TimeoutError:
+    data = await channel.retained(spec_topic(session_id))
+    if data is None:
         return None
-    finally:
-        await subscription.close()
     try:
         spec = verified_spec(data, analyzer_signing_key)
     except ShuffleDPError:

@@ -520,17 +520,20 @@ def find_compiler() -> str | None:
     return None
 
 
-#: Plugins built by this process, by source hash (copied instead of compiled again).
-_built_plugins: dict[str, Path] = {}
+#: The bytes of the plugins built by this process, by source hash: a later broker (in any
+#: directory, after the first one's was removed) gets a copy instead of another compiler run.
+_built_plugins: dict[str, bytes] = {}
 
 
 def build_role_plugin(directory: Path | str, *, source: Path = ROLE_PLUGIN_SOURCE) -> tuple[Path | None, str]:
     """Compile the per-role limits plugin into ``directory``: ``(path, "")`` or ``(None, why not)``.
 
     The file is ``shuffledp_roles-<sha256 of the source>.so`` (mode 0600), reused when it
-    already exists. It needs a C compiler (:func:`find_compiler`) and the mosquitto
-    plugin headers (Debian ``mosquitto-dev``); the broker binary provides the symbols
-    the plugin calls when it loads it.
+    already exists, else written from what this process compiled before from the same
+    source (kept in memory, never read back from another process's files). It needs a C
+    compiler (:func:`find_compiler`) and the mosquitto plugin headers (Debian
+    ``mosquitto-dev``); the broker binary provides the symbols the plugin calls when it
+    loads it.
     """
     directory = Path(directory)
     try:
@@ -543,8 +546,8 @@ def build_role_plugin(directory: Path | str, *, source: Path = ROLE_PLUGIN_SOURC
         return target, ""
     built = _built_plugins.get(digest)
     partial = directory / f".{target.name}.{os.getpid()}.tmp"
-    if built is not None and built.is_file():
-        shutil.copyfile(built, partial)
+    if built is not None:
+        _write_private(partial, built)
     else:
         compiler = find_compiler()
         if compiler is None:
@@ -564,8 +567,8 @@ def build_role_plugin(directory: Path | str, *, source: Path = ROLE_PLUGIN_SOURC
             detail = output.splitlines()[-1] if output else f"exit status {done.returncode}"
             return None, f"compiling {source.name} with {compiler} failed: {detail}"
     os.chmod(partial, _OWNER_ONLY)
+    _built_plugins[digest] = partial.read_bytes()
     os.replace(partial, target)
-    _built_plugins[digest] = target
     return target, ""
 
 

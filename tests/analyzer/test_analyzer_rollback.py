@@ -187,7 +187,7 @@ async def test_analyzer_run_on_a_rolled_back_state_file_refuses_before_announcin
     public = init_keys(keys, clients=4)
     session = public.session_id
     command = [*CLI, "analyzer", "run", "--keys", str(keys), *_broker_options(broker, tmp_path), "--users", "4",
-               "--round-timeout", "3", "--grace", "1"]
+               "--round-timeout", "1", "--grace", "1"]
     async with MqttChannel(broker.host, broker.port, **broker.channel_options("shuffler")) as shuffler:
         announced = await shuffler.subscribe(announce_topic(session))
         first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)

@@ -7,6 +7,12 @@ payloads, specs and shuffler messages signed by a key nobody pinned, and message
 real shuffler key but about another spec, round or instance, among them a forged ``failed``
 outcome. Each is refused and counted by reason, none ends a round or reaches a ledger, and both
 rounds are released with every device's report.
+
+The session has one user more than there are JavaScript devices, and that user (a Python
+:class:`~shuffledp.deploy.fleet.Fleet` of one device) starts answering only once the hostile
+messages are out: round 0 is released on its report (``max_batch`` is the session's users), so
+the devices still follow round 0 when the hostile messages reach them (the broker queued those
+to the devices before the last report was even sent), and no round waits out its deadline.
 """
 
 from __future__ import annotations
@@ -15,12 +21,17 @@ import asyncio
 import json
 import subprocess
 import threading
+from pathlib import Path
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from shuffledp.client.client import Client
+from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deploy.deployment import Deployment
-from shuffledp.deploy.keys import init_keys, load_shuffler
+from shuffledp.deploy.fleet import Fleet
+from shuffledp.deploy.keys import init_keys, load_clients, load_shuffler
 from shuffledp.protocol.transport.channel import outcome_topic, receipts_topic, spec_topic
 from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 from shuffledp.protocol.wire import codec
@@ -75,9 +86,18 @@ def hostile_round_messages(spec, shuffler_key: Ed25519PrivateKey) -> dict[str, l
     }
 
 
+def last_user(keys: Path, channel: MqttChannel) -> Fleet:
+    """A fleet of one Python device holding the session's last credential (the one no JavaScript device holds)."""
+    side = load_clients(keys)
+    client = Client(np.array([1.0]), side.public.analyzer_signing_public, PrivacyLedger(1.0),
+                    credential=side.credentials[USERS], shuffler_signing_key=side.public.shuffler.signing_public,
+                    shuffler_key=side.public.shuffler.hpke_public)
+    return Fleet(channel, side.session_id, [client], retry_interval=0.5)
+
+
 async def test_hostile_messages_are_refused_counted_and_the_rounds_still_complete(js_package, broker, tmp_path, processes):
     keys = tmp_path / "keys"
-    public = init_keys(keys, clients=USERS)
+    public = init_keys(keys, clients=USERS + 1)  # the JavaScript devices hold the first USERS credentials
     shuffler_key = load_shuffler(keys).shuffler_keys.signing_private
     (tmp_path / "data.json").write_text(json.dumps([1.0] * USERS))
     device = subprocess.Popen(
@@ -110,16 +130,17 @@ async def test_hostile_messages_are_refused_counted_and_the_rounds_still_complet
 
     session = public.session_id
     async with MqttChannel(broker.host, broker.port, **broker.channel_options("shuffler")) as hostile, \
-            MqttChannel(broker.host, broker.port, **broker.channel_options("analyzer")) as watcher:
+            MqttChannel(broker.host, broker.port, **broker.channel_options("analyzer")) as watcher, \
+            MqttChannel(broker.host, broker.port, **broker.channel_options("client")) as python_device:
         for payload in hostile_specs(session):
             await hostile.publish(spec_topic(session), payload)
         specs = await watcher.subscribe(spec_topic(session))
         processes.append(start([*CLI, "shuffler", "serve", "--keys", str(keys), *broker_options(broker, tmp_path, "shuffler"),
                                 "--spool", str(tmp_path / "spool.db")], tmp_path / "shuffler.log"))
-        # One user more than there are devices: each round stays open until its deadline, so the
-        # hostile messages below reach the devices while they still follow round 0.
+        # One user more than there are devices: each round stays open until the last user's report,
+        # which is sent only once the hostile messages below are out.
         analyzer = start([*CLI, "analyzer", "run", "--keys", str(keys), *broker_options(broker, tmp_path, "analyzer"),
-                          "--users", str(USERS + 1), "--round-timeout", "5", "--json",
+                          "--users", str(USERS + 1), "--round-timeout", "30", "--json",
                           "--output", str(tmp_path / "result.json")], tmp_path / "analyzer.log")
         processes.append(analyzer)
         while True:  # the shuffler's relayed spec of round 0 (the hostile ones above were not retained)
@@ -131,7 +152,14 @@ async def test_hostile_messages_are_refused_counted_and_the_rounds_still_complet
             topic = (receipts_topic if kind == "receipts" else outcome_topic)(session, 0, 0)
             for payload in payloads:
                 await hostile.publish(topic, payload)
-        assert await asyncio.to_thread(analyzer.wait, TIMEOUT) == 0, failure("the analyzer failed")
+        last = asyncio.create_task(last_user(keys, python_device).serve(2))  # round 0 is released on its report
+        try:
+            assert await asyncio.to_thread(analyzer.wait, TIMEOUT) == 0, failure("the analyzer failed")
+            last_rounds = await asyncio.wait_for(last, TIMEOUT)
+        finally:
+            last.cancel()
+            await asyncio.gather(last, return_exceptions=True)
+    assert [(r.admitted, r.released) for r in last_rounds] == [(1, True), (1, True)], failure(str(last_rounds))
     assert await asyncio.to_thread(device.wait, 60) == 0, failure("the devices did not see both rounds released")
     reader.join(10)
 
@@ -181,6 +209,7 @@ def test_a_refused_password_or_an_unknown_ca_is_one_typed_line_over_tls_and_wss(
         assert refused.returncode == 1 and "device.mjs: transport: not authorised" in refused.stderr, refused.stderr
         untrusted = run(right, other_ca / "ca.crt", url)
         assert untrusted.returncode == 1 and "TLS certificate verification failed" in untrusted.stderr, untrusted.stderr
-        # Control: the right password and CA connect (no session runs here, so it stops at its --timeout).
-        connected = run(right, broker.ca_file, url, timeout="1")
+        # Control: the right password and CA connect (no session runs here, so it stops at its --timeout,
+        # which device.mjs counts from the moment its connections are open).
+        connected = run(right, broker.ca_file, url, timeout="0.1")
         assert "[js connected] connected to" in connected.stderr and '"timed_out":true' in connected.stdout, connected.stderr

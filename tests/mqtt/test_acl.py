@@ -3,7 +3,11 @@
 mosquitto drops a forbidden publish silently and never delivers to a subscriber
 without read access, so a denial can only be observed as "nothing arrived". To keep
 these tests from passing vacuously, every "nothing arrived" is checked only after a
-control message, published right after on an allowed topic, *did* arrive.
+control message, published right after on an allowed topic, *did* arrive, and after a
+subscription round trip on every connection that must receive nothing (:func:`settled`):
+the broker routes a publish before it acknowledges it, and answers a connection's packets
+in order behind what it queued to that connection, so anything the denied message had
+put in that connection's queue would have been delivered by then.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ TOPICS = {
     "outcome": ch.outcome_topic(SESSION, 3),
     "acks": ch.acks_topic(SESSION),
 }
-#: How long "nothing arrived" is waited for, after the control message arrived.
-QUIET = 0.5
+#: A topic of another session each role may read, for :func:`settled`'s round trips.
+BARRIER_SESSION = os.urandom(8)
+BARRIER = {"analyzer": ch.spec_topic(BARRIER_SESSION), "client": ch.spec_topic(BARRIER_SESSION),
+           "shuffler": ch.announce_topic(BARRIER_SESSION)}
 
 
 def may(role: str, access: str, kind: str) -> bool:
@@ -72,6 +78,14 @@ async def expect(sub, payload: bytes) -> None:
     assert await asyncio.wait_for(sub.get(), timeout=5) == payload
 
 
+async def settled(*connections: tuple[str, MqttChannel]) -> None:
+    """Return once each ``(role, channel)`` has been handed every message the broker queued to it
+    before now: a SUBSCRIBE and an UNSUBSCRIBE answered on that connection
+    (:meth:`MqttChannel.retained`), which the broker sends behind those messages."""
+    for role, channel in connections:
+        assert await channel.retained(BARRIER[role]) is None
+
+
 @pytest.mark.parametrize("role", ROLES)
 async def test_each_role_can_publish_where_allowed(broker, role):
     kinds = [k for k in TOPICS if may(role, "write", k)]
@@ -97,7 +111,7 @@ async def test_publishes_outside_a_roles_rights_are_not_delivered(broker, role):
             await publisher.publish(TOPICS[kind], b"forged " + kind.encode())  # acknowledged, then dropped
         await publisher.publish(TOPICS[allowed], b"control")
         await expect(control, b"control")
-        await asyncio.sleep(QUIET)
+        await settled(*zip(readers, subscribers))
         leaked = {k: s.get_nowait_all() for k, s in zip(forbidden, forbidden_subs)}
         assert {k: v for k, v in leaked.items() if v} == {}
 
@@ -116,7 +130,7 @@ async def test_subscriptions_outside_a_roles_rights_receive_nothing(broker, role
             await writer.publish(TOPICS[kind], b"secret " + kind.encode())
         for kind, sub in zip(unreadable, legit):
             await expect(sub, b"secret " + kind.encode())  # ... the message exists ...
-        await asyncio.sleep(QUIET)
+        await settled((role, spy))
         got = {k: s.get_nowait_all() for k, s in zip(unreadable, spied)}
         assert {k: v for k, v in got.items() if v} == {}  # ... but never reaches the spy
 
@@ -127,7 +141,7 @@ async def test_a_client_does_not_see_other_clients_reports(broker):
         admitted = await shuffler.subscribe(TOPICS["reports"])
         await device.publish(TOPICS["reports"], b"device-2's sealed report")
         await expect(admitted, b"device-2's sealed report")
-        await asyncio.sleep(QUIET)
+        await settled(("client", spy))
         assert spied.get_nowait_all() == []
 
 
@@ -137,7 +151,7 @@ async def test_the_analyzer_cannot_read_reports(broker):
         admitted = await shuffler.subscribe(TOPICS["reports"])
         await client.publish(TOPICS["reports"], b"report")
         await expect(admitted, b"report")
-        await asyncio.sleep(QUIET)
+        await settled(("analyzer", analyzer))
         assert spied.get_nowait_all() == []
 
 
@@ -151,7 +165,7 @@ async def test_a_client_cannot_forge_batches_specs_or_announcements(broker):
             await forger.publish(TOPICS[kind], b"forged")
         await forger.publish(TOPICS["reports"], b"control")
         await expect(reports, b"control")
-        await asyncio.sleep(QUIET)
+        await settled(("analyzer", analyzer), ("shuffler", shuffler), ("client", other))
         assert (batch.get_nowait_all(), announce.get_nowait_all(), spec.get_nowait_all()) == ([], [], [])
 
 
@@ -164,12 +178,11 @@ async def test_a_retained_report_is_never_delivered_to_a_later_subscription(mosq
     topic = ch.reports_topic(SESSION, 7)
     async with Broker(users=BrokerUsers.default(("client", "device-2")), role_limits=False) as unlimited, \
             channels(unlimited, "client", "shuffler") as (client, shuffler):
-        await client.publish(topic, b"planted, retained", retain=True)
-        await asyncio.sleep(QUIET)  # the broker holds it before anyone subscribes
+        await client.publish(topic, b"planted, retained", retain=True)  # acknowledged: the broker holds it
         admitted = await shuffler.subscribe(topic)
         await client.publish(topic, b"a live report")
         await expect(admitted, b"a live report")
-        await asyncio.sleep(QUIET)
+        await settled(("shuffler", shuffler))
         assert admitted.get_nowait_all() == []
         assert shuffler.dropped_retained[topic] == 1
         await client.publish(topic, b"", retain=True)  # clear the broker's retained copy

@@ -53,10 +53,17 @@ _SHUFFLER = textwrap.dedent(
     keys = ShufflerKeys.from_bytes(raw[:32], raw[32:64])
     issuer, analyzer_key, session = CredentialIssuer(raw[64:96]), raw[96:128], raw[128:144]
 
+    class Telling(Shuffler):
+        def _acknowledge(self, batch_id):
+            served = super()._acknowledge(batch_id)
+            if served:
+                print("served", flush=True)  # the acknowledgement is in the spool
+            return served
+
     async def main():
         async with MqttChannel(options.pop("host"), options.pop("port"), **options) as channel:
-            shuffler = Shuffler(channel, session, analyzer_key, keys, issuer, spool=SqliteSpool(spool_path),
-                                republish_interval=0.5)
+            shuffler = Telling(channel, session, analyzer_key, keys, issuer, spool=SqliteSpool(spool_path),
+                               republish_interval=0.5)
             print("ready", flush=True)
             await shuffler.serve()
 
@@ -91,6 +98,12 @@ class ShufflerProcess:
             stdout=subprocess.PIPE, text=True,
         )
         assert self.process.stdout.readline().strip() == "ready"
+
+    async def served(self, timeout: float) -> None:
+        """Wait until the running process says it wrote an acknowledgement that served a batch."""
+        assert self.process is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.process.stdout.readline), timeout)
+        assert line.strip() == "served", f"the shuffler printed {line!r}, exit status {self.process.poll()}"
 
     def kill(self) -> None:
         assert self.process is not None and self.process.poll() is None, "the shuffler died on its own"
@@ -127,7 +140,7 @@ async def _round_under_faults(broker, tmp_path, fault) -> tuple:
             record = await asyncio.wait_for(coordinator.run_round(PARAMS, EPSILON0, min_batch=n), 120)
             await asyncio.wait_for(pool_task, 60)
             await fault_task
-            await asyncio.sleep(1.0)  # let the shuffler take the acknowledgement
+            await shuffler.served(30)  # the shuffler took the acknowledgement
     finally:
         shuffler.stop()
     return n, deployment, clients, fleet, record, shuffler, coordinator

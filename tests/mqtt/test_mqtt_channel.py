@@ -69,6 +69,24 @@ async def test_retained_message_reaches_a_late_subscriber(broker):
         assert await asyncio.wait_for(sub.get(), timeout=10) == b"spec-2"
 
 
+async def test_retained_returns_the_retained_message_or_none_and_leaves_no_subscription(broker):
+    """``retained`` gives the topic's retained message (one of many TLS records, as a signed spec of up
+    to 25 KiB is), or None for a topic without one, every time, and unsubscribes."""
+    held, empty = spec_topic(bytes.fromhex("00cc")), spec_topic(bytes.fromhex("00cd"))
+    large = bytes(range(256)) * 100
+    async with channel(broker, "shuffler") as a, channel(broker, "analyzer") as reader:
+        await a.publish(held, large, retain=True)
+        for _ in range(20):
+            assert await reader.retained(held) == large
+            assert await reader.retained(empty) is None
+        assert held not in reader._subscribers and held not in reader._conn.topics
+        sub = await reader.subscribe(held)  # a later subscription of the same topic still works
+        assert await asyncio.wait_for(sub.get(), timeout=10) == large
+        with pytest.raises(ValueError, match="already holds a subscription"):
+            await reader.retained(held)
+        await a.publish(held, b"", retain=True)  # clears it
+
+
 async def test_concurrent_publishes_and_publish_many(broker):
     """Many publishes at once (gather) and a windowed publish_many all arrive, in order."""
     async with channel(broker, "shuffler") as a, channel(broker, "analyzer") as b:

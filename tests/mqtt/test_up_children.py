@@ -37,6 +37,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _naming(directory: Path) -> list[int]:
+    """The running processes whose command line names ``directory`` (what could still act on it:
+    the parties, and the reaper `up` starts for a temporary directory, which gets it as argv[1])."""
+    wanted = os.fsencode(directory)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        if any(arg == wanted for arg in argv) and _alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 def _start_up(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, dict[str, int], Path]:
     """Run `up` until its four parties run; the process, their pids and its directory."""
     temp = tmp_path / "tmp"
@@ -105,7 +122,7 @@ def test_up_killed_leaves_no_party_and_keeps_the_users_directory(tmp_path):
         assert directory == mine
         survivors = _kill_and_wait(process, pids, None)
         assert survivors == [], f"still running after up was killed: {survivors}"
-        time.sleep(1.0)
+        assert _naming(mine) == []  # no reaper (or anything else) left that could remove it later
         assert mine.is_dir() and (mine / "keys").is_dir()
     finally:
         _cleanup(pids)
