@@ -86,7 +86,13 @@ fi
 # One BLAS thread per process: the suite runs two processes on two cores, and
 # threaded BLAS in both slowed the accounting tests many times over.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-export PATH="$PWD/$venv/bin:$PATH"
+# Compiled bytecode is kept (in the environment's folder, not the checkout): the suite starts
+# hundreds of Python processes, and a machine set never to write bytecode made each of them
+# compile the project's modules anew.
+unset PYTHONDONTWRITEBYTECODE
+case "$venv" in /*) venv_dir="$venv" ;; *) venv_dir="$PWD/$venv" ;; esac
+export PYTHONPYCACHEPREFIX="$venv_dir/pycache"
+export PATH="$venv_dir/bin:$PATH"
 status=0
 # The JavaScript client's own tests (Node's test runner), then the Python suite, which
 # also runs the JavaScript client against the Python parties (tests/js/).
