@@ -32,7 +32,7 @@ accountant alone in a fresh process, imports included.
 Progress goes to stderr: one line as each target and each row starts, with its place in the
 total. Results go to ``accounting_speed.json`` in the output folder (default ``bench-out/``).
 
-Run: ``python benchmarks/bench_accounting.py [--quick] [--out DIR]`` (``--quick``: n = 1e4, two
+Run: ``python benchmarks/bench_accounting.py [--quick] [--out DIR]`` (``--quick``: n = 1e3, two
 targets, budgets of a fraction of a second; ``--targets-only`` for the speed targets alone).
 """
 
@@ -65,9 +65,9 @@ T_BISECT = 20
 OLD_COMMIT = "4a4e458"
 REPO = Path(__file__).resolve().parent.parent
 FULL = {"fmt21": ((10**6, (4.0, 1.0)), (10**8, (4.0,))), "vr_n": 10**6, "vr_eps0": (4.0, 1.0), "targets": None}
-#: --quick: the same rows at n = 1e4 and two of the targets (a session and a round; the simulation
+#: --quick: the same rows at n = 1e3 and two of the targets (a session and a round; the simulation
 #: targets take seconds with the old accountant), small budgets.
-QUICK = {"fmt21": ((10**4, (1.0,)),), "vr_n": 10**4, "vr_eps0": (1.0,), "budget": 0.2, "repeats": 1, "timeout": 60.0,
+QUICK = {"fmt21": ((10**3, (1.0,)),), "vr_n": 10**3, "vr_eps0": (1.0,), "budget": 0.2, "repeats": 1, "timeout": 60.0,
          "targets": ("session 100 x laplace-mean", "round binary-rr eps0=1 n=1e6")}
 
 
@@ -326,7 +326,7 @@ def run_targets(targets: list[dict], old_commit: str | None, repeats: int, timeo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = arguments(__doc__, quick="n = 1e4, two targets, small budgets (a smoke run)")
+    ap = arguments(__doc__, quick="n = 1e3, two targets, small budgets (a smoke run)")
     ap.add_argument("--budget", type=float, default=30.0, help="seconds allowed per naive run before extrapolating")
     ap.add_argument("--targets-only", action="store_true",
                     help="only the speed targets (keeps the other rows from the JSON in the output folder)")

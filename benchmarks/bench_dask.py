@@ -17,7 +17,9 @@ run, which a loaded machine inflates far less than wall time. Both results are c
 equal to the last bit (the engine's guarantee), so the timing compares the same work.
 
 Run: ``python benchmarks/bench_dask.py [--quick] [--out DIR] [--scalar-users N] [--vector-users N]``;
-writes dask.json and dask.png into the output folder (default ``bench-out/``).
+writes dask.json and dask.png into the output folder (default ``bench-out/``). ``--quick``: 100,000
+scalar users, and the vector workload at d = 256 with 8,192 users (two draw blocks of 4,096, so
+two tasks a round: the same code paths at a quarter of the values).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ SCALAR_USERS = 10_000_000
 VECTOR_USERS = 100_000
 DIM = 1024
 WORKERS = 2
-QUICK = {"scalar_users": 100_000, "vector_users": 8_000}
+QUICK = {"scalar_users": 100_000, "vector_users": 8_192, "dim": 256}
 
 
-def workload(kind: str, n: int):
-    """``(protocol, users)`` of one workload: users made block by block from the seed."""
+def workload(kind: str, n: int, dim: int = DIM):
+    """``(protocol, users)`` of one workload (``dim``: the vector workload's dimension): users made block by
+    block from the seed."""
     from shuffledp.analyzer.scalar_mean import ScalarMeanProtocol
     from shuffledp.analyzer.vector_mean import VectorMeanProtocol
     from shuffledp.simulation import SimulationConfig
@@ -49,7 +52,7 @@ def workload(kind: str, n: int):
         population = Population("gaussian", 1.7, 1.0, 20.0, 10)
         config = SimulationConfig(population, n, 1.0, seed=1)
         return ScalarMeanProtocol(config.protocol_config()), generated_users(population, n, 1)
-    population = VectorPopulation("gaussian", DIM, 2)
+    population = VectorPopulation("gaussian", dim, 2)
     config = VectorSimulationConfig(population, n, 2.0, seed=1)
     return VectorMeanProtocol(config.protocol_config()), population.users(n, 1)
 
@@ -59,12 +62,12 @@ def _estimate(result) -> list[float]:
     return [float(x) for x in (estimate if hasattr(estimate, "__len__") else [estimate])]
 
 
-def _local(kind: str, n: int, queue) -> None:
+def _local(kind: str, n: int, dim: int, queue) -> None:
     """In a fresh process: the local engine's wall time, peak memory (KiB) and result."""
     from shuffledp.simulation.engine import run_fast
 
     try:
-        protocol, users = workload(kind, n)
+        protocol, users = workload(kind, n, dim)
         cpu = _cpu_seconds()
         start = time.perf_counter()
         run = run_fast(protocol, users, seed=3)
@@ -76,10 +79,10 @@ def _local(kind: str, n: int, queue) -> None:
         raise
 
 
-def local_run(kind: str, n: int) -> dict:
+def local_run(kind: str, n: int, dim: int = DIM) -> dict:
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_local, args=(kind, n, queue))
+    process = context.Process(target=_local, args=(kind, n, dim, queue))
     process.start()
     answer = queue.get()
     process.join()
@@ -106,14 +109,14 @@ def _import_engine() -> None:
     import shuffledp.simulation.vector_population  # noqa: F401
 
 
-def dask_run(kind: str, n: int) -> dict:
+def dask_run(kind: str, n: int, dim: int = DIM) -> dict:
     """On a fresh LocalCluster of :data:`WORKERS` worker processes (so each peak is this run's)."""
     from distributed import Client
 
     from shuffledp.simulation.dask_engine import blocks_per_task, private_cluster, run_dask
     from shuffledp.simulation.engine import draw_block_users
 
-    protocol, users = workload(kind, n)
+    protocol, users = workload(kind, n, dim)
     start = time.perf_counter()
     with private_cluster(WORKERS) as cluster, Client(cluster) as client:  # the cluster --dask-workers starts
         client.wait_for_workers(WORKERS)
@@ -183,17 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scalar-users", type=int, default=None, help=f"scalar workload's n (default {SCALAR_USERS:,})")
     parser.add_argument("--vector-users", type=int, default=None, help=f"vector workload's n (default {VECTOR_USERS:,})")
     args = parse(parser, argv)
-    sizes = dict(QUICK) if args.quick else {"scalar_users": SCALAR_USERS, "vector_users": VECTOR_USERS}
+    sizes = dict(QUICK) if args.quick else {"scalar_users": SCALAR_USERS, "vector_users": VECTOR_USERS, "dim": DIM}
     sizes["scalar_users"] = args.scalar_users or sizes["scalar_users"]
     sizes["vector_users"] = args.vector_users or sizes["vector_users"]
-    sizes.update(dim=DIM, workers=WORKERS)
+    sizes["workers"] = WORKERS
     load = os.getloadavg()
     workloads = {}
     for kind, n in (("scalar", sizes["scalar_users"]), ("vector", sizes["vector_users"])):
         log(f"{kind}: n = {n:,}, local engine")
-        local = local_run(kind, n)
+        local = local_run(kind, n, sizes["dim"])
         log(f"  {local['seconds']:.1f} s; Dask, {WORKERS} workers")
-        dask = dask_run(kind, n)
+        dask = dask_run(kind, n, sizes["dim"])
         if dask["estimate"] != local["estimate"]:
             raise SystemExit(f"{kind}: the Dask engine's estimate differs from the local engine's")
         speedup = local["seconds"] / dask["seconds"]

@@ -39,7 +39,7 @@ numpy and ``pure_ldp.core``), without running that ``__init__``.
 Run: ``python benchmarks/bench_frequency.py [--quick] [--out DIR]`` (about 3 minutes of CPU;
 needs pure-ldp: ``pip install 'shuffledp[bench]'``); writes frequency.json and frequency.png into
 the output folder (default ``bench-out/``; ``--plot-only`` redraws the figure from the JSON there).
-``--quick`` (k = 64, n = 1e4, eps in {1, 4}) runs without pure-ldp if it is not installed: it
+``--quick`` (k = 64, n = 2,000, eps in {1, 4}) runs without pure-ldp if it is not installed: it
 then says so and measures ours alone.
 """
 
@@ -65,7 +65,7 @@ from shuffledp.protocol.mechanisms.randomness import SeededSource
 K_VALUES = [64, 1024, 16384]
 N_VALUES = [100_000, 1_000_000]
 EPSILONS = [0.5, 1.0, 4.0]
-QUICK = {"k": [64], "n": [10_000], "epsilon": [1.0, 4.0]}
+QUICK = {"k": [64], "n": [2_000], "epsilon": [1.0, 4.0]}
 ZIPF_S = 1.1
 SERVER_TIMINGS = 5  # least number of timed server calls on the first repetition (both implementations)
 

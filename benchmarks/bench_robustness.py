@@ -24,8 +24,8 @@ Error is |estimate - mean of all users' local means| (l2 for vectors), absolute 
 units of the honest run's standard error (the RMS error of the plain decoder at f = 0 over
 the seeds), that ratio with its 95 % interval over the paired seeds (``_common.ratio_ci``).
 Run: ``python benchmarks/bench_robustness.py [--quick] [--out DIR]`` (20 seeds, about
-15 s on one core; ``--quick``: 2 seeds, three fractions); writes robustness.json and robustness.png into the output
-folder (default ``bench-out/``).
+15 s on one core; ``--quick``: n = 5,000, 2 seeds, three fractions); writes robustness.json and
+robustness.png into the output folder (default ``bench-out/``).
 """
 
 from __future__ import annotations
@@ -44,55 +44,55 @@ from _common import arguments, format_ratio, parse, ratio_ci, write_result  # no
 FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.49)
 N = 20_000
 GUARD = 0.05
-QUICK = {"seeds": 2, "fractions": (0.0, 0.05, 0.3)}
+QUICK = {"n": 5_000, "seeds": 2, "fractions": (0.0, 0.05, 0.3)}
 
 
-def _scalar_cases(seed: int):
+def _scalar_cases(seed: int, n: int):
     from shuffledp.analyzer.robust import RobustOptions
     from shuffledp.analyzer.scalar_mean import ScalarMeanProtocol
     from shuffledp.simulation.population import Population
     from shuffledp.simulation.scalar import SimulationConfig, _local_means
 
-    config = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), n=N, epsilon0=1.0, seed=seed)
+    config = SimulationConfig(Population("gaussian", 1.7, 1.0, 20.0, 50), n=n, epsilon0=1.0, seed=seed)
     means, _ = _local_means(config, None)
     protocol_config = config.protocol_config()
     variants = {"plain": None, "median": RobustOptions(), "guarded": RobustOptions(max_corrupted=GUARD)}
     return means, {f"scalar mean, {name}": (lambda o=o: ScalarMeanProtocol(protocol_config, o)) for name, o in variants.items()}
 
 
-def _vector_cases(seed: int):
+def _vector_cases(seed: int, n: int):
     from shuffledp.analyzer.vector_mean import VectorMeanProtocol
     from shuffledp.simulation.vector_population import VectorPopulation
     from shuffledp.simulation.vector import VectorSimulationConfig
 
     population = VectorPopulation("gaussian", 8, 50, 1.7, 1.0, 20.0)
-    config = VectorSimulationConfig(population, n=N, epsilon0=4.0, seed=seed)
-    data = population.block_local_means(population.blocks(N, seed))[0]
+    config = VectorSimulationConfig(population, n=n, epsilon0=4.0, seed=seed)
+    data = population.block_local_means(population.blocks(n, seed))[0]
     return data, {"vector mean": lambda: VectorMeanProtocol(config.protocol_config())}
 
 
-def _sum_cases(seed: int):
+def _sum_cases(seed: int, n: int):
     from shuffledp.analyzer.summation import SummationProtocol
     from shuffledp.simulation.population import Population, block_samples, user_blocks
     from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum
 
     population = Population("gaussian", 1.7, 1.0, 20.0, 50)
-    data = np.concatenate([block_samples(population, b).mean(axis=1) for b in user_blocks(population, N, seed)])
-    delta = 1.0 / N**1.1
-    params = choose_scalar_sum(N, 1.0, delta, -20.0, 20.0).params
+    data = np.concatenate([block_samples(population, b).mean(axis=1) for b in user_blocks(population, n, seed)])
+    delta = 1.0 / n**1.1
+    params = choose_scalar_sum(n, 1.0, delta, -20.0, 20.0).params
     return data, {"summation": lambda: SummationProtocol(params, 1.0, delta)}
 
 
-def _instance_optimal_cases(seed: int):
+def _instance_optimal_cases(seed: int, n: int):
     from shuffledp.analyzer.instance_optimal import InstanceOptimalConfig, InstanceOptimalProtocol
     from shuffledp.analyzer.instance_optimal_budget import round_budgets
     from shuffledp.simulation.vector_population import VectorPopulation
 
     population = VectorPopulation("gaussian", 8, 50, 1.7, 1.0, 20.0)
-    data = population.block_local_means(population.blocks(N, seed))[0]
+    data = population.block_local_means(population.blocks(n, seed))[0]
     cases = {}
     for model, quantile in (("shuffle", None), ("shuffle", 0.5), ("local", None)):
-        config = InstanceOptimalConfig(8, N, 20.0 * math.sqrt(8), 1.0, N**-1.1, model=model, fixed_quantile=quantile)
+        config = InstanceOptimalConfig(8, n, 20.0 * math.sqrt(8), 1.0, n**-1.1, model=model, fixed_quantile=quantile)
         budgets = round_budgets(config)
         name = f"instance-optimal {model}" + (", radius at q = 0.5" if quantile else "")
         cases[name] = lambda c=config, b=budgets: InstanceOptimalProtocol(c, b)
@@ -123,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     from shuffledp.progress import progress_bar, pyplot, save_figure
     from shuffledp.studies.robustness import run_attacked
 
-    parser = arguments(__doc__, quick=f"{QUICK['seeds']} seeds, f in {QUICK['fractions']}")
+    parser = arguments(__doc__, quick=f"n = {QUICK['n']:,}, {QUICK['seeds']} seeds, f in {QUICK['fractions']}")
     parser.add_argument("--seeds", type=int, default=20)
     args = parse(parser, argv)
-    sizes = {"n": N, **(QUICK if args.quick else {"seeds": args.seeds, "fractions": FRACTIONS})}
-    seeds, fractions = sizes["seeds"], sizes["fractions"]
+    sizes = dict(QUICK) if args.quick else {"n": N, "seeds": args.seeds, "fractions": FRACTIONS}
+    n, seeds, fractions = sizes["n"], sizes["seeds"], sizes["fractions"]
     started = time.perf_counter()
     errors: dict[str, dict[float, list[float]]] = {}
     extra: dict[str, dict[float, list[dict]]] = {}
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     with progress_bar(seeds * runs_per_seed, unit="run") as step:
         for seed in range(seeds):
             for make in (_scalar_cases, _vector_cases, _sum_cases, _instance_optimal_cases):
-                data, cases = make(seed)
+                data, cases = make(seed, n)
                 truth = np.atleast_1d(data.mean(axis=0))
                 for name, protocol in cases.items():
                     for fraction in fractions:
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (" (--quick: few seeds)" if args.quick else ""), file=sys.stderr)
     seconds = time.perf_counter() - started
     path = write_result(args, "robustness", {
-        "n": N, "seeds": seeds, "fractions": list(fractions), "guard_max_corrupted": GUARD, "seconds": seconds,
+        "n": n, "seeds": seeds, "fractions": list(fractions), "guard_max_corrupted": GUARD, "seconds": seconds,
         "settings": {
             "scalar": "gaussian mu=1.7 sigma=1 m=50, B=20, eps0=1 (tau from the data model)",
             "vector": "gaussian d=8 m=50 mu=1.7 sigma=1, B=20, eps0=4, sampled mode",
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].axhline(1.0, color="grey", ls=":")
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"well-formed attacks, n = {N:,}, {seeds} seeds per point")
+    fig.suptitle(f"well-formed attacks, n = {n:,}, {seeds} seeds per point")
     save_figure(fig, str(path.with_suffix(".png")))
     print(f"wrote {path} and {path.with_suffix('.png')} in {seconds:.1f} s")
     return 0

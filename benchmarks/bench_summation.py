@@ -51,7 +51,7 @@ Targets (computed and reported, not asserted):
     lies in [0.9, 1.1], MISS when it misses [0.9, 1.1] entirely, INCONCLUSIVE otherwise
     (the interval straddles a bound: too few runs to tell).
 
-Message path (``--message-path``, on by default): summation at n = 1e5 (1e3 with
+Message path (``--message-path``, on by default): summation at n = 1e5 (100 with
 ``--quick``) through the real parties -- every user seals its M envelopes with HPKE,
 the real shuffler admits and permutes them, the analyzer opens and decodes -- next to
 the fast engine on the same seed: the two sums must be equal exactly (both engines draw a
@@ -60,7 +60,7 @@ round's reports with ``shuffledp.simulation.engine.draw_round``, block by block 
 Run: ``python benchmarks/bench_summation.py [--quick] [--out DIR] [--trials-scale X] [--no-message-path]``
 (on one core of a 2-CPU machine: about 7 minutes for the statistics and 6 for the message
 path at n = 1e5; ``--quick``: n in {1e3, 1e4}, 20 runs each -- too few for the intervals to
-mean anything, a smoke run -- message path at 1e3, seconds);
+mean anything, a smoke run -- the eps0 scan in steps of 2, message path at n = 100, seconds);
 writes summation.json and summation.png into the output folder (default ``bench-out/``;
 ``--plot-only`` redraws the figure from the JSON there).
 """
@@ -93,8 +93,8 @@ DELTA = 1e-6
 #: Runs per n at --trials-scale 1 (about 7 minutes of statistics on one core; see the module docstring).
 TRIALS = {1_000: 15000, 3_000: 10000, 10_000: 5000, 30_000: 1200, 100_000: 600, 300_000: 250, 1_000_000: 100}
 MESSAGE_PATH_N = 100_000
-#: --quick: two sizes, the fewest runs, a small message path.
-QUICK = {"trials": {1_000: 20, 10_000: 20}, "message_path_n": 1_000}
+#: --quick: two sizes, the fewest runs, a coarse eps0 scan (the same scan and bisection), a small message path.
+QUICK = {"trials": {1_000: 20, 10_000: 20}, "eps0_scan_step": 2.0, "message_path_n": 100}
 GRID_LEVELS = 4096
 CENTRAL_PRECISION = 2**20
 EPS0_MAX = 30.0
@@ -142,15 +142,16 @@ def central_epsilon(eps0: float, n: int, log_errors: list) -> float:
         return math.inf
 
 
-def largest_eps0(n: int) -> dict:
-    """Largest eps0 in [1, 30] with central eps <= 1: scan a grid, then bisect past the last good point.
+def largest_eps0(n: int, scan_step: float = EPS0_SCAN_STEP) -> dict:
+    """Largest eps0 in [1, 30] with central eps <= 1: scan a grid (steps of ``scan_step``), then bisect
+    past the last good point.
 
     eps0 = 1 always qualifies (the accountant never reports more than eps0), so the floor
     is 1: the local guarantee alone. The scan also reports whether the predicate is
     monotone on the grid (bisection assumes one crossing)."""
     start = time.perf_counter()
     errors: list = []
-    grid = np.round(np.arange(1.0, EPS0_MAX + 1e-9, EPS0_SCAN_STEP), 6)
+    grid = np.round(np.arange(1.0, EPS0_MAX + 1e-9, scan_step), 6)
     ok = [central_epsilon(float(e), n, errors) <= EPSILON for e in grid]
     good = [i for i, flag in enumerate(ok) if flag]
     last = good[-1]
@@ -271,7 +272,8 @@ def measured_ratio(sq_a: np.ndarray, sq_b: np.ndarray) -> dict:
 # --------------------------------------------------------------------------
 
 
-def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float) -> tuple[dict, dict, dict, np.ndarray, dict]:
+def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float,
+                   scan_step: float = EPS0_SCAN_STEP) -> tuple[dict, dict, dict, np.ndarray, dict]:
     rows: dict[str, list] = {m: [] for m in METHODS}
     squared: dict[tuple[str, int], np.ndarray] = {}  # (method, n) -> err^2 per run, for the multi / central ratio
     shuffle_info: dict[int, dict] = {}
@@ -285,7 +287,7 @@ def run_statistics(ns: tuple[int, ...], trials: dict[int, int], t0: float) -> tu
         runs = trials[n]
 
         # -- the single-message shuffle's eps0 (cached per n within this run)
-        info = largest_eps0(n)
+        info = largest_eps0(n, scan_step)
         shuffle_info[n] = info
         log(f"[{time.perf_counter() - t0:7.1f}s] n={n:>8}: shuffle eps0 = {info['eps0']:.4f} "
             f"(central eps {info['central_epsilon']:.4f} by {info['accountant_method']}, "
@@ -510,7 +512,7 @@ def plot(payload: dict, path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = arguments(__doc__, quick="n in {1e3, 1e4}, 20 runs each; message path at n = 1e3")
+    parser = arguments(__doc__, quick="n in {1e3, 1e4}, 20 runs each; eps0 scan in steps of 2; message path at n = 100")
     parser.add_argument("--trials-scale", type=float, default=1.0, help="multiply every run count (default 1)")
     parser.add_argument("--message-path", action=argparse.BooleanOptionalAction, default=True,
                         help="run summation through the real parties once (default on)")
@@ -521,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     base = QUICK["trials"] if args.quick else TRIALS
     trials = {n: max(20, int(round(runs * args.trials_scale))) for n, runs in base.items()}
     ns = tuple(trials)
-    sizes = {"ns": ns, "trials": trials, "message_path_n": QUICK["message_path_n"] if args.quick else MESSAGE_PATH_N}
+    sizes = {"ns": ns, "trials": trials, "eps0_scan_step": QUICK["eps0_scan_step"] if args.quick else EPS0_SCAN_STEP,
+             "message_path_n": QUICK["message_path_n"] if args.quick else MESSAGE_PATH_N}
     if args.plot_only:
         plot(read_result(args, "summation"), args.out / "summation.png")
         return 0
@@ -536,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     log(f"runs per n: {trials}")
 
-    rows, shuffle_info, summation_info, pooled, squared = run_statistics(ns, trials, t0)
+    rows, shuffle_info, summation_info, pooled, squared = run_statistics(ns, trials, t0, sizes["eps0_scan_step"])
     stats_seconds = time.perf_counter() - t0
     tgt = targets(rows, pooled, squared)
 
@@ -552,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": "SeedSequence([r, method tag, n]) for r = 0..R-1 (multi-message: run_fast seed r)",
             "laplace_report": {"grid_levels": GRID_LEVELS, "range": [0.0, 1.0]},
             "central_precision": CENTRAL_PRECISION,
-            "shuffle_eps0_search": {"max": EPS0_MAX, "scan_step": EPS0_SCAN_STEP, "bisection_tol": EPS0_TOL},
+            "shuffle_eps0_search": {"max": EPS0_MAX, "scan_step": sizes["eps0_scan_step"], "bisection_tol": EPS0_TOL},
             "ci": "95% over the runs (seeds), _common.ratio_ci: delta method on the log of a ratio of means "
                   "(err^2 against the exact theory; multi / central: two independent sets of runs)",
             "pinned_to_one_core": True,

@@ -51,11 +51,14 @@ FULL = {"synthetic": SYNTHETIC, "schedule": SCHEDULE, "epsilons": EPSILONS, "hea
         "m_users": M_SWEEP_USERS, "m_values": M_VALUES, "m_schedule": M_SCHEDULE,
         "real_epsilons": REAL_EPSILONS, "real_schedule": REAL_SCHEDULE, "real_seeds": REAL_SEEDS,
         "rtol": 0.01, "real_rtol": 0.02}  # rtol: the eps0 calibration's relative tolerance
-QUICK = {"synthetic": dict(users=4000, samples_per_user=10, features=15),
-         "schedule": dict(SCHEDULE, steps=20, cohort=400), "epsilons": (2.0,), "headline_seeds": 1,
-         "m_users": 2000, "m_values": (1, 10), "m_schedule": dict(M_SCHEDULE, steps=10, cohort=200),
-         "real_epsilons": (8.0,), "real_schedule": dict(REAL_SCHEDULE, steps=5), "real_seeds": 1,
-         "rtol": 0.2, "real_rtol": 0.2}
+#: --quick: every part at small sizes, eps0 calibrated to within a factor 1.5. The m sweep uses the
+#: synthetic task's users and schedule, so its calibration asks the accountant the question the
+#: headline's did (answered from the in-process caches).
+QUICK = {"synthetic": dict(users=2000, samples_per_user=10, features=15),
+         "schedule": dict(SCHEDULE, steps=20, cohort=200), "epsilons": (2.0,), "headline_seeds": 1,
+         "m_users": 2000, "m_values": (1, 10), "m_schedule": dict(M_SCHEDULE, steps=20, cohort=200),
+         "real_epsilons": (2.0,), "real_schedule": dict(REAL_SCHEDULE, steps=5), "real_seeds": 1,
+         "rtol": 0.5, "real_rtol": 0.5}
 
 
 def _range_round(dim: int, cfg: TrainingConfig) -> bool:

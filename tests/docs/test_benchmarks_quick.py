@@ -1,20 +1,28 @@
 """Every benchmark script runs in ``--quick`` mode and writes a readable result.
 
 Each ``benchmarks/*.py`` script (found by glob, so a new one is covered without editing
-this file; ``_common.py`` is the shared helper) runs as a subprocess with
-``--quick --out <tmp>``: it must exit 0 and write at least one JSON file there, each one
-parsing and carrying the metadata block (version, commit, cores, parameters, quick). A
-script that draws a figure must write it to the same folder. Nothing here measures or
-asserts a speed: a quick run is a smoke run of the same code paths.
+this file; ``_common.py`` is the shared helper) runs with ``--quick --out <tmp>``: it must
+exit 0 and write at least one JSON file there, each one parsing and carrying the metadata
+block (version, commit, cores, parameters, quick). A script that draws a figure must write
+it to the same folder. Nothing here measures or asserts a speed: a quick run is a smoke run
+of the same code paths.
+
+A script runs as ``python SCRIPT --quick --out <tmp>`` runs it, in its own process, but forked
+from one interpreter that has already imported the slow modules (``script_forks.py``; Linux): its
+own working directory, environment, ``sys.argv``, ``sys.path[0]``, standard streams and process
+group, ``__main__`` and the interpreter's own exit; only the start-up (about a second of imports
+a script) is shared. The default-output-folder test starts ``python SCRIPT`` itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +31,15 @@ import shuffledp
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
+#: Runs each script in a fresh fork of an interpreter that imported :data:`PRELOAD` once.
+SCRIPT_FORKS = Path(__file__).resolve().parent / "script_forks.py"
+#: The slow imports the scripts share (numpy, scipy, dp-accounting, matplotlib's figures, the
+#: accountant, the parties): imported once by the runner, before it forks a child per script. Not
+#: ``matplotlib.pyplot`` (a script must import it itself; what it costs above these is negligible).
+PRELOAD = ("numpy", "scipy.optimize", "scipy.special", "scipy.stats", "dp_accounting", "matplotlib.figure",
+           "matplotlib.backends.backend_agg", "tqdm", "shuffledp.protocol.accounting.session",
+           "shuffledp.protocol.accounting.shuffle_round", "shuffledp.analyzer.coordinator", "shuffledp.client",
+           "shuffledp.simulation.engine")
 SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name != "_common.py")
 #: Seconds a quick run may take before the case fails (quick runs take a few seconds alone;
 #: this leaves room for a loaded 2-core machine running other tests at the same time).
@@ -40,13 +57,81 @@ def _env() -> dict[str, str]:
 
 
 def _run(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python SCRIPT --quick ARGS`` in ``cwd``, a process started afresh."""
     proc = subprocess.run([sys.executable, str(script), "--quick", *args], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, (
-        f"{script.name} --quick exited {proc.returncode}\n--- stdout (tail)\n{proc.stdout[-3000:]}\n"
-        f"--- stderr (tail)\n{proc.stderr[-3000:]}"
-    )
+    _check_exit(script, proc.returncode, proc.stdout, proc.stderr)
     return proc
+
+
+def _check_exit(script: Path, status: int, stdout: str, stderr: str, timed_out: bool = False) -> None:
+    assert status == 0 and not timed_out, (
+        f"{script.name} --quick {f'ran past {TIMEOUT} s' if timed_out else f'exited {status}'}\n"
+        f"--- stdout (tail)\n{stdout[-3000:]}\n--- stderr (tail)\n{stderr[-3000:]}"
+    )
+
+
+@dataclasses.dataclass
+class ForkedRun:
+    """What a script's run left: its exit status, standard streams, and whether it ran past the timeout."""
+
+    status: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+class ScriptForks:
+    """The ``script_forks.py`` runner: one per test process, scripts run one at a time. Where the
+    runner cannot work (no ``os.fork`` or ``os.pidfd_open``: not Linux), each script is started afresh."""
+
+    def __init__(self, stderr_path: Path) -> None:
+        self.stderr_path = stderr_path  # the runner's own errors (a failed import)
+        self.process = None
+        if hasattr(os, "fork") and hasattr(os, "pidfd_open"):
+            with stderr_path.open("w") as stderr:
+                self.process = subprocess.Popen([sys.executable, str(SCRIPT_FORKS), *PRELOAD], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env(), cwd=ROOT)
+
+    def run(self, script: Path, args: list[str], cwd: Path, timeout: float = TIMEOUT) -> ForkedRun:
+        """``python SCRIPT ARGS`` in ``cwd``, as a fresh fork of the runner."""
+        if self.process is None:
+            return self._run_afresh(script, args, cwd, timeout)
+        with tempfile.TemporaryDirectory(prefix="script-forks-") as logs:
+            stdout, stderr = Path(logs) / "stdout", Path(logs) / "stderr"
+            request = {"script": str(script), "args": args, "cwd": str(cwd), "env": _env(),
+                       "stdout": str(stdout), "stderr": str(stderr), "timeout": timeout}
+            answer = ""
+            if self.process.poll() is None:
+                self.process.stdin.write(json.dumps(request) + "\n")
+                self.process.stdin.flush()
+                answer = self.process.stdout.readline()
+            assert answer, f"the script runner ended ({self.process.wait()}): {self.stderr_path.read_text()[-3000:]}"
+            result = json.loads(answer)
+            return ForkedRun(result["status"], stdout.read_text(errors="replace"), stderr.read_text(errors="replace"),
+                             result["timed_out"])
+
+    @staticmethod
+    def _run_afresh(script: Path, args: list[str], cwd: Path, timeout: float) -> ForkedRun:
+        try:
+            proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=_env(), capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            return ForkedRun(-9, str(exc.stdout or ""), str(exc.stderr or ""), True)
+        return ForkedRun(proc.returncode, proc.stdout, proc.stderr, False)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def script_forks(tmp_path_factory: pytest.TempPathFactory):
+    """The runner for this module's quick runs (started once per test process)."""
+    runner = ScriptForks(tmp_path_factory.mktemp("script-forks") / "stderr")
+    yield runner
+    runner.close()
 
 
 def _check_metadata(path: Path, out: Path) -> None:
@@ -80,7 +165,7 @@ def test_every_script_is_found():
     [pytest.param(p, id=p.name, marks=[pytest.mark.mqtt] if p.name in NEEDS_BROKER else []) for p in SCRIPTS],
 )
 @pytest.mark.timeout(TIMEOUT + 30)
-def test_quick_run_writes_results(script: Path, tmp_path: Path):
+def test_quick_run_writes_results(script: Path, tmp_path: Path, script_forks: ScriptForks):
     if script.name in NEEDS_BROKER:
         from shuffledp.deploy.broker import BrokerError, find_binary
 
@@ -92,7 +177,8 @@ def test_quick_run_writes_results(script: Path, tmp_path: Path):
             pytest.fail(f"{exc}; or set SHUFFLEDP_SKIP_MQTT=1")
     out = tmp_path / "out"
     committed = _results_state()
-    _run(script, "--out", str(out), cwd=tmp_path)
+    run = script_forks.run(script, ["--quick", "--out", str(out)], cwd=tmp_path)
+    _check_exit(script, run.status, run.stdout, run.stderr, run.timed_out)
     written = sorted(out.glob("*.json"))
     assert written, f"{script.name} --quick wrote no JSON into {out}"
     for path in written:
@@ -104,11 +190,34 @@ def test_quick_run_writes_results(script: Path, tmp_path: Path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "the run wrote outside its --out folder"
 
 
+PROBE = """
+import atexit, os, sys
+atexit.register(lambda: print("atexit ran"))
+print(os.getcwd(), sys.argv[1:], sys.path[0], __name__, os.environ["MPLBACKEND"])
+if sys.argv[1] == "raise":
+    raise RuntimeError("probe failed")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_forked_run_is_the_scripts_own_process(tmp_path: Path, script_forks: ScriptForks):
+    """What the quick runs rely on: the fork takes the script's directory, arguments, import path,
+    ``__main__`` and environment, and ends as its interpreter would (status, atexit, a traceback)."""
+    probe = tmp_path / "scripts" / "probe.py"
+    probe.parent.mkdir()
+    probe.write_text(PROBE)
+    run = script_forks.run(probe, ["3"], cwd=tmp_path)
+    assert (run.status, run.timed_out) == (3, False)
+    assert run.stdout.splitlines() == [f"{tmp_path} ['3'] {probe.parent} __main__ Agg", "atexit ran"]
+    failed = script_forks.run(probe, ["raise"], cwd=tmp_path)
+    assert failed.status == 1 and failed.stderr.rstrip().endswith("RuntimeError: probe failed")
+
+
 def test_default_output_folder_is_bench_out_under_the_working_directory(tmp_path: Path):
-    script = BENCHMARKS / "bench_rr_any_n.py"
+    script = BENCHMARKS / "bench_fast_path.py"
     _run(script, cwd=tmp_path)
     written = list((tmp_path / "bench-out").glob("*.json"))
-    assert [p.name for p in written] == ["rr_any_n.json"]
+    assert [p.name for p in written] == ["fast_path.json"]
     _check_metadata(written[0], Path("bench-out"))
 
 
