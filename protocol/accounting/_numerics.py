@@ -147,6 +147,8 @@ def binom_window_shape(N: int, log_odds: float, lo: int, hi: int) -> tuple[np.nd
     N, mode, up, dn = _steps_from_mode(N, log_odds, lo, hi)
     lo, hi = int(lo), int(hi)
     w = math.exp(log_odds)  # p / (1 - p), relative error <= 2u
+    if hi - lo <= 1:
+        return _short_window_shape(N, mode, w, lo, hi)
     right = np.cumprod((N - up) / (up + 1.0) * w) if len(up) else np.empty(0)
     left = np.cumprod(dn / (N - dn + 1.0) / w) if len(dn) else np.empty(0)
     shape = np.concatenate([left[::-1], [1.0], right])
@@ -156,6 +158,26 @@ def binom_window_shape(N: int, log_odds: float, lo: int, hi: int) -> tuple[np.nd
     mean_steps = float(np.sum(shape * steps) / float(total)) * 1.01 + 1.0
     u_sum = float(np.finfo(np.longdouble).eps)
     rel = (7.0 * _U * (float(steps.max()) + 1.0) + 7.0 * _U * mean_steps + len(shape) * u_sum + 4.0 * _U) * 1.01
+    return pmf, rel + 1e-20
+
+
+def _short_window_shape(N: int, mode: int, w: float, lo: int, hi: int) -> tuple[np.ndarray, float]:
+    """:func:`binom_window_shape` on a window of one or two points (``w = p / (1 - p)``) in scalars: the
+    same operations (one ratio step from the mode; the extended-precision sum is one addition),
+    without numpy's per-call cost (a certificate at a large ``eps0`` takes ~10^5 such windows)."""
+    if hi == lo:
+        shape = [1.0]
+    elif mode == lo:
+        shape = [1.0, (N - float(mode)) / (float(mode) + 1.0) * w]
+    else:
+        shape = [float(mode) / (N - float(mode) + 1.0) / w, 1.0]
+    total = np.longdouble(shape[0]) + np.longdouble(shape[1]) if len(shape) == 2 else np.longdouble(1.0)
+    pmf = np.array([float(np.longdouble(x) / total) for x in shape])
+    steps = [abs(float(k) - mode) for k in range(lo, hi + 1)]
+    weighted = shape[0] * steps[0] if len(shape) == 1 else shape[0] * steps[0] + shape[1] * steps[1]
+    mean_steps = float(weighted / float(total)) * 1.01 + 1.0
+    u_sum = float(np.finfo(np.longdouble).eps)
+    rel = (7.0 * _U * (max(steps) + 1.0) + 7.0 * _U * mean_steps + len(shape) * u_sum + 4.0 * _U) * 1.01
     return pmf, rel + 1e-20
 
 

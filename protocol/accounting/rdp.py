@@ -342,15 +342,18 @@ def wor_subsampled_rdp(
     e2 = inner[2]
     log_j2 = min(math.log(4.0) + math.log(math.expm1(e2)) if e2 > 0 else -math.inf, e2 + log_cap(2))
     out = np.full(o.shape, np.inf)
+    # per order j = 0..contiguous, once: the inner RDP, the cap and log(j!) (terms below, j = 3..lam)
+    inner_at = np.array([inner.get(j, np.nan) for j in range(contiguous + 1)])
+    cap_at = np.array([log_cap(j) for j in range(contiguous + 1)], dtype=np.float64)
+    log_factorial = special.gammaln(np.arange(contiguous + 2))  # gammaln(k) = log((k-1)!)
     for idx, lam in enumerate(o.tolist()):
         if lam > contiguous:
             continue
-        terms = [0.0]
         log_comb2 = special.gammaln(lam + 1) - special.gammaln(3) - special.gammaln(lam - 1)
-        terms.append(2 * log_g + log_comb2 + log_j2)
-        for j in range(3, lam + 1):
-            log_comb = special.gammaln(lam + 1) - special.gammaln(j + 1) - special.gammaln(lam - j + 1)
-            terms.append(j * log_g + log_comb + (j - 1) * inner[j] + log_cap(j))
+        j = np.arange(3, lam + 1)  # every term j = 3..lam at once (the same operations, term by term)
+        log_comb = log_factorial[lam + 1] - log_factorial[j + 1] - log_factorial[lam - j + 1]
+        terms = np.concatenate([[0.0, 2 * log_g + log_comb2 + log_j2],
+                                j * log_g + log_comb + (j - 1) * inner_at[3:lam + 1] + cap_at[3:lam + 1]])
         out[idx] = special.logsumexp(terms) / (lam - 1)
     return out
 

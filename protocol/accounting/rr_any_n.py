@@ -93,7 +93,11 @@ Step 4 -- certified numerics. For one dataset, ``X`` is evaluated on a window:
   ``A_t - e^eps B_t <= T`` (the cut mass), which is below ``delta``.
 
 ``A_t`` is bounded above and ``B_t`` below (and vice versa for the lower estimate),
-so ``eps_k^+ >= eps_k(delta) >= eps_k^-`` rigorously, up to the stated FFT bound.
+so ``eps_k^+ >= eps_k(delta) >= eps_k^-`` rigorously, up to the stated FFT bound. Where that
+bound alone, summed over the top of the window, exceeds ``delta`` while the true tail there is
+below it (huge n at a tiny delta), ``B_t``'s bound is not positive and no upper bound below
+``eps0`` can be certified: that is decided from the windows before they are convolved
+(:func:`_no_claim_before_convolving`).
 Thresholds below the mode ``t0`` are not evaluated one by one: there ``A_t - B_t =
 (rho - r) X(t-1)`` and ``B_t >= B_t0``, so their ratios are at most ``1 + (rho - r) max X
 / B_t0`` (used only where that is below the best ratio at ``t >= t0``).
@@ -266,6 +270,23 @@ def _norm2(x: np.ndarray) -> float:
     return math.sqrt(float(np.sum(x * x)))
 
 
+def _fft_length(parts) -> int:
+    """Transform length of :func:`_fft_convolve` for these windows (5-smooth: often ~2x faster than
+    the next power of 2)."""
+    size = sum(len(p) for p in parts) - len(parts) + 1
+    return sp_fft.next_fast_len(size, real=True)
+
+
+def _fft_error_bound(nfft: int, count: int, norm: float) -> float:
+    """The 2-norm error bound of :func:`_fft_convolve` for ``count`` windows of length-``nfft``
+    transforms whose 2-norms (the inputs' and the output's) sum to ``norm``. Non-decreasing in
+    ``norm`` as computed (every operation is a rounded product or sum of non-negative numbers)."""
+    gamma4 = 4 * _U / (1 - 4 * _U)
+    eta = 4.0 * (_U + gamma4 * (math.sqrt(2.0) + 2 * _U))
+    kappa = math.log2(nfft) * eta
+    return (kappa + 2 * count * _U) * norm * 1.05 + kappa * 1e-300
+
+
 def _fft_convolve(*parts: np.ndarray) -> tuple[np.ndarray, float]:
     """Linear convolution of non-negative windows by one FFT product, and its 2-norm error bound.
 
@@ -278,19 +299,15 @@ def _fft_convolve(*parts: np.ndarray) -> tuple[np.ndarray, float]:
     padded by 5 % for the second-order terms (``kappa sqrt(N) ||x||_2 << 1`` here).
     """
     size = sum(len(p) for p in parts) - len(parts) + 1
-    nfft = sp_fft.next_fast_len(size, real=True)  # 5-smooth: often ~2x faster than the next power of 2
+    nfft = _fft_length(parts)
     spec = sp_fft.rfft(parts[0], nfft)
     for p in parts[1:]:
         spec = spec * sp_fft.rfft(p, nfft)
     c = np.maximum(sp_fft.irfft(spec, nfft)[:size], 0.0)  # clipping towards the true (non-negative) value only shrinks errors
-    gamma4 = 4 * _U / (1 - 4 * _U)
-    eta = 4.0 * (_U + gamma4 * (math.sqrt(2.0) + 2 * _U))
-    kappa = math.log2(nfft) * eta
     # 2-norms by pairwise summation (np.linalg.norm calls BLAS dot, which multi-threads and
     # crawls on a loaded machine)
     norm = float(sum(_norm2(p) for p in parts) + _norm2(c))
-    e2 = (kappa + 2 * len(parts) * _U) * norm * 1.05 + kappa * 1e-300
-    return c, e2
+    return c, _fft_error_bound(nfft, len(parts), norm)
 
 
 def _direct_convolve(parts: list[np.ndarray]) -> tuple[np.ndarray, float]:
@@ -302,10 +319,24 @@ def _direct_convolve(parts: list[np.ndarray]) -> tuple[np.ndarray, float]:
     return c, rel
 
 
-@functools.lru_cache(maxsize=512)
-def _view(j: int, l: int, epsilon0: float, tail: float, coins: int = 0) -> _View:
-    """The others' count for ``j`` users holding 1, ``l`` holding 0 and ``coins`` users whose report
-    is a fair coin (the blanket part of a block's extra users, Step 3), with the bounds of Step 4."""
+@dataclass(frozen=True)
+class _ViewPlan:
+    """What :func:`_view` convolves: ``parts`` (sorted by length, the short ones already merged
+    directly), the view's start ``lo``, relative error ``rel`` and cut mass ``out`` so far, the
+    product ``scale`` of the one-point windows (kept out of the convolution), and whether the
+    last convolution is by FFT."""
+
+    lo: int
+    parts: tuple
+    rel: float
+    out: float
+    scale: float
+    fft: bool
+
+
+@functools.lru_cache(maxsize=4)
+def _view_plan(j: int, l: int, epsilon0: float, tail: float, coins: int, direct_max: int) -> _ViewPlan:
+    """The windows of :func:`_view` and how they are convolved (``direct_max``: :data:`_DIRECT_MAX`)."""
     windows = [_binom_window(j, epsilon0, tail), _binom_window(l, epsilon0, tail)]  # Bin(., r)
     if coins > 0:
         windows.append(_binom_window(int(coins), 0.0, tail))  # Bin(coins, 1/2) = Bin(coins, r) at eps0 = 0
@@ -328,19 +359,108 @@ def _view(j: int, l: int, epsilon0: float, tail: float, coins: int = 0) -> _View
     # The two shortest windows (a block's coins, usually) are convolved directly when that is cheap:
     # the FFT's error bound grows with every factor's 2-norm, and a short window's norm is the
     # largest (at delta = 1e-12 a three-factor FFT made B's lower bound negative in the tail).
-    while len(parts) > 2 and len(parts[0]) * len(parts[1]) <= 10 * _DIRECT_MAX:
+    while len(parts) > 2 and len(parts[0]) * len(parts[1]) <= 10 * direct_max:
         merged, rel_m = _direct_convolve(parts[:2])
         rel += rel_m
         parts = sorted([merged] + parts[2:], key=len)
-    if len(parts) == 1 or len(parts[-1]) * len(parts[-2]) <= _DIRECT_MAX:  # parts are sorted by length
-        c, rel_c = _direct_convolve(parts)
+    fft = not (len(parts) == 1 or len(parts[-1]) * len(parts[-2]) <= direct_max)  # parts are sorted by length
+    return _ViewPlan(lo=int(lo), parts=tuple(parts), rel=rel, out=out, scale=scale, fft=fft)
+
+
+@functools.lru_cache(maxsize=512)
+def _view(j: int, l: int, epsilon0: float, tail: float, coins: int = 0) -> _View:
+    """The others' count for ``j`` users holding 1, ``l`` holding 0 and ``coins`` users whose report
+    is a fair coin (the blanket part of a block's extra users, Step 3), with the bounds of Step 4."""
+    plan = _view_plan(j, l, epsilon0, tail, int(coins), _DIRECT_MAX)
+    rel = plan.rel
+    if plan.fft:
+        c, e2 = _fft_convolve(*plan.parts)
+    else:
+        c, rel_c = _direct_convolve(list(plan.parts))
         e2 = 0.0
         rel += rel_c
-    else:
-        c, e2 = _fft_convolve(*parts)
-    if scale != 1.0:
-        c, e2 = c * scale, e2 * scale
-    return _View(lo=int(lo), pmf=c, rel=rel, e2=e2, out=out)
+    if plan.scale != 1.0:
+        c, e2 = c * plan.scale, e2 * plan.scale
+    return _View(lo=plan.lo, pmf=c, rel=rel, e2=e2, out=plan.out)
+
+
+def _sum_tail_bound(groups: list[tuple[int, float]], s: float) -> float:
+    """Chernoff bound on ``Pr[S >= s]`` for ``S`` a sum of independent ``Bin(N_i, p_i)`` (``groups``):
+    ``exp(-lam s) prod (1 - p + p e^lam)^N`` at a ``lam >= 0`` found by bisection (any ``lam`` gives a
+    bound), padded for the roundings of its evaluation and of the ``p_i`` (a few ulps each)."""
+    groups = [(float(N), float(p)) for N, p in groups if N > 0 and p > 0.0]
+    total = sum(N for N, _ in groups)
+    if s > total:
+        return 0.0
+    if not groups or s <= sum(N * p for N, p in groups):
+        return 1.0
+
+    def slope(lam: float) -> float:  # d/dlam of log E[e^(lam S)]: the tilted mean
+        return sum(N * p * math.exp(lam) / (1.0 - p + p * math.exp(lam)) for N, p in groups)
+
+    lo, hi = 0.0, 1.0
+    while slope(hi) < s and hi < 512.0:  # (e^lam stays finite)
+        lo, hi = hi, 2.0 * hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if slope(mid) < s else (lo, mid)
+    lam = hi
+    terms = [N * math.log1p(p * math.expm1(lam)) for N, p in groups]
+    log_bound = sum(terms) - lam * s
+    pad = 8.0 * _U * (sum(abs(t) for t in terms) + lam * s + s) + 1e-12
+    return min(1.0, math.exp(log_bound + pad) + 1e-300)  # (an underflow is not a bound)
+
+
+def _top_count_over_delta(e2: float, out: float, delta: float, limit: int) -> int | None:
+    """A count ``c <= limit`` of top window points whose FFT allowance in :func:`_tail_arrays`,
+    ``e2 (sqrt(c) + 1)``, plus the cut mass exceeds ``delta`` as computed there (near the smallest
+    such ``c``; the computed value is non-decreasing in ``c``), or None."""
+    if e2 <= 0.0:
+        return None
+    ratio = (delta - out) / e2 - 1.0
+    if ratio > math.sqrt(limit) + 1.0:
+        return None
+    c = max(1, int(math.floor(max(ratio, 0.0) ** 2)) - 2)
+    while c <= limit and not e2 * (math.sqrt(c) + 1.0) + out > delta:
+        c += 1
+    return c if c <= limit else None
+
+
+def _no_claim_before_convolving(plan: _ViewPlan, ones: int, zeros: int, coins: int, epsilon0: float,
+                                delta: float) -> bool:
+    """Whether the upper bound of :func:`_dataset_epsilon_side` on this view is certain to make no
+    claim (``eps0``), decided before the (FFT) convolution is computed.
+
+    That bound makes none where the cut mass reaches ``delta``, or where some threshold has a
+    positive numerator ``A_t - delta`` over a non-positive ``B_t`` bound (:func:`_ratio_of`). Take
+    the threshold ``t`` with ``c`` window points at or above it. There ``A^+ >= e2 (sqrt(c) + 1) +
+    out``, with ``e2`` :func:`_fft_convolve`'s bound, at least its expression without the output's
+    norm (:func:`_fft_error_bound` is non-decreasing in the norm); :func:`_top_count_over_delta`
+    picks ``c`` so that this exceeds ``delta``. And ``B^- = (r x(t-1) + Xbar(t))(1 - rel) - e2
+    (sqrt(c) + 1)``: the computed ``x`` is within ``e2`` (2-norm) of the exact convolution of the
+    windows, so over these ``c + 1`` points ``r x(t-1) + Xbar(t)`` is at most the exact tail from
+    ``t - 1`` plus ``sqrt(c + r^2) e2 <= (sqrt(c) + r) e2`` (Cauchy-Schwarz), up to ``(c + 4) u``
+    relative for the sums. The exact convolution is at most the true law of the others' count
+    divided by ``1 - rel`` (each window's entries are), whose tail :func:`_sum_tail_bound` bounds.
+    Tail ``<= (1 - r - 2 (sqrt(c) + 1)(c + 6) u) e2`` then gives ``B^- <= 0``: the same ``eps0`` the
+    view would give. This is where the FFT's error bound alone exceeds ``delta`` (huge n at a tiny
+    delta): no upper bound below ``eps0`` can be certified there."""
+    if plan.out >= delta:
+        return True
+    if not plan.fft or plan.rel >= 0.5:
+        return False
+    size = sum(len(p) for p in plan.parts) - len(plan.parts) + 1  # the view's length
+    norm = float(sum(_norm2(p) for p in plan.parts))
+    e2 = _fft_error_bound(_fft_length(plan.parts), len(plan.parts), norm) * plan.scale
+    c = _top_count_over_delta(e2, plan.out, delta, size - 1)
+    if c is None:
+        return False
+    r = 1.0 / (1.0 + math.exp(epsilon0))
+    rho = 1.0 / (1.0 + math.exp(-epsilon0))
+    threshold = plan.lo + (size - c) - 1  # the others' count at t - 1
+    tail = _sum_tail_bound([(ones, rho), (zeros, r), (coins, 0.5)], float(threshold)) / (1.0 - plan.rel)
+    slack = 2.0 * (math.sqrt(c) + 1.0) * (c + 6) * _U
+    return tail * (1.0 + (c + 4) * _U) * (1.0 + 1e-9) <= e2 * (1.0 - r - slack) * (1.0 - 1e-9)
 
 
 def _tail_arrays(v: _View, epsilon0: float, upper: bool, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -384,6 +504,10 @@ def _dataset_epsilon_side(delta: float, ones: int, zeros: int, epsilon0: float, 
     (the certificate needs only one of them per dataset; each is the same number either way).
     ``coins``: other users whose reports are fair coins (a block's blanket, Step 3)."""
     tail = _view_tail(ones + zeros, epsilon0, delta)
+    if upper and _no_claim_before_convolving(
+            _view_plan(int(ones), int(zeros), float(epsilon0), tail, int(coins), _DIRECT_MAX),
+            int(ones), int(zeros), int(coins), float(epsilon0), delta):
+        return epsilon0
     v = _view(int(ones), int(zeros), float(epsilon0), tail, int(coins))
     # Thresholds below the mode t0 cannot win (Step 2): there A_t - B_t = (rho - r) X(t-1) and
     # B_t >= B_t0 (B is non-increasing in t), so every ratio (A_t - delta)/B_t is at most
@@ -411,8 +535,51 @@ def _best_ratio(v: _View, epsilon0: float, upper: bool, delta: float, start: int
     (0 where no term is positive; ``None``, i.e. no claim below eps0, where an upper bound cannot
     be certified: the cut mass reaches delta, or a positive numerator meets a non-positive B),
     and the bound on ``B`` at the first threshold."""
+    if start == 0 and len(v.pmf) <= _SMALL_VIEW:
+        return _best_ratio_small(v, epsilon0, upper, delta)
     a, b = _tail_arrays(v, epsilon0, upper, start)
     return _ratio_of(a, b, v, upper, delta), float(b[0])
+
+
+#: Views of at most this many points take :func:`_best_ratio_small` (numpy's per-call cost dominates).
+_SMALL_VIEW = 32
+
+
+def _best_ratio_small(v: _View, epsilon0: float, upper: bool, delta: float) -> tuple[float | None, float]:
+    """:func:`_best_ratio` from ``start = 0`` on a short view: :func:`_tail_arrays` and :func:`_ratio_of`
+    point by point in Python floats, the same IEEE operations in the same order (the tail sums
+    sequentially from the top, as ``np.cumsum`` does), hence the same numbers."""
+    rho = 1.0 / (1.0 + math.exp(-epsilon0))
+    r = 1.0 / (1.0 + math.exp(epsilon0))
+    x = v.pmf.tolist()
+    L = len(x)
+    xbar = [0.0] * (L + 1)
+    for i in range(L - 1, -1, -1):
+        xbar[i] = x[i] if i == L - 1 else xbar[i + 1] + x[i]
+    rel = v.rel + (L + 8) * _U * 1.01
+    grow, shrink = 1 + rel, 1 - rel
+    best, first_b, no_claim = None, 0.0, False
+    for i in range(L + 1):
+        xm1 = x[i - 1] if i > 0 else 0.0
+        fft_sum = v.e2 * (math.sqrt(L - i) + 1.0)
+        a = rho * xm1 + xbar[i]
+        b = r * xm1 + xbar[i]
+        if upper:
+            a, b = a * grow + fft_sum + v.out, b * shrink - fft_sum
+        else:
+            a, b = a * shrink - fft_sum, b * grow + fft_sum + v.out
+        if i == 0:
+            first_b = b
+        num = a - delta
+        if num > 0:
+            if b <= 0:
+                no_claim = True  # a positive numerator over a non-positive B
+            else:
+                ratio = num / b
+                best = ratio if best is None else max(best, ratio)
+    if upper and (v.out >= delta or no_claim):
+        return None, first_b
+    return (0.0 if best is None else best), first_b
 
 
 def _ratio_of(a: np.ndarray, b: np.ndarray, v: _View, upper: bool, delta: float) -> float | None:

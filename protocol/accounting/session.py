@@ -96,6 +96,7 @@ from shuffledp.protocol.accounting.shuffle_round import (
 from shuffledp.protocol.errors import InvalidParameter
 
 if TYPE_CHECKING:  # dp-accounting is imported lazily (about 1 s)
+    from dp_accounting.pld import pld_pmf
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 SAMPLING_SCHEMES = ("poisson", "uniform")
@@ -318,7 +319,7 @@ class SessionAccountant:
     def _pld_epsilon(self, delta: float) -> float:
         """The PLD route's epsilon, ``inf`` where the route is not built (module doc)."""
         try:
-            return float(self.pld().get_epsilon_for_delta(delta))
+            return _pld_epsilon_for_delta(self.pld(), delta)
         except PLDRouteUnavailable:
             return math.inf
 
@@ -450,37 +451,115 @@ def _round_curve(local: LocalGuarantee, n_in: int) -> tuple[np.ndarray, np.ndarr
 @functools.lru_cache(maxsize=8)
 def _group_pld(local: LocalGuarantee, n_in: int, gamma: float, tail: float, d: float,
                count: int) -> "PrivacyLossDistribution":
-    """PLD of ``count`` identical rounds (one round's PLD composed ``count`` times by
-    ``self_compose``), once per process for the exact parameters and discretisation."""
+    """PLD of ``count`` identical rounds (one round's PLD composed ``count`` times, as dp-accounting's
+    ``self_compose`` does it), once per process for the exact parameters and discretisation."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
     grid, deltas = _round_curve(local, n_in)
     eps_p, del_p = subsampled_curve(grid, deltas, gamma, tail)
     pld = _pld_from_curve(eps_p, del_p, d)
     if count == 1:
         return pld
-    points = _self_compose_points(pld, count)
-    if points > PLD_MAX_POINTS:
-        raise PLDRouteUnavailable(count, points)
-    if count > 64:
-        # dp-accounting composes a sparse pmf one round at a time where that stays small, which a
-        # one-point pmf always does (a round whose losses all round to one grid cell): a loop of
-        # ``count`` compositions. The dense pmf is composed by one FFT power (the same truncation);
-        # from 64 rounds on any pmf of two or more points is composed densely anyway.
-        from dp_accounting.pld import pld_pmf
-        from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+    pmf = pld._pmf_remove
+    sparse = not isinstance(pmf, pld_pmf.DensePLDPmf)
+    dense = _dense_pmf(pmf) if sparse else pmf
+    lower, upper = _self_convolve_bounds(dense, count)  # the length of the composed pmf, before it is built
+    if upper - lower + 1 > PLD_MAX_POINTS:
+        raise PLDRouteUnavailable(count, upper - lower + 1)
+    if sparse and count <= 64 and pmf.size**count <= pld_pmf._MAX_PMF_SPARSE_SIZE:
+        # dp-accounting composes such a pmf one round at a time (it stays small): its own path
+        return pld.self_compose(count)
+    # Otherwise dp-accounting composes the dense pmf by one FFT power. A sparse pmf is made dense here
+    # from 64 rounds on as well: dp-accounting would compose a one-point pmf (a round whose losses all
+    # round to one grid cell) one round at a time, a loop of ``count`` compositions.
+    return PrivacyLossDistribution(_dense_self_compose(dense, count, lower, upper))
 
-        if not isinstance(pld._pmf_remove, pld_pmf.DensePLDPmf):
-            pld = PrivacyLossDistribution(pld._pmf_remove.to_dense_pmf())
-    return pld.self_compose(count)
+
+#: Tail mass dp-accounting's ``self_compose`` truncates by default (and :func:`_self_convolve_bounds` uses).
+SELF_COMPOSE_TAIL = 1e-15
 
 
-def _self_compose_points(pld: "PrivacyLossDistribution", count: int) -> int:
-    """Length of ``pld.self_compose(count)``'s pmf, from dp-accounting's own truncation bound (the
-    one ``self_compose`` uses, at its default tail mass), before any of it is computed."""
-    from dp_accounting.pld import common
+def _dense_pmf(pmf) -> "pld_pmf.DensePLDPmf":
+    """``pmf.to_dense_pmf()`` of a sparse dp-accounting pmf: the same array (zeros between its losses),
+    built by one scatter instead of a Python loop over every loss of the range."""
+    from dp_accounting.pld import pld_pmf
 
-    probs = pld._pmf_remove.to_dense_pmf()._probs
-    lo, hi = common.compute_self_convolve_bounds(probs, int(count), 1e-15)
-    return int(hi - lo + 1)
+    losses = np.fromiter(pmf._loss_probs.keys(), dtype=np.int64, count=len(pmf._loss_probs))
+    values = np.fromiter(pmf._loss_probs.values(), dtype=np.float64, count=len(pmf._loss_probs))
+    lower = int(losses.min())
+    probs = np.zeros(int(losses.max()) - lower + 1)
+    probs[losses - lower] = values
+    return pld_pmf.DensePLDPmf(pmf._discretization, lower, probs, pmf._infinity_mass, pmf._pessimistic_estimate)
+
+
+def _self_convolve_bounds(dense, count: int) -> tuple[int, int]:
+    """The truncation window (offsets into the ``count``-fold self-convolution) of dp-accounting's
+    ``self_compose`` at its default tail mass: ``common.compute_self_convolve_bounds``, the same
+    numbers, computed once (``self_compose`` would compute them again) and over the pmf's support.
+
+    Its Chernoff bounds take ``log E[e^(order X)]`` by ``scipy.special.logsumexp`` over the whole
+    dense pmf (a million entries for a round at ``eps0 = 50``), 40 orders. Zero entries add exact
+    zeros there (``logsumexp`` sets their exponent to ``-inf``), so :func:`_logsumexp_of_support`
+    evaluates the exponentials at the nonzero entries only and sums them in a zero array of the
+    pmf's length: the same operations on the same values, in the same order."""
+    probs = np.asarray(dense._probs)
+    length = len(probs)
+    upper_bound, lower_bound = (length - 1) * int(count), 0
+    support = np.flatnonzero(probs)
+    weights = probs[support]
+    orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / length
+    log_two_over_tail = math.log(2 / SELF_COMPOSE_TAIL)
+    for order in orders:
+        log_mgf = _logsumexp_of_support(support * order, weights, support, length)
+        bound = (int(count) * log_mgf + log_two_over_tail) / order
+        if not math.isfinite(bound):
+            continue
+        if order > 0:
+            upper_bound = min(upper_bound, math.ceil(bound))
+        if order < 0:
+            lower_bound = max(lower_bound, math.floor(bound))
+    return int(lower_bound), int(upper_bound)
+
+
+def _logsumexp_of_support(a: np.ndarray, b: np.ndarray, support: np.ndarray, length: int) -> np.float64:
+    """``scipy.special.logsumexp(a_full, b=b_full)`` (scipy 1.17, real non-negative weights) for the
+    length-``length`` arrays that hold ``a``, ``b`` at ``support`` and zero weights elsewhere: its
+    steps (the largest term taken out of the sum and added back as ``log(m)``), with each full-length
+    array it sums rebuilt as zeros plus the support's entries."""
+    def full(values: np.ndarray) -> np.ndarray:
+        out = np.zeros(length)
+        out[support] = values
+        return out
+
+    a_max = np.max(a, keepdims=True)
+    is_max = a == a_max
+    m = np.sum(full(b * is_max.astype(np.float64)), keepdims=True, dtype=np.float64)
+    shifted = np.where(is_max, -np.inf, a)
+    s = np.sum(full(b * np.exp(shifted - a_max)), keepdims=True, dtype=np.float64)
+    s = np.where(s == 0, s, s / m)
+    sgn = np.sign(s + 1) * np.sign(m)
+    s = np.where(s < -1, -s - 2, s)
+    out = np.log1p(s) + np.log(np.abs(m)) + a_max
+    out[sgn < 0] = np.nan
+    return out[0]
+
+
+def _dense_self_compose(dense, count: int, lower: int, upper: int) -> "pld_pmf.DensePLDPmf":
+    """``dense.self_compose(count)`` (dp-accounting's ``DensePLDPmf.self_compose`` and
+    ``common.self_convolve``, step for step) on the truncation window ``[lower, upper]`` of
+    :func:`_self_convolve_bounds`: the same pmf, without computing the window twice."""
+    from dp_accounting.pld import pld_pmf
+    from scipy import fft
+
+    probs = dense._probs
+    output_len = upper - lower + 1
+    fast_len = fft.next_fast_len(max(output_len, len(probs)))
+    powered = np.real(fft.ifft(fft.fft(probs, fast_len) ** count))
+    out = np.array(np.roll(powered, -lower)[:output_len])
+    inf_prob = SELF_COMPOSE_TAIL - math.expm1(count * math.log1p(-dense._infinity_mass))
+    return pld_pmf.DensePLDPmf(dense._discretization, dense._lower_loss * count + lower, out, inf_prob,
+                               dense._pessimistic_estimate)
 
 
 @functools.lru_cache(maxsize=32)
@@ -521,6 +600,84 @@ def subsampled_rdp(inner: np.ndarray, orders, gamma: float, tail: float, eps_inf
         o = np.asarray(orders, dtype=np.float64)
         sub = np.logaddexp(math.log1p(-tail) + (o - 1) * sub, math.log(tail) + (o - 1) * worst) / (o - 1)
     return np.minimum(sub, worst)
+
+
+def _pld_epsilon_for_delta(pld: "PrivacyLossDistribution", delta: float) -> float:
+    """``pld.get_epsilon_for_delta(delta)``, the same number: for a symmetric dense pmf (a composed
+    session's) by :func:`_dense_epsilon_for_delta`, otherwise by dp-accounting itself."""
+    from dp_accounting.pld import pld_pmf
+
+    pmf = pld._pmf_remove
+    if pld._symmetric and isinstance(pmf, pld_pmf.DensePLDPmf) and len(pmf._probs) > 0:
+        return float(_dense_epsilon_for_delta(pmf, float(delta)))
+    return float(pld.get_epsilon_for_delta(delta))
+
+
+#: Losses :func:`_dense_epsilon_for_delta` handles per step (from the largest down).
+_EPSILON_CHUNK = 1 << 16
+
+
+def _dense_epsilon_for_delta(pmf, delta: float) -> float:
+    """dp-accounting's ``DensePLDPmf.get_epsilon_for_delta`` (``pld_pmf._get_epsilon_for_delta``,
+    dp-accounting 0.6) with its loop over losses, from the largest down, done a chunk at a time.
+
+    The loop keeps two running sums, the mass at losses ``>= l`` and the same mass weighted by
+    ``e^-l``, and stops at the first loss ``l`` where ``log((mass - delta) / weighted) >= l``. The
+    same floating-point operations in the same order: the losses by repeated subtraction of the
+    discretisation (``itertools.count``) and both sums by sequential addition (``np.cumsum``), the
+    weights by ``math.exp``; the stopping test is located with ``np.log`` and decided with
+    ``math.log`` (the two may differ in the last bit)."""
+    if pmf._infinity_mass > delta:
+        return math.inf
+    d = pmf._discretization
+    probs = np.flip(np.asarray(pmf._probs, dtype=np.float64))
+    mass_upper, mass_lower = pmf._infinity_mass, 0.0  # the running sums before each loss
+    loss = (pmf._lower_loss + len(probs) - 1) * d  # the largest loss, then one step below the last
+    for first in range(0, len(probs), _EPSILON_CHUNK):
+        chunk = probs[first:first + _EPSILON_CHUNK]
+        steps = np.full(len(chunk), -d)  # the first loss is the largest, each next one a step below
+        losses = np.cumsum(np.concatenate([[loss], steps[1:]])) if first == 0 else \
+            np.cumsum(np.concatenate([[loss], steps]))[1:]
+        overflow = np.flatnonzero(losses < -700.0)  # math.exp(-loss) would overflow (dp-accounting raises there)
+        if len(overflow):
+            chunk, losses = chunk[:overflow[0]], losses[:overflow[0]]
+        weights = np.fromiter(map(math.exp, (-losses).tolist()), dtype=np.float64, count=len(chunk)) * chunk
+        uppers = np.cumsum(np.concatenate([[mass_upper], chunk]))  # uppers[i]: before loss i
+        lowers = np.cumsum(np.concatenate([[mass_lower], weights]))
+        stop = _first_stop(uppers[:-1], lowers[:-1], losses, delta)
+        ret = _first_return(uppers[1:], lowers[1:], delta)
+        if ret is not None and (stop is None or ret < stop):
+            return max(0, float(losses[ret]))
+        if stop is not None:
+            mass_upper, mass_lower = uppers[stop], lowers[stop]
+            break
+        if len(overflow):
+            return float(pmf.get_epsilon_for_delta(delta))  # dp-accounting's own loop, as it goes there
+        mass_upper, mass_lower, loss = uppers[-1], lowers[-1], float(losses[-1])
+    if mass_upper <= mass_lower + delta:
+        return 0.0
+    return math.log((mass_upper - delta) / mass_lower)
+
+
+def _first_stop(uppers: np.ndarray, lowers: np.ndarray, losses: np.ndarray, delta: float) -> int | None:
+    """First ``i`` with ``uppers[i] > delta``, ``lowers[i] > 0`` and ``math.log((uppers[i] - delta) /
+    lowers[i]) >= losses[i]`` (dp-accounting's stopping test), or None."""
+    ok = (uppers > delta) & (lowers > 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        logs = np.log(np.where(ok, (uppers - delta) / np.where(ok, lowers, 1.0), 1.0))
+    # np.log is within a few ulps of math.log: candidates with a margin, each decided by math.log
+    margin = 8.0 * np.spacing(np.maximum(np.abs(logs), np.abs(losses))) + 1e-300
+    for i in np.flatnonzero(ok & (logs + margin >= losses)).tolist():
+        if math.log((uppers[i] - delta) / lowers[i]) >= losses[i]:
+            return i
+    return None
+
+
+def _first_return(uppers: np.ndarray, lowers: np.ndarray, delta: float) -> int | None:
+    """First ``i`` with ``uppers[i] >= delta`` and ``lowers[i] == 0`` (dp-accounting returns that loss:
+    its ``e^-loss`` underflowed), or None."""
+    hits = np.flatnonzero((uppers >= delta) & (lowers == 0))
+    return int(hits[0]) if len(hits) else None
 
 
 def _pld_from_curve(eps: np.ndarray, deltas: np.ndarray, d: float) -> "PrivacyLossDistribution":

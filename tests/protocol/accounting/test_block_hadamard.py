@@ -10,6 +10,7 @@ is compared with an exact divergence (as in ``test_bounds.py``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -41,7 +42,7 @@ from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.accounting.shuffle_round import blanket_laws, blanket_round_delta
 from shuffledp.protocol.mechanisms.randomness import SeededSource
 
-from .brute import add_user, clone_pair_delta, histogram_distribution, hockey
+from .brute import clone_pair_delta
 
 REL = 1e-9
 TOL = 1e-12
@@ -189,17 +190,55 @@ def test_b1_parameters_equal_one_bit_hadamard(e0, k):
 # ------------------------------------------------------ validity by enumeration
 def _worst_over_datasets_and_pairs(R: np.ndarray, n: int, eps_list) -> dict[float, float]:
     """max over every multiset of the other n - 1 inputs and every input pair of the
-    exact shuffled divergence (brute.py's primitives; the others' histogram is built
-    once per dataset and shared by the pairs)."""
-    k = R.shape[0]
+    exact shuffled divergence (the others' histogram is built once per dataset and shared by
+    the pairs).
+
+    brute.py's primitives on the histograms that can occur (at most n reports; brute's dense
+    array holds every count up to n per output, zeros elsewhere): each entry by the same
+    operations in the same order, so the same numbers. Each divergence is the exact sum of its
+    terms (``math.fsum``) rounded up by 64 ulps, hence at least numpy's pairwise sum of the
+    same terms (off by less than 32 ulps for these lengths): never below brute.hockey."""
+    k, d = R.shape
+    zero, shifts = _histogram_states(d, n)
     best = {e: 0.0 for e in eps_list}
     for others in itertools.combinations_with_replacement(range(k), n - 1):
-        base = histogram_distribution(R, others)
-        views = [add_user(base, R[x]) for x in range(k)]
+        base = np.zeros(len(shifts[0]))
+        base[zero] = 1.0
+        for x in others:
+            base = _add_report(base, R[x], shifts)
+        views = [_add_report(base, R[x], shifts) for x in range(k)]
         for x0, x1 in itertools.combinations(range(k), 2):
             for e in eps_list:
-                best[e] = max(best[e], hockey(views[x0], views[x1], e))
+                best[e] = max(best[e], _hockey_up(views[x0], views[x1], e))
     return best
+
+
+@functools.lru_cache(maxsize=4)
+def _histogram_states(d: int, n: int) -> tuple[int, list[np.ndarray]]:
+    """The count vectors (first d - 1 outputs) of at most n reports, in the order of brute's dense
+    array: the index of the empty one and, per output o, each state's index with one report of o
+    fewer (-1 where it has none)."""
+    states = [s for s in itertools.product(range(n + 1), repeat=d - 1) if sum(s) <= n]
+    index = {s: i for i, s in enumerate(states)}
+    shifts = [np.array([index[s[:o] + (s[o] - 1,) + s[o + 1:]] if s[o] else -1 for s in states])
+              for o in range(d - 1)]
+    return index[(0,) * (d - 1)], shifts
+
+
+def _add_report(D: np.ndarray, row: np.ndarray, shifts: list[np.ndarray]) -> np.ndarray:
+    """brute.add_user on the states of :func:`_histogram_states`."""
+    new = row[-1] * D
+    for o, shift in enumerate(shifts):
+        has = shift >= 0
+        new[has] += row[o] * D[shift[has]]
+    return new
+
+
+def _hockey_up(P: np.ndarray, Q: np.ndarray, eps: float) -> float:
+    """brute.hockey, each sum exact and rounded up by 64 ulps (see _worst_over_datasets_and_pairs)."""
+    E = math.exp(eps)
+    up = 1.0 + 64 * 2.0**-53
+    return max(math.fsum(np.maximum(P - E * Q, 0).tolist()) * up, math.fsum(np.maximum(Q - E * P, 0).tolist()) * up)
 
 
 def test_clone_pairs_match_enumeration():

@@ -40,8 +40,15 @@ from shuffledp.protocol.accounting.iid_dataset import (
 from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau, thinned_rr_delta
 from shuffledp.protocol.errors import InvalidParameter
 
-from .brute import exact_round_delta
+from .brute import add_user, histogram_distribution, hockey
 from .test_blanket import laplace_matrix
+
+
+def exact_round_deltas(R, x0, x1, others, eps_list):
+    """``brute.exact_round_delta`` at each eps of ``eps_list``: the two views built once for all."""
+    base = histogram_distribution(R, others)
+    p, q = add_user(base, R[x0]), add_user(base, R[x1])
+    return [hockey(p, q, eps) for eps in eps_list]
 
 
 def _classes(v: ThreeClassView):
@@ -114,8 +121,8 @@ def test_closed_form_equals_the_enumerated_view(name, n):
 ], ids=["5rr-third", "4rr-thinned", "hr4-third", "bhr-third"])
 def test_below_the_mechanisms_exact_divergence_on_that_dataset(local, x0, x1, other, view, n):
     R = randomizer_matrix(local)
-    for eps in (0.0, 0.2, 0.5):
-        exact = exact_round_delta(R, x0, x1, [other] * (n - 1), eps)
+    eps_list = (0.0, 0.2, 0.5)
+    for eps, exact in zip(eps_list, exact_round_deltas(R, x0, x1, [other] * (n - 1), eps_list)):
         got = iid_delta(view, n, eps)
         assert 0 < got <= exact * (1 + 1e-12), (eps, got, exact)
 
@@ -123,8 +130,8 @@ def test_below_the_mechanisms_exact_divergence_on_that_dataset(local, x0, x1, ot
 def test_laplace_middle_view_below_the_report_on_that_dataset():
     G, e0, n = 2, 2.0, 5
     R = laplace_matrix(e0, G, 1)
-    for eps in (0.0, 0.3, 0.8):
-        exact = exact_round_delta(R, 0, G, [G // 2] * (n - 1), eps)
+    eps_list = (0.0, 0.3, 0.8)
+    for eps, exact in zip(eps_list, exact_round_deltas(R, 0, G, [G // 2] * (n - 1), eps_list)):
         assert 0 < iid_delta(laplace_middle_view(e0, G), n, eps) <= exact * (1 + 1e-12)
 
 
@@ -139,8 +146,8 @@ def test_laplace_endpoint_view_is_the_reports_classes_on_that_dataset(G, cut):
     low, high = ys <= cut, ys >= G - cut
     assert R[0, low].sum() == pytest.approx(v.a0, rel=1e-12) and R[0, high].sum() == pytest.approx(v.a1, rel=1e-12)
     assert R[G, low].sum() == pytest.approx(v.pi_a, rel=1e-12) and R[G, high].sum() == pytest.approx(v.pi_b, rel=1e-12)
-    for eps in (0.0, 0.3, 0.8):
-        exact = exact_round_delta(R, 0, G, [G] * (n - 1), eps)
+    eps_list = (0.0, 0.3, 0.8)
+    for eps, exact in zip(eps_list, exact_round_deltas(R, 0, G, [G] * (n - 1), eps_list)):
         assert 0 < iid_delta(v, n, eps) <= exact * (1 + 1e-12)
 
 

@@ -32,6 +32,42 @@ from shuffledp.protocol.errors import InvalidParameter
 D = 1e-4  # PLD discretisation used throughout
 
 
+
+def _outcome(f, *args):
+    try:
+        return f(*args)
+    except OverflowError:
+        return "overflow"
+
+
+def test_session_pld_steps_are_dp_accountings_numbers():
+    """The session composes a round's PLD and reads its epsilon with dp-accounting's own arithmetic,
+    done faster (``session._self_convolve_bounds``, ``_dense_self_compose``, ``_dense_epsilon_for_delta``):
+    the truncation window, the composed pmf and the epsilon are dp-accounting's, bit for bit."""
+    from dp_accounting.pld import common, pld_pmf
+
+    from shuffledp.protocol.accounting import session
+
+    rng = np.random.default_rng(7)
+    for size, count in ((1, 10**9), (3, 2), (50, 65), (2_000, 30), (100_000, 2)):
+        probs = np.zeros(size)
+        probs[rng.choice(size, size=min(size, 40), replace=False)] = rng.random(min(size, 40))
+        probs /= probs.sum()
+        dense = pld_pmf.DensePLDPmf(D, -size // 3, probs, 1e-12, True)
+        lower, upper = session._self_convolve_bounds(dense, count)
+        assert (lower, upper) == tuple(int(v) for v in common.compute_self_convolve_bounds(probs, count, 1e-15))
+        ours = session._dense_self_compose(dense, count, lower, upper)
+        theirs = dense.self_compose(count)
+        assert (ours._lower_loss, ours._infinity_mass) == (theirs._lower_loss, theirs._infinity_mass)
+        assert np.array_equal(ours._probs, theirs._probs)
+        for delta in (1e-15, 1e-9, 1e-6, 1e-2, 0.5):  # (dp-accounting overflows below a loss of -709)
+            assert _outcome(session._dense_epsilon_for_delta, theirs, delta) == _outcome(
+                type(theirs).get_epsilon_for_delta, theirs, delta)
+        sparse = pld_pmf.SparsePLDPmf({int(i) - size // 3: float(probs[i]) for i in np.flatnonzero(probs)}, D, 1e-12,
+                                      True)
+        assert np.array_equal(session._dense_pmf(sparse)._probs, sparse.to_dense_pmf()._probs)
+
+
 # ------------------------------------------------ dp-accounting's own regression values
 def _gaussian_curve(sigma, eps):
     mu = 1.0 / sigma
