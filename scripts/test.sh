@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 latest=0
 reuse=0
 pytest_args=()
-workers="-n auto"   # one pytest process per core (pytest-xdist), unless -n is given
+workers="-n auto --dist worksteal"   # one pytest process per core (pytest-xdist), idle ones take queued tests from busy ones; unless -n is given
 for arg in "$@"; do
   case "$arg" in
     --latest) latest=1 ;;
