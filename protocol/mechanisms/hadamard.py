@@ -41,21 +41,36 @@ def hadamard_entry(j: np.ndarray | int, v: np.ndarray | int) -> np.ndarray:
     return (1 - 2 * popcount_parity(np.bitwise_and(j_arr, v_arr))).astype(np.int8)
 
 
+#: Elements per block of the transposed transform (two float64 buffers of 512 KiB: in cache).
+_FWHT_BLOCK = 1 << 16
+#: Last-axis sizes transformed in transposed blocks; others in place, row-major.
+_FWHT_TRANSPOSED = (4, 1024)
+
+
 def fwht(x: np.ndarray) -> np.ndarray:
     """Unnormalised fast Walsh–Hadamard transform along the last axis.
 
     Returns ``x @ H_K`` for ``x`` of shape ``(..., K)`` with K a power of two, in
     O(K log K) per vector, as a new float64 (or complex/int, preserving kind) array.
-    Each of the log2(K) stages is one vectorized butterfly over the whole batch.
+    Each of the log2(K) stages is one vectorized butterfly (``a + b``, ``a - b``) over
+    the whole batch. For ``4 <= K <= 1024`` the vectors go through in blocks of
+    :data:`_FWHT_BLOCK` elements, transposed so that each butterfly runs over long
+    contiguous rows (the same additions in the same order: the same result, bit for bit).
     """
-    a = np.array(x, copy=True)
-    if a.dtype.kind in "biu":
-        a = a.astype(np.int64)
-    elif a.dtype.kind != "c":
-        a = a.astype(np.float64)
-    k = a.shape[-1]
+    x = np.asarray(x)
+    kind = x.dtype.kind
+    dtype = np.int64 if kind in "biu" else (x.dtype if kind == "c" else np.float64)
+    k = x.shape[-1]
     if not is_power_of_two(k):
         raise InvalidParameter("x", f"last axis must be a power of two, got {k}")
+    if _FWHT_TRANSPOSED[0] <= k <= _FWHT_TRANSPOSED[1]:
+        return _fwht_transposed(x.reshape(-1, k), dtype).reshape(x.shape)
+    return _fwht_in_place(np.array(x, dtype=dtype, copy=True))
+
+
+def _fwht_in_place(a: np.ndarray) -> np.ndarray:
+    """The butterflies on ``a`` itself, along its last axis, row-major."""
+    k = a.shape[-1]
     lead = a.shape[:-1]
     h = 1
     while h < k:
@@ -66,3 +81,26 @@ def fwht(x: np.ndarray) -> np.ndarray:
         np.subtract(top, bottom, out=view[..., 1, :])
         h *= 2
     return a
+
+
+def _fwht_transposed(rows: np.ndarray, dtype) -> np.ndarray:
+    """The transform of each row of ``rows`` (``(m, K)``), block by block: a block of rows is
+    copied transposed (``(K, w)``) and the butterflies alternate between two such buffers."""
+    m, k = rows.shape
+    out = np.empty((m, k), dtype=dtype)
+    block = max(1, _FWHT_BLOCK // k)
+    buffers = np.empty((2, k, min(block, m)), dtype=dtype)
+    for start in range(0, m, block):
+        stop = min(m, start + block)
+        a, b = buffers[0, :, : stop - start], buffers[1, :, : stop - start]
+        a[...] = rows[start:stop].T
+        h = 1
+        while h < k:
+            pairs = a.reshape(k // (2 * h), 2, h, -1)
+            sums = b.reshape(k // (2 * h), 2, h, -1)
+            np.add(pairs[:, 0], pairs[:, 1], out=sums[:, 0])
+            np.subtract(pairs[:, 0], pairs[:, 1], out=sums[:, 1])
+            a, b = b, a
+            h *= 2
+        out[start:stop] = a.T
+    return out

@@ -219,8 +219,9 @@ def split(values: np.ndarray, modulus: int, messages: int, source: RandomSource)
     ``messages = 1`` returns the value itself (``v mod q``).
 
     ``values``: 1-d integer array, one entry per user. Returns an ``(n, M)`` int64
-    array with entries in ``[0, q)``. No intermediate exceeds ``2^63 - 1``:
-    partial sums are reduced after every addition of two values ``< 2^62``.
+    array with entries in ``[0, q)``. No intermediate exceeds ``2^63 - 1``: the
+    ``M - 1`` random shares are summed in one pass when ``(M - 1)(q - 1)`` fits in int64,
+    else reduced after every addition of two values ``< 2^62`` (the same sum mod ``q``).
     """
     q = _check_modulus(modulus)
     m = _check_int("messages", messages, 1)
@@ -235,9 +236,12 @@ def split(values: np.ndarray, modulus: int, messages: int, source: RandomSource)
     out = np.empty((n, m), dtype=np.int64)
     if m > 1:
         out[:, : m - 1] = source.integers(q, n * (m - 1)).reshape(n, m - 1)
-    acc = np.zeros(n, dtype=np.int64)
-    for j in range(m - 1):
-        acc = np.mod(acc + out[:, j], q)  # both < 2^62: no overflow
+    if (m - 1) * (q - 1) <= np.iinfo(np.int64).max:
+        acc = np.mod(out[:, : m - 1].sum(axis=1), q)  # each row's sum fits in int64
+    else:
+        acc = np.zeros(n, dtype=np.int64)
+        for j in range(m - 1):
+            acc = np.mod(acc + out[:, j], q)  # both < 2^62: no overflow
     out[:, m - 1] = np.mod(v - acc, q)  # in (-q, q): no overflow
     return out
 

@@ -324,16 +324,29 @@ class SystemSource:
         For gamma > 1: floor(gamma) independent Bernoulli(exp(-1)) draws (stop at
         the first 0) times one Bernoulli(exp(-(gamma - floor(gamma)))).
         """
-        if gamma <= 1:
+        return self._bernoulli_exp_neg_ratio(gamma.numerator, gamma.denominator)
+
+    def _bernoulli_exp_neg_ratio(self, num: int, den: int) -> bool:
+        """:meth:`_bernoulli_exp_neg` of ``gamma = num / den`` (integers, ``num >= 0``, ``den >= 1``).
+
+        The same algorithm in integer arithmetic: Bernoulli(gamma/K) is
+        :meth:`_bernoulli_rational` of ``gamma/K`` in lowest terms (``g = gcd(num, den K)``;
+        uniform D on ``{0..den K/g - 1}``, return ``D < num/g``), so the bit source is asked
+        for exactly what the rational version asks for, without building a Fraction per draw.
+        """
+        randbelow = self._randbelow
+        if num <= den:
             k = 1
-            while self._bernoulli_rational(gamma / k):
+            while True:
+                scaled = den * k
+                g = math.gcd(num, scaled)
+                if not randbelow(scaled // g) < num // g:
+                    return k % 2 == 1
                 k += 1
-            return k % 2 == 1
-        one = Fraction(1)
-        for _ in range(math.floor(gamma)):
-            if not self._bernoulli_exp_neg(one):
+        for _ in range(num // den):
+            if not self._bernoulli_exp_neg_ratio(1, 1):
                 return False
-        return self._bernoulli_exp_neg(gamma - math.floor(gamma))
+        return self._bernoulli_exp_neg_ratio(num % den, den)
 
     def _discrete_laplace_one(self, scale: Fraction) -> int:
         """CKS20 Algorithm 2: one draw with P(z) proportional to exp(-|z| / scale).
@@ -345,18 +358,21 @@ class SystemSource:
         geometric with P(Y = y) proportional to exp(-y s/t); a fair sign B is
         attached and (B = 1, Y = 0) is rejected so that 0 is not counted twice.
         """
-        t = scale.numerator
-        s = scale.denominator
-        one = Fraction(1)
+        return self._discrete_laplace_ratio(scale.numerator, scale.denominator)
+
+    def _discrete_laplace_ratio(self, t: int, s: int) -> int:
+        """:meth:`_discrete_laplace_one` of ``scale = t / s`` in lowest terms, in integer arithmetic."""
+        randbelow = self._randbelow
+        exp_neg = self._bernoulli_exp_neg_ratio
         while True:
-            u = self._randbelow(t)
-            if not self._bernoulli_exp_neg(Fraction(u, t)):
+            u = randbelow(t)
+            if not exp_neg(u, t):
                 continue
             v = 0
-            while self._bernoulli_exp_neg(one):
+            while exp_neg(1, 1):
                 v += 1
             y = (u + t * v) // s
-            b = self._randbelow(2)
+            b = randbelow(2)
             if b == 1 and y == 0:
                 continue
             return -y if b == 1 else y
@@ -366,16 +382,16 @@ class SystemSource:
 
         t = floor(sigma) + 1 (computed exactly as isqrt(floor(sigma2)) + 1);
         repeat: Y ~ discrete Laplace(t); accept with probability
-        exp(-(|Y| - sigma2/t)^2 / (2 sigma2)).
+        exp(-(|Y| - sigma2/t)^2 / (2 sigma2)). With sigma2 = p/q in lowest terms that
+        exponent is ``(|Y| q t - p)^2 / (2 p q t^2)``, evaluated in integers.
         """
-        t = math.isqrt(math.floor(sigma2)) + 1
-        shift = sigma2 / t
-        two_s2 = 2 * sigma2
-        scale = Fraction(t)
+        p, q = sigma2.numerator, sigma2.denominator
+        t = math.isqrt(p // q) + 1
+        qt = q * t
+        den = 2 * p * q * t * t
         while True:
-            y = self._discrete_laplace_one(scale)
-            d = abs(y) - shift
-            if self._bernoulli_exp_neg(d * d / two_s2):
+            y = self._discrete_laplace_ratio(t, 1)
+            if self._bernoulli_exp_neg_ratio((abs(y) * qt - p) ** 2, den):
                 return y
 
     # -- public noise samplers ---------------------------------------------

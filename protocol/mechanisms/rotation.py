@@ -47,8 +47,10 @@ class RandomRotation:
         if x.shape[-1] != self.dim:
             raise InvalidParameter("x", f"last axis must be {self.dim}, got {x.shape[-1]}")
         padded = np.zeros(x.shape[:-1] + (self.padded_dim,))
-        padded[..., : self.dim] = x * self.signs[: self.dim]
-        return fwht(padded) * self._scale
+        np.multiply(x, self.signs[: self.dim], out=padded[..., : self.dim])
+        out = fwht(padded)
+        out *= self._scale
+        return out
 
     def inverse(self, z: np.ndarray) -> np.ndarray:
         """``U^{-1} z`` for ``z`` of shape ``(..., D)``; returns the first ``dim`` coordinates."""

@@ -938,8 +938,44 @@ def _statistics(case: AuditCase, draw: Callable[[int], np.ndarray], n: int, prog
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _choose_threshold(sel_x: np.ndarray, sel_xp: np.ndarray, n_eval: int, delta: float, confidence: float) -> int:
-    """The ``t`` maximising a pessimistic forecast of the evaluation bound, from the selection runs alone.
+def _memoized(memo: dict | None, key: tuple, compute: Callable[[], object]):
+    """``memo[key]`` when another row of the case computed it (``key`` names everything that fixes
+    the value), else ``compute()`` (kept there); always ``compute()`` without a memo."""
+    if memo is None:
+        return compute()
+    if key not in memo:
+        memo[key] = compute()
+    return memo[key]
+
+
+def _sorted_quantiles(sorted_values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """``np.quantile(sorted_values, levels, method="inverted_cdf")`` of an already sorted array, by indexing.
+
+    The inverted-CDF quantile at level ``q`` of ``n`` values is the order statistic at
+    0-based index ``ceil(n q - 1)`` (at least 0), with ``n q - 1`` computed in floating
+    point as NumPy does; the sorted array needs no partition (one per level otherwise).
+    """
+    index = sorted_values.size * np.asarray(levels, dtype=np.float64) - 1.0
+    below = np.floor(index)
+    position = np.where(index == below, below, below + 1.0).astype(np.intp)
+    return sorted_values[np.maximum(position, 0)]
+
+
+def _selection_forecast(sel_x: np.ndarray, sel_xp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The candidate thresholds of :func:`_choose_threshold` and, for each, the pessimistic estimates
+    of ``P[x in E]`` and ``P[x' in E]`` from the selection runs: what does not depend on ``n_eval``."""
+    sx = np.sort(sel_x)
+    sxp = np.sort(sel_xp)
+    candidates = np.unique(_sorted_quantiles(sx, _THRESHOLD_LEVELS))
+    k1 = np.searchsorted(sx, candidates, side="right")
+    k2 = np.searchsorted(sxp, candidates, side="right")
+    return candidates, _cp_low(k1, sx.size, _SELECTION_ALPHA), _cp_high(k2, sxp.size, _SELECTION_ALPHA)
+
+
+def _choose_threshold(forecast: tuple[np.ndarray, np.ndarray, np.ndarray], n_eval: int, delta: float,
+                      confidence: float) -> int:
+    """The ``t`` maximising a pessimistic forecast of the evaluation bound, from the selection runs alone
+    (``forecast``: :func:`_selection_forecast` of them).
 
     For each candidate ``t`` the probabilities are estimated *pessimistically* from the
     selection counts (``P[x in E]`` by its 95 % lower, ``P[x' in E]`` by its 95 % upper
@@ -951,13 +987,7 @@ def _choose_threshold(sel_x: np.ndarray, sel_xp: np.ndarray, n_eval: int, delta:
     evaluation noise) and so prefers events with mass. Validity does not depend on
     this choice, only power does.
     """
-    sx = np.sort(sel_x)
-    sxp = np.sort(sel_xp)
-    candidates = np.unique(np.quantile(sx, _THRESHOLD_LEVELS, method="inverted_cdf"))
-    k1 = np.searchsorted(sx, candidates, side="right")
-    k2 = np.searchsorted(sxp, candidates, side="right")
-    p_pess = _cp_low(k1, sx.size, _SELECTION_ALPHA)
-    q_pess = _cp_high(k2, sxp.size, _SELECTION_ALPHA)
+    candidates, p_pess, q_pess = forecast
     bounds = _lower_bound(p_pess * n_eval, n_eval, q_pess * n_eval, n_eval, delta, confidence)
     return int(candidates[int(np.argmax(bounds))])
 
@@ -974,6 +1004,7 @@ def run_audit(
     parametric_confidence: float | None = None,
     sampler: Sampler | None = None,
     chunk: int = _CHUNK,
+    selection_memo: dict | None = None,
 ) -> AuditResult:
     """Audit one case: ``trials`` runs per side with ``source`` (``"seeded"`` or ``"system"``).
 
@@ -992,6 +1023,12 @@ def run_audit(
     it instead of the built-in randomizer, ``source`` only labels the row, and the parametric
     bound uses the selection runs too (they come from the same implementation, as for the
     seeded source). ``chunk``: the most runs asked for at once.
+
+    ``selection_memo``: a dict, kept by the caller for *this case only*, in which the
+    selection statistics (and the threshold forecast made from them) are stored under what
+    fixes their draws (``seed``, side, ``selection_trials``, ``chunk``); another row of the
+    case (the other source) that would draw the same seeded runs takes them from it
+    instead: the same numbers, drawn once. Not used with a ``sampler``.
     """
     if sampler is None and source not in SOURCES:
         raise InvalidParameter("source", f"must be one of {SOURCES}, got {source!r}")
@@ -1019,9 +1056,13 @@ def run_audit(
         return lambda m: case.run(side, m, src)
 
     if case.threshold:
-        sel = [_statistics(case, draw(side, 0), selection_trials, progress, stage + " (select)", chunk)
+        memo = None if sampler is not None else selection_memo
+        sel = [_memoized(memo, ("runs", seed, side, selection_trials, chunk),
+                         lambda side=side: _statistics(case, draw(side, 0), selection_trials, progress,
+                                                       stage + " (select)", chunk))
                for side in (0, 1)]
-        t = _choose_threshold(sel[0], sel[1], trials, case.delta0, confidence)
+        forecast = _memoized(memo, ("forecast", seed, selection_trials, chunk), lambda: _selection_forecast(*sel))
+        t = _choose_threshold(forecast, trials, case.delta0, confidence)
         event = case.event.format(t=t)
     counts = []
     runs: list[list[np.ndarray]] = [[], []]
@@ -1084,7 +1125,9 @@ def audit_local(
     that a correct implementation fails *any* row with probability at most
     ``1 - confidence`` (the parametric bounds: given their model); otherwise every
     bound is at ``confidence``. The audit passes when every row does
-    (``all(r.passed for r in rows)``).
+    (``all(r.passed for r in rows)``). Rows come source by source, in the order of the
+    cases; a threshold case's seeded selection runs come from the same streams for both
+    sources, so they are drawn once when their sizes agree (``trials >= 10^5``).
     """
     trials = _check_count("trials", trials, 1)
     system_trials = _check_count("system_trials", system_trials, 0)
@@ -1104,23 +1147,28 @@ def audit_local(
     cases = local_cases(eps_list, gaussian_delta0=_check_delta(gaussian_delta0), gaussian_stress=stress, k=k)
     bounds = (len(cases) + sum(case.gaussian for case in cases)) * len(sources)
     row_confidence = 1.0 - (1.0 - confidence) / bounds if familywise else confidence
-    results = []
-    for source in sources:
-        n = trials if source == "seeded" else system_trials
-        for case in cases:
-            results.append(
-                run_audit(
-                    case,
-                    source=source,
-                    trials=n,
-                    seed=seed,
-                    confidence=row_confidence,
-                    selection_trials=max(trials, 10**5) if source == "system" else trials,
-                    progress=progress,
-                    parametric_confidence=row_confidence,
-                )
+    rows: dict[tuple[str, int], AuditResult] = {}
+    for index, case in enumerate(cases):
+        memo: dict = {}  # this case's seeded selection runs, drawn once for both sources
+        for source in sources:
+            rows[source, index] = run_audit(
+                case,
+                source=source,
+                trials=trials if source == "seeded" else system_trials,
+                seed=seed,
+                confidence=row_confidence,
+                selection_trials=_selection_trials(source, trials),
+                progress=progress,
+                parametric_confidence=row_confidence,
+                selection_memo=memo,
             )
-    return results
+    return [rows[source, index] for source in sources for index in range(len(cases))]
+
+
+def _selection_trials(source: str, trials: int) -> int:
+    """Selection runs per side of a threshold row in :func:`audit_local`: ``trials``, and at least
+    ``10^5`` for the system source (its own trials are few)."""
+    return max(trials, 10**5) if source == "system" else trials
 
 
 def audit_local_runs(
@@ -1143,13 +1191,13 @@ def audit_local_runs(
     cases = local_cases([float(e) for e in epsilons], gaussian_delta0=gaussian_delta0,
                         gaussian_stress=[(float(e), float(d)) for e, d in gaussian_stress], k=k)
     runs = {"seeded": 0, "system": 0}
-    for source in sources:
-        n = trials if source == "seeded" else system_trials
-        selection = max(trials, 10**5) if source == "system" else trials
-        for case in cases:
-            runs[source] += 2 * n
-            if case.threshold:
-                runs["seeded"] += 2 * selection
+    for case in cases:
+        selections = set()  # selection sizes drawn for this case (a second row of the same size reuses them)
+        for source in sources:
+            runs[source] += 2 * (trials if source == "seeded" else system_trials)
+            if case.threshold and _selection_trials(source, trials) not in selections:
+                selections.add(_selection_trials(source, trials))
+                runs["seeded"] += 2 * _selection_trials(source, trials)
     return runs
 
 

@@ -11,8 +11,9 @@ datasets (one user's whole contribution changed), run many times:
   ``C ~ Bin(n - 1, a) + Bern(b)``, where ``a`` and ``b`` are the probabilities that the
   randomizer puts a report of ``x`` (resp. ``x'``) in ``A``. For binary randomized
   response ``C`` is the sufficient statistic of the shuffled output.
-* Counts are sampled directly from these laws (exact, and a million rounds take a
-  second), with ``a`` and ``b`` taken from the shipped randomizer's own parameter
+* The histogram of ``C`` over ``R`` rounds is sampled directly from its law,
+  ``Multinomial(R, law of C)`` (:func:`count_histograms`: ``O(n)`` binomial draws whatever
+  ``R``), with ``a`` and ``b`` taken from the shipped randomizer's own parameter
   (:func:`shuffledp.client.range_randomizer.keep_probability`), so a randomizer that
   keeps too often is audited as it runs. ``tests/audit/test_audit_shuffled.py`` checks the
   real randomizer's report frequencies against ``a`` and ``b``, and the engines are
@@ -40,8 +41,6 @@ from shuffledp.audit.local import _check_confidence, _check_count, _check_delta,
 from shuffledp.protocol.errors import InvalidParameter
 
 Progress = Callable[[str, int], None]
-#: Rounds per chunk when sampling counts (bounds memory at 80 MB per side).
-CHUNK = 10**7
 AUDITED_MECHANISMS = ("binary-rr", "hadamard-range")
 
 
@@ -71,17 +70,46 @@ def event_probabilities(mechanism: str, epsilon0: float, num_bins: int = 2) -> t
     raise InvalidParameter("mechanism", f"must be one of {AUDITED_MECHANISMS}, got {mechanism!r}")
 
 
+def multinomial_histogram(pmf: np.ndarray, rounds: int, rng: np.random.Generator) -> np.ndarray:
+    """The histogram of ``rounds`` i.i.d. draws from the law ``pmf`` on ``0..len(pmf)-1``.
+
+    The histogram is ``Multinomial(rounds, pmf)``; it is drawn by binary splitting: the
+    values are paired up level by level into a tree, and each node's count is split
+    between its two halves by one binomial draw with probability (mass of the left half) /
+    (mass of the node). The draws are exact given the masses, and every mass is a sum of
+    non-negative terms (no cancellation), so a far tail keeps its full relative precision.
+    ``O(len(pmf))`` binomial draws in ``O(log len(pmf))`` vectorized calls, whatever ``rounds``.
+    """
+    pmf = np.asarray(pmf, dtype=np.float64)
+    leaves = 1 << max(0, int(pmf.size - 1).bit_length())
+    levels = [np.concatenate([pmf, np.zeros(leaves - pmf.size)])]
+    while levels[-1].size > 1:
+        levels.append(levels[-1].reshape(-1, 2).sum(axis=1))
+    counts = np.array([rounds], dtype=np.int64)
+    for masses in reversed(levels[:-1]):
+        pairs = masses.reshape(-1, 2)
+        node = pairs.sum(axis=1)
+        left_share = np.divide(pairs[:, 0], node, out=np.zeros_like(node), where=node > 0)
+        left = rng.binomial(counts, np.minimum(left_share, 1.0))
+        counts = np.stack([left, counts - left], axis=1).ravel()
+    return counts[: pmf.size]
+
+
+def count_laws(n: int, a: float, b: float) -> tuple[np.ndarray, np.ndarray]:
+    """The laws on ``0..n`` of the count ``C`` under ``D0`` (``Bin(n, a)``) and ``D1`` (``Bin(n - 1, a) + Bern(b)``)."""
+    from scipy.stats import binom
+
+    law0 = binom.pmf(np.arange(n + 1), n, a)
+    rest = binom.pmf(np.arange(n), n - 1, a)
+    law1 = np.concatenate([(1.0 - b) * rest, [0.0]]) + np.concatenate([[0.0], b * rest])
+    return law0, law1
+
+
 def count_histograms(n: int, a: float, b: float, rounds: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Histograms (over ``0..n``) of the count ``C`` in ``rounds`` shuffled rounds of ``D0`` and of ``D1``."""
-    h0 = np.zeros(n + 1, dtype=np.int64)
-    h1 = np.zeros(n + 1, dtype=np.int64)
-    done = 0
-    while done < rounds:
-        m = min(CHUNK, rounds - done)
-        h0 += np.bincount(rng.binomial(n, a, m), minlength=n + 1)
-        h1 += np.bincount(rng.binomial(n - 1, a, m) + (rng.random(m) < b), minlength=n + 1)
-        done += m
-    return h0, h1
+    """Histograms (over ``0..n``) of the count ``C`` in ``rounds`` shuffled rounds of ``D0`` and of ``D1``:
+    each the multinomial histogram of its law (:func:`count_laws`, :func:`multinomial_histogram`)."""
+    law0, law1 = count_laws(n, a, b)
+    return multinomial_histogram(law0, rounds, rng), multinomial_histogram(law1, rounds, rng)
 
 
 def _tail_counts(h0: np.ndarray, h1: np.ndarray):

@@ -85,14 +85,14 @@ def add_parser(subparsers) -> None:
 
 
 #: Seconds of work per unit, for the progress bar's total and ETA (only their proportions matter):
-#: a local run from a seeded stream / from the OS source; a shuffled round (per sample and side)
-#: and per user of n; a scalar summation user-round; a vector summation share; a mechanics report;
-#: a claim round's shuffled round. From the rows' own ``seconds`` of a ``--quick`` audit on 2 cores
-#: (21 s: local 2.9 s seeded + 3.8 s system, shuffled 7.5 s, summation 3.9 s, mechanics 2.7 s) and
-#: the default audit's parts (about 267 s; summation about 70 s, mechanics about 15 s). Under load
-#: the parts slow unevenly (the OS source most), so the ETA is an estimate.
-COST = {"seeded_run": 2.5e-7, "system_run": 2e-5, "shuffled_round": 1.5e-7, "shuffled_user": 1e-4,
-        "summation_user_round": 5e-7, "vector_share": 3.7e-8, "mechanics_report": 2.3e-3, "claim_round": 1.5e-7}
+#: a local run from a seeded stream / from the OS source; a shuffled row, and per user of its n
+#: (its count histograms are drawn whole: the rounds cost nothing); a scalar summation user-round;
+#: a vector summation share; a mechanics report; a claim round (its lower-bound audit). From the
+#: CPU seconds of each part of a ``--quick`` audit, less the start-up (local 2.1 s seeded + 2.5 s
+#: system, shuffled 0.75 s, summation 1.45 s), and the mechanics' wall time (2.7 s: it waits on the
+#: shuffler). Under load the parts slow unevenly (the OS source most), so the ETA is an estimate.
+COST = {"seeded_run": 2e-7, "system_run": 1.7e-5, "shuffled_row": 0.05, "shuffled_user": 1e-6,
+        "summation_user_round": 1.8e-7, "vector_share": 3.7e-8, "mechanics_report": 2.3e-3, "claim_round": 0.06}
 
 
 def _summation_settings():
@@ -101,7 +101,7 @@ def _summation_settings():
     return SUMMATION_SETTINGS
 
 
-def audit_work(quick: bool, part: str, *, local_options: dict | None = None, shuffled_rounds: int | None = None,
+def audit_work(quick: bool, part: str, *, local_options: dict | None = None,
                ns: tuple[int, ...] = SHUFFLED_NS, session: str | None = None) -> dict[str, list[tuple[str, float]]]:
     """The work :func:`run_audit` will do, as estimated seconds (:data:`COST`), per part and step.
 
@@ -119,14 +119,13 @@ def audit_work(quick: bool, part: str, *, local_options: dict | None = None, shu
             rounds = len(json.loads(Path(session).read_text()).get("rounds") or [None])
         except (OSError, ValueError, AttributeError):
             rounds = 1
-        work["claim"] = [(f"claim round {i}", 4 * (10**5 if quick else 10**6) * COST["claim_round"]) for i in range(rounds)]
+        work["claim"] = [(f"claim round {i}", COST["claim_round"]) for i in range(rounds)]
     if part in ("all", "local"):
         options = local_options if local_options is not None else ({"trials": 10**5, "system_trials": 2000} if quick else {})
         runs = audit_local_runs(**options)
         work["local"] = [("seeded", runs["seeded"] * COST["seeded_run"]), ("system", runs["system"] * COST["system_run"])]
     if part in ("all", "shuffled"):
-        rounds = shuffled_rounds if shuffled_rounds is not None else (10**6 if quick else 10**7)
-        work["shuffled"] = [(f"shuffled {m} n={n}", 4 * rounds * COST["shuffled_round"] + n * COST["shuffled_user"])
+        work["shuffled"] = [(f"shuffled {m} n={n}", COST["shuffled_row"] + n * COST["shuffled_user"])
                             for m in ("binary-rr", "hadamard-range") for _ in SHUFFLED_EPSILONS for n in ns]
     if part in ("all", "summation"):
         steps = []
@@ -216,7 +215,7 @@ def run_audit(
     started = time.perf_counter()
     parts: dict[str, object] = {}
     if progress is not None:
-        work = audit_work(quick, part, local_options=local_options, shuffled_rounds=shuffled_rounds, ns=ns,
+        work = audit_work(quick, part, local_options=local_options, ns=ns,
                           session=session)
         scale = progress_total / max(work_total(work), 1e-12)
         sent = [0.0]

@@ -265,6 +265,22 @@ def test_laplace_threshold_is_chosen_near_its_optimum():
     assert -4096 / 2.0 < t < 4096 / 2.0 * 0.2
 
 
+def test_selection_runs_are_drawn_once_per_case_and_are_the_same_runs(reproducible_system_source):
+    """A threshold case's seeded selection runs, kept in a memo by the seeded row, are the ones the
+    system row would draw itself (same streams): the same threshold, and no second drawing."""
+    case = projected_mean_case(2.0)
+    alone = run_audit(case, source="system", trials=200, seed=3, selection_trials=20_000)
+    memo, stages = {}, []
+    run_audit(case, trials=20_000, seed=3, selection_trials=20_000, selection_memo=memo)
+    shared = run_audit(case, source="system", trials=200, seed=3, selection_trials=20_000, selection_memo=memo,
+                       progress=lambda stage, n: stages.append(stage))
+    assert shared.event == alone.event and not any(stage.endswith("(select)") for stage in stages)
+    levels = np.concatenate([audit_local_module._THRESHOLD_LEVELS, [0.0, 0.5, 1.0]])
+    for values in (np.sort(np.random.default_rng(1).integers(-50, 50, 999)), np.arange(3.0)):
+        assert np.array_equal(audit_local_module._sorted_quantiles(values, levels),
+                              np.quantile(values, levels, method="inverted_cdf"))
+
+
 def test_audit_local_end_to_end_small(reproducible_system_source):
     rows = audit_local(trials=3_000, system_trials=100, epsilons=(1.0,), seed=2)
     mechanisms = {r.mechanism for r in rows}

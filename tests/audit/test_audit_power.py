@@ -73,10 +73,31 @@ def test_no_leak_no_number_and_rates_at_the_claim():
     assert power_fields(0.0, 0, 0, 100, 1.0, 0.0, 0.95)["power_detail"].startswith("the event never occurred")
 
 
+def separated_but_weak_row() -> dict:
+    """A recorded no-power row of a 1,000-round audit (binary RR, n = 100, eps0 = 1, claim 0.4837 exact)
+    whose event did separate the inputs on its selection sample: 40 and 32 of 1,000 evaluation rounds in
+    ``C >= 36``, a bound of 0, so the runs needed to show a leak at the claim are known (5,421). Whether
+    a tiny audit draws such a row is chance (a few per cent of seeds), so the fixture carries one."""
+    from shuffledp.audit.shuffled import ShuffledAudit, claimed_central
+
+    claimed, method, exact = claimed_central("binary-rr", 1.0, 100, 1e-6)
+    row = ShuffledAudit(mechanism="binary-rr", n=100, epsilon0=1.0, delta=1e-6, rounds=1000, claimed_epsilon=claimed,
+                        claimed_method=method, exact_epsilon=exact, lower_bound=0.0,
+                        event="count of [report = 1 (x = 0, x' = 1)] >= 36", confidence=1 - 0.05 / 8, seconds=0.0,
+                        count_hit=40, count_other=32).as_dict()
+    row["num_bins"] = 2
+    row["verdict"] = cli_audit.verdict(row)
+    return row
+
+
 @pytest.fixture(scope="module")
 def weak_result():
-    """A shuffled audit far too small for its large n: rows with no power, and rows with a positive bound."""
-    return run_audit(False, "shuffled", 1e-6, 0, shuffled_rounds=1000, ns=(100, 10_000))
+    """A shuffled audit far too small for its large n: rows with no power, and rows with a positive bound;
+    and :func:`separated_but_weak_row`."""
+    result = run_audit(False, "shuffled", 1e-6, 0, shuffled_rounds=1000, ns=(100, 10_000))
+    result["shuffled"].append(separated_but_weak_row())
+    result["no_power_rows"] += 1
+    return result
 
 
 def test_no_power_rows_in_text_and_json(weak_result, monkeypatch, capsys):

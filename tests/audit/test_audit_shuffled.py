@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from shuffledp.audit.local import clopper_pearson
-from shuffledp.audit.shuffled import audit_shuffled, event_probabilities
+from shuffledp.audit.shuffled import audit_shuffled, count_histograms, event_probabilities
 from shuffledp.client import krr
 from shuffledp.client.krr import randomize_krr
 from shuffledp.client.range_randomizer import randomize_range
@@ -18,6 +18,8 @@ from shuffledp.protocol.mechanisms.randomness import SeededSource
 
 #: Confidence of the frequency checks: a correct randomizer fails one once in 10^5 runs.
 CONFIDENCE = 1.0 - 1e-5
+#: Level of the two-sample tests of the count histograms.
+ALPHA = 1e-3
 
 
 def _within(hits: int, trials: int, p: float) -> bool:
@@ -45,6 +47,30 @@ def test_hadamard_event_probabilities_are_the_shipped_randomizers(epsilon0, bins
         differ = hadamard_entry(rows, np.zeros_like(rows)) != hadamard_entry(rows, np.ones_like(rows))
         in_event = differ & (bits == hadamard_entry(rows, np.ones_like(rows)))
         assert _within(int(in_event.sum()), trials, expected)
+
+
+@pytest.mark.parametrize("n,a,b", [(50, 0.3, 0.9), (1000, 0.018, 0.982), (7, 0.5, 0.5)])
+def test_count_histograms_are_those_of_independent_rounds(n, a, b):
+    """The histograms drawn whole (multinomial, by binary splitting) against rounds drawn one by one
+    (``C = Bin(n, a)`` under D0, ``Bin(n - 1, a) + Bern(b)`` under D1): a two-sample chi-square test per
+    dataset (cells pooled to 20 expected), each at level ALPHA = 1e-3 with fixed seeds."""
+    from scipy.stats import chi2_contingency
+
+    rounds = 20_000
+    whole = count_histograms(n, a, b, rounds, np.random.default_rng(11))
+    rng = np.random.default_rng(12)
+    one_by_one = (np.bincount(rng.binomial(n, a, rounds), minlength=n + 1),
+                  np.bincount(rng.binomial(n - 1, a, rounds) + (rng.random(rounds) < b), minlength=n + 1))
+    for drawn, direct in zip(whole, one_by_one):
+        assert drawn.sum() == rounds and drawn.shape == (n + 1,)
+        cells, pooled = [], np.zeros(2, dtype=np.int64)
+        for pair in np.stack([drawn, direct], axis=1):
+            pooled += pair
+            if pooled.sum() >= 40:
+                cells.append(pooled.copy())
+                pooled[:] = 0
+        cells[-1] += pooled
+        assert chi2_contingency(np.array(cells).T, correction=False).pvalue > ALPHA
 
 
 @pytest.mark.parametrize("n,epsilon0", [(100, 1.0), (100, 4.0), (1000, 1.0), (1000, 4.0)])
