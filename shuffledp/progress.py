@@ -34,7 +34,8 @@ def progress_bar(total: int | None, *, quiet: bool = False, unit: str = "user") 
 
 def _plain_lines(total: int | None, unit: str) -> Step:
     """Progress for a stream that is not a terminal (a log, a pipe, CI): no bar redrawn in place, but
-    one line at each new stage and at each tenth of ``total``, with the count, the share and an ETA."""
+    one line at each new stage and at each tenth of ``total``, with the count, the share and an ETA
+    (a ``"%"`` unit, a total of 100, prints the share alone)."""
     import time
 
     started = time.monotonic()
@@ -46,9 +47,10 @@ def _plain_lines(total: int | None, unit: str) -> Step:
             share = min(1.0, done / total)
             elapsed = time.monotonic() - started
             eta = f", ETA {elapsed * (1 - share) / share:.0f} s" if 0 < share < 1 else ""
-            print(f"{stage}: {done:,.0f}/{total:,} {unit}s ({100 * share:.0f}%){eta}", file=sys.stderr, flush=True)
+            count = f"{100 * share:.0f}%" if unit == "%" else f"{done:,.0f}/{total:,} {unit}s ({100 * share:.0f}%)"
+            print(f"{stage}: {count}{eta}", file=sys.stderr, flush=True)
         else:
-            print(f"{stage}: {done:,.0f} {unit}s", file=sys.stderr, flush=True)
+            print(f"{stage}: {done:,.0f}{unit if unit == '%' else ' ' + unit + 's'}", file=sys.stderr, flush=True)
 
     def step(stage: str, count: int) -> None:
         state["done"] += count
