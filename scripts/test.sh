@@ -9,7 +9,7 @@
 #   3. installs the JavaScript client's npm packages from js/package-lock.json (npm ci),
 #      compiles it, and installs Debian's chromium for its browser tests if missing;
 #   4. runs the JavaScript client's own tests (Node's test runner), then pytest with
-#      one process per core (pytest-xdist's -n auto, unless -n is given), BLAS pinned
+#      one process per core plus one (pytest-xdist, unless -n is given), BLAS pinned
 #      to one thread per process.
 #
 # Options (the rest goes to pytest):
@@ -23,7 +23,10 @@ cd "$(dirname "$0")/.."
 latest=0
 reuse=0
 pytest_args=()
-workers="-n auto --dist worksteal"   # one pytest process per core (pytest-xdist), idle ones take queued tests from busy ones; unless -n is given
+# One pytest process per core plus one (pytest-xdist), unless -n is given: many tests wait on a
+# broker, a browser or a subprocess, and the extra process keeps the cores busy meanwhile. Idle
+# processes take queued tests from busy ones (work stealing).
+workers="-n $(( $(nproc 2>/dev/null || echo 1) + 1 )) --dist worksteal"
 for arg in "$@"; do
   case "$arg" in
     --latest) latest=1 ;;
@@ -83,8 +86,8 @@ else
   "$venv/bin/python" -m pip list --format=freeze >&2
 fi
 
-# One BLAS thread per process: the suite runs two processes on two cores, and
-# threaded BLAS in both slowed the accounting tests many times over.
+# One BLAS thread per process: the suite runs a process per core and more, and
+# threaded BLAS in each slowed the accounting tests many times over.
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # Compiled bytecode is kept (in the environment's folder, not the checkout): the suite starts
 # hundreds of Python processes, and a machine set never to write bytecode made each of them
