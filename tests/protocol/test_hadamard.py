@@ -87,3 +87,15 @@ def test_power_of_two_helpers():
     assert [next_power_of_two(k) for k in (1, 2, 3, 5, 16, 17, 1000)] == [1, 2, 4, 8, 16, 32, 1024]
     with pytest.raises(InvalidParameter):
         next_power_of_two(0)
+
+
+@pytest.mark.parametrize("k", [4, 16, 1024])
+def test_fwht_over_many_blocks_matches_dense_exactly(k):
+    """Sizes 4..1024 go through in blocks of 2^16 elements: a batch of several blocks and a
+    ragged last one gives x @ H for every row (integers: exact)."""
+    rows = 3 * (1 << 16) // k + 7
+    rng = np.random.default_rng(3000 + k)
+    x = rng.integers(-1000, 1000, size=(rows, k))
+    np.testing.assert_array_equal(fwht(x), x @ hadamard(k).astype(np.int64))
+    floats = x.astype(np.float64)
+    np.testing.assert_array_equal(fwht(floats), floats @ hadamard(k).astype(np.float64))  # small integers: exact in float64
