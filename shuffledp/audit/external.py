@@ -185,6 +185,26 @@ def _start_without_signals(thread: threading.Thread) -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
+#: Longest single wait of the main thread on the command (seconds): a signal that another thread
+#: took is acted on (Ctrl-C raised) when the main thread next runs Python code, so no wait is longer.
+_SIGNAL_CHECK_INTERVAL = 0.25
+
+
+def _select_within(selector: selectors.BaseSelector, timeout: float) -> list:
+    """``selector.select(timeout)`` in slices of at most :data:`_SIGNAL_CHECK_INTERVAL`: the ready
+    events, or ``[]`` once ``timeout`` seconds passed with none. Between slices Python runs any
+    pending signal handler, so Ctrl-C is raised within a slice even when a thread other than the
+    main one (a library's, or one started before the mask of :func:`_start_without_signals`) took it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return []
+        events = selector.select(min(left, _SIGNAL_CHECK_INTERVAL))
+        if events:
+            return events
+
+
 def _placeholder(label: str, size: int) -> bytes:
     return hashlib.sha256(f"shuffledp/audit/external/{label}".encode()).digest()[:size]
 
@@ -323,7 +343,7 @@ class ExternalClient:
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_WRITE)
             while view:
-                if not selector.select(self.timeout):
+                if not _select_within(selector, self.timeout):
                     raise ExternalClientError(f"{_one_line(self.label)!r} read nothing for {self.timeout:g} s of "
                                               f"{what}{self._stderr_note()}")
                 try:
@@ -339,7 +359,7 @@ class ExternalClient:
         fd = process.stdout.fileno()
         chunks = bytearray()
         while len(chunks) < size:
-            if not self._selector.select(self.timeout):
+            if not _select_within(self._selector, self.timeout):
                 raise ExternalClientError(
                     f"{_one_line(self.label)!r} sent nothing for {self.timeout:g} s {what} "
                     f"({len(chunks)} of {size} bytes){self._stderr_note()}")

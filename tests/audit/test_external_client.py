@@ -278,15 +278,21 @@ def test_ctrl_c_during_a_client_audit_is_one_line_and_status_130(tmp_path):
         f"pathlib.Path({str(started)!r}).write_text('asked')\n"
         "time.sleep(3600)\n"
     )
+    # PYTHONFAULTHANDLER: should the audit ever ignore the signal, SIGABRT below prints where it waits
     proc = subprocess.Popen([sys.executable, "-m", "shuffledp.cli", "audit", "--quick", "--client", f"{sys.executable} {client}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONFAULTHANDLER="1"))
     try:
         deadline = time.monotonic() + 120  # a safety limit only: the wait ends when the client is asked
         while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert started.exists(), "the audit never asked its client"
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGABRT)
+            raise AssertionError("the audit ignored Ctrl-C for 60 s; where it waited:\n" + proc.communicate()[1]) from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
