@@ -267,6 +267,15 @@ def test_the_stderr_reader_thread_never_takes_ctrl_c_from_the_main_thread(tmp_pa
         assert _blocked_signals(threading.main_thread().native_id) & wanted == 0
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before exec: Ctrl-C unblocked and at its default, as a shell starts a command.
+    A test worker's mask and dispositions are inherited across exec: in a run under load the
+    audit's main thread kept polling (its faulthandler stacks) and never saw the signal, as with
+    SIGINT blocked or ignored in the worker that started it."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_during_a_client_audit_is_one_line_and_status_130(tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while the audit waits on
     its client: one line on stderr, exit status 130, no traceback, and the client's process ended."""
@@ -281,7 +290,7 @@ def test_ctrl_c_during_a_client_audit_is_one_line_and_status_130(tmp_path):
     # PYTHONFAULTHANDLER: should the audit ever ignore the signal, SIGABRT below prints where it waits
     proc = subprocess.Popen([sys.executable, "-m", "shuffledp.cli", "audit", "--quick", "--client", f"{sys.executable} {client}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+                            env=dict(os.environ, PYTHONFAULTHANDLER="1"), preexec_fn=_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 120  # a safety limit only: the wait ends when the client is asked
         while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
