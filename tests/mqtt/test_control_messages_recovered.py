@@ -21,17 +21,9 @@ rounds must still end released, each report counted once, and the batch served.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deploy.broker import Broker, BrokerUsers
@@ -42,6 +34,7 @@ from shuffledp.protocol.transport.channel import acks_topic, announce_topic, rep
 from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 from shuffledp.protocol.wire.messages import HadamardRangeParams
 from shuffledp.protocol.wire.onion import verified_spec
+from tests.mqtt.child_shuffler import ChildShuffler
 
 pytestmark = pytest.mark.mqtt
 
@@ -58,92 +51,12 @@ ACK_TIMEOUT = 2.0
 #: Safety limit for every wait (each ends on an event: a message, a line, a task's end).
 TIMEOUT = 60
 
-_SHUFFLER = textwrap.dedent(
-    """
-    import asyncio, json, sys
-    from shuffledp.protocol.wire.credentials import CredentialIssuer
-    from shuffledp.protocol.transport.mqtt_channel import MqttChannel
-    from shuffledp.protocol.wire.onion import ShufflerKeys
-    from shuffledp.shuffler.service import Shuffler
-    from shuffledp.shuffler.spool import SqliteSpool
-
-    keys_path, spool_path, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    raw = open(keys_path, "rb").read()
-    keys = ShufflerKeys.from_bytes(raw[:32], raw[32:64])
-    issuer, analyzer_key, session = CredentialIssuer(raw[64:96]), raw[96:128], raw[128:144]
-
-    class Telling(Shuffler):
-        def _acknowledge(self, batch_id):
-            rounds = {stored.batch_id: stored.round_id for stored in self.spool.unacknowledged()}
-            served = super()._acknowledge(batch_id)
-            if served:
-                print(f"served {rounds.get(batch_id)}", flush=True)
-            return served
-
-        async def _expire(self, session_id, round_id, batch_id):
-            await super()._expire(session_id, round_id, batch_id)
-            print(f"expired {round_id}", flush=True)
-
-    async def main():
-        channel = MqttChannel(options.pop("host"), options.pop("port"), identifier="lagging-shuffler", **options)
-        # as `shuffler serve` does: the analyzer's messages on a connection of their own (unless "single")
-        control = channel.companion("control") if sys.argv[5] == "control" else None
-        async with channel:
-            if control is not None:
-                await control.connect()
-            shuffler = Telling(channel, session, analyzer_key, keys, issuer, spool=SqliteSpool(spool_path),
-                               republish_interval=0.5, ack_timeout=float(sys.argv[4]), control_channel=control)
-            print("ready", flush=True)
-            await shuffler.serve()
-
-    asyncio.run(main())
-    """
-)
-
-
 @pytest.fixture
 def small_queue_broker():
     broker = Broker(users=BrokerUsers.default(("client",)), max_inflight_messages=INFLIGHT, max_queued_messages=QUEUED)
     broker.start()
     yield broker
     broker.close()
-
-
-class _Shuffler:
-    """The shuffler service in a child process; its stdout lines are read on a thread."""
-
-    def __init__(self, deployment: Deployment, broker: Broker, tmp_path, connections: str) -> None:
-        raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-        keys = deployment.shuffler_keys
-        keys_path = tmp_path / "shuffler.keys"
-        keys_path.write_bytes(keys.hpke_private.private_bytes(*raw) + keys.signing_private.private_bytes(*raw)
-                              + deployment.issuer.key + deployment.analyzer_signing_key + deployment.session_id)
-        options = json.dumps({"host": broker.host, "port": broker.port, **broker.channel_options("shuffler")})
-        self.process = subprocess.Popen([sys.executable, "-c", _SHUFFLER, str(keys_path), str(tmp_path / "spool.db"),
-                                         options, str(ACK_TIMEOUT), connections], stdout=subprocess.PIPE, text=True)
-        assert self.process.stdout.readline().strip() == "ready"
-        self.lines: list[str] = []
-        self.settled = threading.Event()  # round 0's batch served or given up, or the process ended
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.strip())
-            if line.strip() in ("served 0", "expired 0"):
-                self.settled.set()
-        self.settled.set()
-
-    def pause(self) -> None:
-        os.kill(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.resume()
-            self.process.kill()
-            self.process.wait(10)
 
 
 async def _round_spec(subscription, deployment: Deployment, round_id: int) -> bytes:
@@ -167,7 +80,10 @@ def _dropped_for(broker: Broker, identifier: str) -> bool:
 @pytest.fixture
 def parties(small_queue_broker, tmp_path, request):
     deployment = Deployment()
-    shuffler = _Shuffler(deployment, small_queue_broker, tmp_path, getattr(request, "param", "control"))
+    shuffler = ChildShuffler(deployment, small_queue_broker, tmp_path, tell=("served", "expired"),
+                             identifier="lagging-shuffler", ack_timeout=ACK_TIMEOUT,
+                             control_connection=getattr(request, "param", "control") == "control")
+    shuffler.start()
     yield deployment, shuffler
     shuffler.stop()
 
@@ -221,6 +137,7 @@ async def test_an_announcement_published_while_the_shuffler_lags_behind_a_flood_
 
 async def test_an_acknowledgement_published_while_the_shuffler_lags_behind_a_flood_serves_its_batch(small_queue_broker, parties):
     broker, (deployment, shuffler) = small_queue_broker, parties
+    settled = shuffler.follow(lambda line: line in ("served 0", "expired 0"))  # or the process ended
     host, port = broker.host, broker.port
     async with MqttChannel(host, port, **broker.channel_options("analyzer")) as analyzer_channel, \
             MqttChannel(host, port, **broker.channel_options("client")) as fleet_channel, \
@@ -258,7 +175,7 @@ async def test_an_acknowledgement_published_while_the_shuffler_lags_behind_a_flo
         finally:
             fleet_task.cancel()
             await asyncio.gather(fleet_task, return_exceptions=True)
-        assert await asyncio.to_thread(shuffler.settled.wait, TIMEOUT)
+        assert await asyncio.to_thread(settled.wait, TIMEOUT)
 
     assert _dropped_for(broker, "lagging-shuffler"), broker.log_tail()
     assert "served 0" in shuffler.lines and not any(line.startswith("expired") for line in shuffler.lines), shuffler.lines

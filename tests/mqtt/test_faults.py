@@ -13,16 +13,9 @@ every client is charged exactly once; the round ends served.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from shuffledp.analyzer.coordinator import NO_LIVENESS_MARGIN
 from shuffledp.client.ledger import PrivacyLedger
@@ -33,95 +26,24 @@ from shuffledp.protocol.wire.messages import HadamardRangeParams
 from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 from shuffledp.protocol.mechanisms.randomness import SeededSource
 from shuffledp.shuffler.spool import SqliteSpool
+from tests.mqtt.child_shuffler import ChildShuffler
 
 pytestmark = pytest.mark.mqtt
 
 PARAMS = HadamardRangeParams(-4.0, 4.0, 0.5)
 EPSILON0 = 0.5
 
-_SHUFFLER = textwrap.dedent(
-    """
-    import asyncio, json, sys
-    from shuffledp.protocol.wire.credentials import CredentialIssuer
-    from shuffledp.protocol.transport.mqtt_channel import MqttChannel
-    from shuffledp.protocol.wire.onion import ShufflerKeys
-    from shuffledp.shuffler.service import Shuffler
-    from shuffledp.shuffler.spool import SqliteSpool
-
-    keys_path, spool_path, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    raw = open(keys_path, "rb").read()
-    keys = ShufflerKeys.from_bytes(raw[:32], raw[32:64])
-    issuer, analyzer_key, session = CredentialIssuer(raw[64:96]), raw[96:128], raw[128:144]
-
-    class Telling(Shuffler):
-        def _acknowledge(self, batch_id):
-            served = super()._acknowledge(batch_id)
-            if served:
-                print("served", flush=True)  # the acknowledgement is in the spool
-            return served
-
-    async def main():
-        async with MqttChannel(options.pop("host"), options.pop("port"), **options) as channel:
-            shuffler = Telling(channel, session, analyzer_key, keys, issuer, spool=SqliteSpool(spool_path),
-                               republish_interval=0.5)
-            print("ready", flush=True)
-            await shuffler.serve()
-
-    asyncio.run(main())
-    """
-)
-
-
-class ShufflerProcess:
-    """The shuffler service as a child process that can be killed and restarted on the same spool."""
-
-    def __init__(self, deployment: Deployment, broker, tmp_path) -> None:
-        raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-        keys = deployment.shuffler_keys
-        self.keys_path = tmp_path / "shuffler.keys"
-        self.keys_path.write_bytes(
-            keys.hpke_private.private_bytes(*raw)
-            + keys.signing_private.private_bytes(*raw)
-            + deployment.issuer.key
-            + deployment.analyzer_signing_key
-            + deployment.session_id
-        )
-        self.spool_path = tmp_path / "spool.db"
-        options = {"host": broker.host, "port": broker.port, **broker.channel_options("shuffler")}
-        self.options = json.dumps(options)
-        self.process: subprocess.Popen | None = None
-        self.kills = 0
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _SHUFFLER, str(self.keys_path), str(self.spool_path), self.options],
-            stdout=subprocess.PIPE, text=True,
-        )
-        assert self.process.stdout.readline().strip() == "ready"
-
-    async def served(self, timeout: float) -> None:
-        """Wait until the running process says it wrote an acknowledgement that served a batch."""
-        assert self.process is not None
-        line = await asyncio.wait_for(asyncio.to_thread(self.process.stdout.readline), timeout)
-        assert line.strip() == "served", f"the shuffler printed {line!r}, exit status {self.process.poll()}"
-
-    def kill(self) -> None:
-        assert self.process is not None and self.process.poll() is None, "the shuffler died on its own"
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
-        self.kills += 1
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
+async def _served(shuffler: ChildShuffler, timeout: float) -> None:
+    """Wait until the running shuffler says it wrote an acknowledgement that served a batch."""
+    line = await asyncio.wait_for(asyncio.to_thread(shuffler.process.stdout.readline), timeout)
+    assert line.startswith("served "), f"the shuffler printed {line!r}, exit status {shuffler.process.poll()}"
 
 
 async def _round_under_faults(broker, tmp_path, fault) -> tuple:
     """One round of ``n`` clients while ``fault(shuffler_process, receipts_seen)`` runs."""
     n = 600
     deployment = Deployment()
-    shuffler = ShufflerProcess(deployment, broker, tmp_path)
+    shuffler = ChildShuffler(deployment, broker, tmp_path)
     shuffler.start()
     clients = [deployment.client(np.array([0.01 * i]), PrivacyLedger(1.0)) for i in range(n)]
     host, port = broker.host, broker.port
@@ -140,7 +62,7 @@ async def _round_under_faults(broker, tmp_path, fault) -> tuple:
             record = await asyncio.wait_for(coordinator.run_round(PARAMS, EPSILON0, min_batch=n), 120)
             await asyncio.wait_for(pool_task, 60)
             await fault_task
-            await shuffler.served(30)  # the shuffler took the acknowledgement
+            await _served(shuffler, 30)  # the shuffler took the acknowledgement
     finally:
         shuffler.stop()
     return n, deployment, clients, fleet, record, shuffler, coordinator
@@ -170,7 +92,7 @@ async def _wait_receipts(watch, at_least: int) -> None:
 
 
 async def test_shuffler_killed_three_times_mid_round_loses_and_duplicates_nothing(fresh_broker, tmp_path):
-    async def kill_three_times(shuffler: ShufflerProcess, watch) -> None:
+    async def kill_three_times(shuffler: ChildShuffler, watch) -> None:
         for _ in range(3):
             await _wait_receipts(watch, 2)  # admitting is under way
             shuffler.kill()
@@ -185,7 +107,7 @@ async def test_shuffler_killed_three_times_mid_round_loses_and_duplicates_nothin
 
 
 async def test_broker_restarted_mid_round_loses_and_duplicates_nothing(fresh_broker, tmp_path):
-    async def restart_broker(shuffler: ShufflerProcess, watch) -> None:
+    async def restart_broker(shuffler: ChildShuffler, watch) -> None:
         await _wait_receipts(watch, 2)
         await asyncio.to_thread(fresh_broker.stop)
         await asyncio.sleep(0.5)

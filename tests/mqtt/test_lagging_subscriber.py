@@ -22,17 +22,9 @@ both; the round still ends with every device's report opened exactly once.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 
 import numpy as np
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deploy.broker import Broker, BrokerUsers
@@ -43,6 +35,7 @@ from shuffledp.protocol.transport.channel import spec_topic
 from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 from shuffledp.protocol.wire.messages import HadamardRangeParams
 from shuffledp.shuffler.spool import SqliteSpool
+from tests.mqtt.child_shuffler import ChildShuffler
 
 pytestmark = pytest.mark.mqtt
 
@@ -56,73 +49,12 @@ CHUNK = 2
 #: Safety limit for every wait (each ends on an event: a message, a log line, a process's exit).
 TIMEOUT = 60
 
-_SHUFFLER = textwrap.dedent(
-    """
-    import asyncio, json, sys
-    from shuffledp.protocol.wire.credentials import CredentialIssuer
-    from shuffledp.protocol.transport.mqtt_channel import MqttChannel
-    from shuffledp.protocol.wire.onion import ShufflerKeys
-    from shuffledp.shuffler.service import Shuffler
-    from shuffledp.shuffler.spool import SqliteSpool
-
-    keys_path, spool_path, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    raw = open(keys_path, "rb").read()
-    keys = ShufflerKeys.from_bytes(raw[:32], raw[32:64])
-    issuer, analyzer_key, session = CredentialIssuer(raw[64:96]), raw[96:128], raw[128:144]
-
-    class Telling(Shuffler):
-        async def _publish_chunks(self, session_id, round_id, chunks):
-            await super()._publish_chunks(session_id, round_id, chunks)
-            print(f"published {round_id} {len(chunks)}", flush=True)
-
-    async def main():
-        async with MqttChannel(options.pop("host"), options.pop("port"), identifier="lagging-shuffler", **options) as channel:
-            shuffler = Telling(channel, session, analyzer_key, keys, issuer, spool=SqliteSpool(spool_path),
-                               chunk_size=int(sys.argv[4]), republish_interval=0.5)
-            print("ready", flush=True)
-            await shuffler.serve()
-
-    asyncio.run(main())
-    """
-)
-
-
 @pytest.fixture
 def small_queue_broker():
     broker = Broker(users=BrokerUsers.default(("client",)), max_inflight_messages=INFLIGHT, max_queued_messages=QUEUED)
     broker.start()
     yield broker
     broker.close()
-
-
-class _Shuffler:
-    """The shuffler service in a child process; its stdout lines are read on a thread."""
-
-    def __init__(self, deployment: Deployment, broker: Broker, tmp_path) -> None:
-        raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
-        keys = deployment.shuffler_keys
-        keys_path = tmp_path / "shuffler.keys"
-        keys_path.write_bytes(keys.hpke_private.private_bytes(*raw) + keys.signing_private.private_bytes(*raw)
-                              + deployment.issuer.key + deployment.analyzer_signing_key + deployment.session_id)
-        self.spool_path = tmp_path / "spool.db"
-        options = json.dumps({"host": broker.host, "port": broker.port, **broker.channel_options("shuffler")})
-        self.process = subprocess.Popen([sys.executable, "-c", _SHUFFLER, str(keys_path), str(self.spool_path), options,
-                                         str(CHUNK)], stdout=subprocess.PIPE, text=True)
-        assert self.process.stdout.readline().strip() == "ready"
-        self.published = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            if line.startswith("published 0 "):
-                self.published.set()
-        self.published.set()  # the process ended: whoever waits finds out why
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(10)
 
 
 def _dropped_for(broker: Broker, identifier: str) -> bool:
@@ -133,7 +65,10 @@ async def test_messages_dropped_to_a_lagging_shuffler_and_analyzer_are_recovered
     broker = small_queue_broker
     deployment = Deployment()
     clients = [deployment.client(np.array([0.01 * i]), PrivacyLedger(1.0)) for i in range(USERS)]
-    shuffler = _Shuffler(deployment, broker, tmp_path)
+    shuffler = ChildShuffler(deployment, broker, tmp_path, tell=("published",), identifier="lagging-shuffler",
+                             chunk_size=CHUNK)
+    shuffler.start()
+    published = shuffler.follow(lambda line: line.startswith("published 0 "))  # or the process ended
     host, port = broker.host, broker.port
     try:
         async with MqttChannel(host, port, identifier="lagging-analyzer", **broker.channel_options("analyzer")) as analyzer_channel, \
@@ -146,13 +81,13 @@ async def test_messages_dropped_to_a_lagging_shuffler_and_analyzer_are_recovered
 
             def lagging_take_chunk(*args):
                 if not held:
-                    held.append(shuffler.published.wait(TIMEOUT))
+                    held.append(published.wait(TIMEOUT))
                 return take_chunk(*args)
 
             coordinator._take_chunk = lagging_take_chunk
             round_task = asyncio.create_task(coordinator.run_round(PARAMS, EPSILON0, min_batch=USERS, max_batch=USERS))
             await asyncio.wait_for(specs.get(), TIMEOUT)  # the shuffler opened the round and relayed its spec
-            os.kill(shuffler.process.pid, signal.SIGSTOP)  # ... and now lags: it reads nothing
+            shuffler.pause()  # ... and now lags: it reads nothing
             sent = asyncio.Event()
             fleet = Fleet(fleet_channel, deployment.session_id, clients, SeededSource(3), retry_interval=0.25,
                           on_event=lambda line: sent.set() if "envelope(s) sent" in line else None)
@@ -160,7 +95,7 @@ async def test_messages_dropped_to_a_lagging_shuffler_and_analyzer_are_recovered
             try:
                 await asyncio.wait_for(sent.wait(), TIMEOUT)  # every envelope is at the broker, or dropped there
             finally:
-                os.kill(shuffler.process.pid, signal.SIGCONT)
+                shuffler.resume()
             record = await asyncio.wait_for(round_task, TIMEOUT)
             (state,) = await asyncio.wait_for(fleet_task, TIMEOUT)
     finally:
