@@ -473,6 +473,13 @@ function roundId(value: unknown): void {
   count(value, "round_id", 0n, ROUND_ID_MAX);
 }
 
+/** The header of every message the shuffler signs about a round: its session, round and spec digest. */
+function roundHeader(message: Wire): void {
+  bytesOf(message.session_id, SESSION_ID_BYTES, "session_id");
+  roundId(message.round_id);
+  bytesOf(message.spec_digest, SPEC_DIGEST_BYTES, "spec_digest");
+}
+
 /** Distance from |x| to the next larger double (Python's math.ulp). */
 export function ulp(x: number): number {
   if (!Number.isFinite(x)) return NaN;
@@ -823,9 +830,7 @@ const MESSAGES: Record<MessageType, Schema> = {
       field("chunk", "int"), field("chunks", "int"), field("total", "int"), field("payloads", "bytesList"), field("signature", "bytes"),
     ],
     check: (b) => {
-      bytesOf(b.session_id, SESSION_ID_BYTES, "session_id");
-      roundId(b.round_id);
-      bytesOf(b.spec_digest, SPEC_DIGEST_BYTES, "spec_digest");
+      roundHeader(b);
       bytesOf(b.batch_id, BATCH_ID_BYTES, "batch_id");
       count(b.total, "total", 1n, BigInt(MAX_BATCH));
       count(b.chunks, "chunks", 1n, b.total);
@@ -839,9 +844,7 @@ const MESSAGES: Record<MessageType, Schema> = {
     name: "batch-ack",
     fields: [field("session_id", "bytes"), field("round_id", "int", true), field("spec_digest", "bytes"), field("batch_id", "bytes"), field("signature", "bytes")],
     check: (b) => {
-      bytesOf(b.session_id, SESSION_ID_BYTES, "session_id");
-      roundId(b.round_id);
-      bytesOf(b.spec_digest, SPEC_DIGEST_BYTES, "spec_digest");
+      roundHeader(b);
       bytesOf(b.batch_id, BATCH_ID_BYTES, "batch_id");
       bytesOf(b.signature, SIGNATURE_BYTES, "signature");
     },
@@ -853,9 +856,7 @@ const MESSAGES: Record<MessageType, Schema> = {
       field("refused", "bytesList"), field("reasons", "strs"), field("signature", "bytes"),
     ],
     check: (r) => {
-      bytesOf(r.session_id, SESSION_ID_BYTES, "session_id");
-      roundId(r.round_id);
-      bytesOf(r.spec_digest, SPEC_DIGEST_BYTES, "spec_digest");
+      roundHeader(r);
       byteStrings(r.admitted, "admitted", NONCE_BYTES, NONCE_BYTES);
       byteStrings(r.refused, "refused", NONCE_BYTES, NONCE_BYTES);
       require(r.admitted.length + r.refused.length <= MAX_RECEIPTS, "admitted", `at most ${MAX_RECEIPTS} receipts`);
@@ -873,9 +874,7 @@ const MESSAGES: Record<MessageType, Schema> = {
       field("reason", "str"), field("admitted", "int"), field("batch_id", "bytes"), field("instance", "int"), field("signature", "bytes"),
     ],
     check: (o) => {
-      bytesOf(o.session_id, SESSION_ID_BYTES, "session_id");
-      roundId(o.round_id);
-      bytesOf(o.spec_digest, SPEC_DIGEST_BYTES, "spec_digest");
+      roundHeader(o);
       count(o.instance, "instance", 0n, BigInt(MAX_SHUFFLER_INSTANCES - 1));
       require(typeof o.outcome === "string" && (ROUND_OUTCOMES as readonly string[]).includes(o.outcome), "outcome", "must be one of released, failed");
       require(typeof o.reason === "string" && codePoints(o.reason) <= 32, "reason", "at most 32 characters");
