@@ -37,7 +37,7 @@ If that import fails we load the ``hadamard_response`` subpackage directly (it n
 numpy and ``pure_ldp.core``), without running that ``__init__``.
 
 Run: ``python benchmarks/bench_frequency.py [--quick] [--out DIR]`` (about 3 minutes of CPU;
-needs pure-ldp: ``pip install 'shuffledp[bench]'``); writes frequency.json and frequency.png into
+needs pure-ldp: ``pip install -e ".[bench]"``); writes frequency.json and frequency.png into
 the output folder (default ``bench-out/``; ``--plot-only`` redraws the figure from the JSON there).
 ``--quick`` (k = 64, n = 2,000, eps in {1, 4}) runs without pure-ldp if it is not installed: it
 then says so and measures ours alone.
@@ -321,11 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         client_cls, server_cls, how, pl_version = import_pure_ldp_hr()
     except ImportError as exc:
         if not args.quick:
-            sys.exit(f"pure-ldp is needed for the comparison ({exc}): pip install 'shuffledp[bench]' "
+            sys.exit(f"pure-ldp is needed for the comparison ({exc}): pip install -e '.[bench]' "
                      "(--quick runs without it)")
         classes, how, pl_version = None, None, None
         print(f"pure-ldp cannot be imported ({exc}): skipping the comparison with pure-ldp, measuring ours alone "
-              "(pip install 'shuffledp[bench]' to compare)", flush=True)
+              "(pip install -e '.[bench]' to compare)", flush=True)
     else:
         classes = (client_cls, server_cls)
         print(f"pure-ldp {pl_version}: {how}", flush=True)

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             out["real"] = real(real_eps, real_seeds, real_schedule, step, sizes["real_rtol"])
         else:
             out["real"] = None
-            print("real data skipped: scikit-learn is not installed (pip install 'shuffledp[learning]')")
+            print("real data skipped: scikit-learn is not installed (pip install -e '.[learning]')")
     out["seconds"] = time.perf_counter() - started
     path = write_result(args, "uldp_sgd", out, sizes=sizes)
     plot(out, path.with_suffix(".png"))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the HTML API reference with pdoc (the `docs` extra: pip install -e ".[docs]").
+# Build the HTML API reference with pdoc (the `docs` extra, which brings pdoc and every extra
+# the documented modules import: pip install -e ".[docs]").
 #
 #   scripts/api_docs.sh [OUTDIR]      # default OUTDIR: api-docs/ at the repository root
 #
@@ -13,8 +14,9 @@
 #
 # The module list is given to pdoc explicitly: pdoc's own recursion would both skip
 # the submodules hidden by `__all__` and, depending on what was imported first, list
-# some modules twice. Nothing is excluded: every module imports with the `all` extra
-# (shuffledp.protocol.transport.mqtt_channel needs aiomqtt).
+# some modules twice. Nothing is excluded: every module imports with the `docs` extra
+# (shuffledp.protocol.transport.mqtt_channel needs aiomqtt, shuffledp.simulation.dask_engine
+# dask.distributed); without it the script names what is missing and stops (exit status 2).
 #
 # It fails (exit status 1) on any error and on any warning raised while the modules
 # are imported and rendered: a module that cannot be imported, an include that cannot
@@ -46,8 +48,20 @@ elif [ -x "$root/.venv-test/bin/python" ]; then
 else
   python="python3"
 fi
-if ! "$python" -c "import pdoc" 2>/dev/null; then
-  echo "api_docs: pdoc is not installed for $python; run: $python -m pip install -e \".[docs]\"" >&2
+# The installed project (shuffledp.protocol is found only through an install) and the modules of
+# the `docs` extra and of the extras it brings (shuffledp/cli/extras.py).
+missing="$(cd "$root" && "$python" -c '
+import importlib.util
+try:
+    from shuffledp.cli.extras import missing_modules
+    project = importlib.util.find_spec("shuffledp.protocol") is not None
+except ImportError:
+    project = False
+print(" ".join(([] if project else ["shuffledp"]) + (list(missing_modules(("docs", "analysis", "mqtt", "dask"))) if project else [])))')" \
+  || { echo "api_docs: cannot run $python" >&2; exit 2; }
+if [ -n "$missing" ]; then
+  echo "api_docs: $python lacks ${missing// /, } (the reference needs the project with its 'docs' extra); install it with:" >&2
+  echo "  $python -m pip install -e '$root[docs]'" >&2
   exit 2
 fi
 

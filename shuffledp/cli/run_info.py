@@ -1,8 +1,10 @@
 """What produced a JSON document: the shuffledp version, the command and its parameters.
 
 Every JSON document a ``shuffledp`` command prints or writes carries this block under the
-key ``"shuffledp"``, so a saved result says which version made it and with which options,
-defaults included. Benchmarks add the same block to their results.
+key ``"shuffledp"``, so a saved result says which build made it and with which options,
+defaults included. The version names the build (``shuffledp.__version__``: setuptools-scm's
+``0.1.devN+gHASH`` from the git commit it was built or installed from, ``0.0`` when unknown),
+so results of two builds can be told apart. Benchmarks add the same version to their results.
 """
 
 from __future__ import annotations

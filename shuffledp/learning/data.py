@@ -7,7 +7,7 @@ already carry a constant intercept column) and a held-out test set of *other* us
   (Algorithm 6's setting: each user holds ``m`` samples of its own).
 * :func:`breast_cancer_users`: the Wisconsin breast-cancer table shipped *inside*
   scikit-learn (569 rows, 30 features, no download), rows partitioned into users.
-  scikit-learn is an optional dependency (``pip install shuffledp[learning]``);
+  scikit-learn is an optional dependency (the ``learning`` extra: ``pip install -e ".[learning]"``);
   :func:`real_dataset_available` says whether it is importable.
 
 Preprocessing of the real table (standardization with the *training* users' means and
@@ -149,7 +149,9 @@ def breast_cancer_users(samples_per_user: int = 1, test_fraction: float = 0.2, s
     try:
         from sklearn.datasets import load_breast_cancer
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the real data set needs scikit-learn: pip install 'shuffledp[learning]'") from exc
+        from shuffledp.cli.extras import install_command
+
+        raise ImportError(f"the real data set needs scikit-learn (the 'learning' extra): {install_command(('learning',))}") from exc
     if columns not in BREAST_CANCER_GROUPS:
         raise InvalidParameter("columns", f"must be one of {tuple(BREAST_CANCER_GROUPS)}, got {columns!r}")
     table = load_breast_cancer()

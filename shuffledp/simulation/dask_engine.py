@@ -79,8 +79,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: addresses (a preference: Dask runs the task elsewhere if those workers are gone), or ``None``: anywhere.
 Placement = Callable[[int, int], "Sequence[str] | None"]
 
-INSTALL_HINT = "pip install 'shuffledp[dask]'"
-
 
 class DaskUnavailable(ShuffleDPError, ImportError):
     """The Dask engine was asked for, and ``dask.distributed`` is not installed."""
@@ -88,7 +86,10 @@ class DaskUnavailable(ShuffleDPError, ImportError):
     reason = "missing-extra"
 
     def __init__(self) -> None:
-        super().__init__(f"the Dask engine needs the 'dask' extra (dask.distributed is not installed): {INSTALL_HINT}")
+        from shuffledp.cli.extras import install_command
+
+        super().__init__("the Dask engine needs the 'dask' extra (dask.distributed is not installed): "
+                         + install_command(("dask",)))
 
 
 def _distributed():
@@ -284,7 +285,11 @@ ENCRYPTED_SCHEMES = frozenset({"tls", "wss"})
 #: Dask configuration the cluster :func:`private_cluster` starts under: the HTTP servers that the
 #: scheduler and every worker start whatever their dashboard setting route nothing (Dask's
 #: default routes serve the worker list, task names, logs and metrics to anyone who connects).
-PRIVATE_CONFIG = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+PRIVATE_CONFIG: dict[str, list[str]] = {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+
+
+#: Module each worker process of :func:`private_cluster` imports first.
+WORKER_PRELOAD = "shuffledp.simulation.dask_worker_signals"
 
 
 def private_cluster(workers: int, *, processes: bool = True) -> "LocalCluster":
@@ -309,7 +314,8 @@ def private_cluster(workers: int, *, processes: bool = True) -> "LocalCluster":
     import dask
 
     security = distributed.Security.temporary()
-    with dask.config.set(PRIVATE_CONFIG):  # read when the scheduler and each worker (process) start
+    # Each worker process ignores Ctrl-C (shuffledp/simulation/dask_worker_signals.py): this process stops, closes the cluster and prints the one line.
+    with dask.config.set({**PRIVATE_CONFIG, "distributed.worker.preload": [WORKER_PRELOAD]}):  # read when the scheduler and each worker start
         return distributed.LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=processes,
             host=LOOPBACK, protocol="tls://", security=security,
@@ -398,7 +404,9 @@ def dask_client(
         with connect_scheduler(scheduler, allow_plaintext=allow_plaintext) as client:
             yield client
         return
+    assert workers is not None  # no scheduler, so workers were given (both None returned above)
     with private_cluster(workers) as cluster, distributed.Client(cluster) as client:
+
         yield client
 
 

@@ -65,7 +65,7 @@ def test_client_and_embed_example_work_on_the_device_install(device_env):
 @pytest.mark.parametrize("command, extra", [
     (["simulate"], "analysis"),
     (["account", "--epsilon0", "1", "--users", "1000"], "analysis"),
-    (["up", "--users", "10"], "analysis"),
+    (["up", "--users", "10"], "analysis,mqtt"),  # both named, though analysis is the first missing
     (["shuffler", "serve", "--keys", "k", "--broker", "127.0.0.1:1", "--spool", "s.db"], "mqtt"),
 ])
 def test_a_command_missing_its_extra_says_which_in_one_line(device_env, command, extra):
@@ -73,7 +73,10 @@ def test_a_command_missing_its_extra_says_which_in_one_line(device_env, command,
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
-    assert f"pip install 'shuffledp[{extra}]'" in lines[0]
+    for name in extra.split(","):
+        assert f"'{name}'" in lines[0], lines[0]
+    # the install line for this copy (an editable install of the clone), runnable as printed
+    assert f"pip install -e '{ROOT}[{extra}]'" in lines[0], lines[0]
     assert "Traceback" not in out.stderr
 
 

@@ -277,7 +277,7 @@ def test_the_cli_refuses_a_cluster_for_the_message_engine_and_names_the_missing_
     monkeypatch.setitem(sys.modules, "distributed", None)  # as if dask were not installed
     assert main(["vector", "--fast", "-n", "100", "-d", "4", "-q", "--dask-workers", "2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "pip install 'shuffledp[dask]'" in err, err
+    assert "\n" not in err and "'dask' extras" in err and "[analysis,dask]'" in err, err
 
 
 def test_blocks_per_task_keeps_eight_tasks_per_thread_up_to_32_blocks():
