@@ -44,8 +44,8 @@ SCRIPTS = sorted(p for p in BENCHMARKS.glob("*.py") if p.name != "_common.py")
 #: Seconds a quick run may take before the case fails (quick runs take a few seconds alone;
 #: this leaves room for a loaded 2-core machine running other tests at the same time).
 TIMEOUT = 150
-#: Scripts that need a mosquitto binary.
-NEEDS_BROKER = {"bench_mqtt_load.py"}
+#: Scripts that need a mosquitto binary (bench_broker_cluster.py: and nats-server).
+NEEDS_BROKER = {"bench_mqtt_load.py", "bench_broker_cluster.py"}
 
 
 def _env() -> dict[str, str]:
