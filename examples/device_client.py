@@ -138,14 +138,17 @@ async def run(devices: int, m: int, epsilon: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from shuffledp.cli.common import deprecated_alias  # the command line only: the device code needs no CLI
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=2000)
     parser.add_argument("--readings", type=int, default=24, help="sensor readings per device (m)")
-    parser.add_argument("--epsilon", type=float, default=2.0, help="each device's local budget")
+    parser.add_argument("--epsilon0", "-e", type=float, default=2.0, help="each device's local budget eps0")
+    deprecated_alias(parser, "--epsilon", "--epsilon0")  # the shuffledp commands' spelling (docs/cli.md)
     args = parser.parse_args(argv)
     devices = capped(args.devices)  # SHUFFLEDP_SIZE_CAP (README, testing)
     note([f"--devices {args.devices} -> {devices}"] if devices != args.devices else [], "device_client.py")
-    asyncio.run(run(devices, args.readings, args.epsilon))
+    asyncio.run(run(devices, args.readings, args.epsilon0))
     return 0
 
 

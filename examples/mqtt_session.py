@@ -29,6 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from shuffledp.cli.common import deprecated_alias
 from shuffledp.size_cap import capped, note
 
 
@@ -50,14 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None,
                         help="deployment directory (new or empty; kept); default: a new temporary one")
     parser.add_argument("--users", type=int, default=2000)
-    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--epsilon0", "-e", type=float, default=1.0, help="local budget eps0 of each user")
+    deprecated_alias(parser, "--epsilon", "--epsilon0")  # the shuffledp commands' spelling (docs/cli.md)
     args = parser.parse_args(argv)
     users = capped(args.users)  # SHUFFLEDP_SIZE_CAP (README, testing)
     note([f"--users {args.users} -> {users}"] if users != args.users else [], "mqtt_session.py")
     if args.dir is None:
         args.dir = new_directory()
     print(f"deployment directory {args.dir}", flush=True)
-    result = run_session(args.dir, users, args.epsilon)
+    result = run_session(args.dir, users, args.epsilon0)
     print()
     print(f"session {result['session_id']}: estimate {result['estimate']:.4f} "
           f"(standard error {result['standard_error']:.4f}) from {result['reports']:,} reports")

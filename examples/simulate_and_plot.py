@@ -17,13 +17,15 @@ import argparse
 from shuffledp.simulation.population import Population
 from shuffledp.progress import pyplot, save_figure
 from shuffledp.simulation import SimulationConfig, run_simulation
+from shuffledp.cli.common import deprecated_alias
 from shuffledp.size_cap import capped_list, note
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two small n only")
-    parser.add_argument("--epsilon", type=float, default=1.0, help="local budget eps0 of each user")
+    parser.add_argument("--epsilon0", "-e", type=float, default=1.0, help="local budget eps0 of each user")
+    deprecated_alias(parser, "--epsilon", "--epsilon0")  # the shuffledp commands' spelling (docs/cli.md)
     parser.add_argument("--out", default="simulate_and_plot.png", help="where to write the plot")
     args = parser.parse_args(argv)
 
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     # every epsilon is printed with its delta.
     print(f"{'n':>10} {'estimate':>10} {'|error|':>9} {'RMSE theory':>12} {'range check':>12} {'central eps':>12} {'delta':>8}")
     for n in ns:
-        result = run_simulation(SimulationConfig(population, n=n, epsilon0=args.epsilon, path="fast", seed=1))
+        result = run_simulation(SimulationConfig(population, n=n, epsilon0=args.epsilon0, path="fast", seed=1))
         rows.append(result)
         verdict = "trusted" if result.range_check["status"] == "ok" else "not trusted"
         print(f"{n:>10,} {result.estimate:>10.4f} {abs(result.error):>9.4f} {result.rmse_theory:>12.4f} "
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ax.loglog(ns, [r.rmse_theory for r in rows], "-", label="theoretical RMSE (given the range)")
     ax.set_xlabel("users n")
     ax.set_ylabel("error of the mean")
-    ax.set_title(f"scalar range -> mean, eps0 = {args.epsilon:g}, m = {population.m}")
+    ax.set_title(f"scalar range -> mean, eps0 = {args.epsilon0:g}, m = {population.m}")
     ax.legend()
     save_figure(fig, args.out)
     print(f"plot written to {args.out}")

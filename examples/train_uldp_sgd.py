@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 
 from shuffledp.learning.data import synthetic_logistic
+from shuffledp.cli.common import deprecated_alias
 from shuffledp.size_cap import capped, note
 from shuffledp.learning.uldp_sgd import TrainingConfig, calibrate_epsilon0, step_has_range_round, train
 
@@ -23,7 +24,8 @@ from shuffledp.learning.uldp_sgd import TrainingConfig, calibrate_epsilon0, step
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--epsilon", type=float, default=2.0, help="the session's central epsilon")
+    parser.add_argument("--central-epsilon", type=float, default=2.0, help="the session's central epsilon")
+    deprecated_alias(parser, "--epsilon", "--central-epsilon")  # the shuffledp commands' spelling (docs/cli.md)
     parser.add_argument("--delta", type=float, default=1e-5)
     args = parser.parse_args(argv)
     documented = (20_000, 300, 1000) if args.quick else (100_000, 1000, 2000)
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     data = synthetic_logistic(users, 10, 15, seed=0)
     config = TrainingConfig(steps=steps, cohort=cohort, learning_rate=1.0, clip=0.25)
     range_round = step_has_range_round(data.dim, config.clip, cohort)  # one bin over [-C, C]: no range round
-    epsilon0 = calibrate_epsilon0(args.epsilon, data.users, cohort, steps, args.delta, range_round=range_round)
+    epsilon0 = calibrate_epsilon0(args.central_epsilon, data.users, cohort, steps, args.delta, range_round=range_round)
     private = train(data, config, "uldp-shuffle", epsilon0=epsilon0, delta=args.delta)
     baseline = train(data, config, "nonprivate", account=False)
     print(f"{users:,} users x 10 samples, {steps} steps, cohorts of {cohort:,} (sampling rate {cohort / users:.3g})")

@@ -11,9 +11,10 @@ Runs the audit (``--quick`` by default: that is what an operator runs often) wit
 
 Writes ``bench-out/audit_false_alarms.json`` (``--out`` another file; ``--out
 benchmarks/results/audit_false_alarms.json`` refreshes the committed copy) and a plot of each run's largest ratio per part.
-Takes about a minute per quick audit on one core::
+Takes about 40 s per quick audit on one core (``benchmarks/results/audit_false_alarms.json``:
+1,602 s for 40), more while other jobs run; it prints its estimate first, then its progress::
 
-    python scripts/audit_false_alarms.py --repeats 40          # about 40 min
+    python scripts/audit_false_alarms.py --repeats 40          # about half an hour
     python scripts/audit_false_alarms.py --repeats 5 --part shuffled
 """
 
@@ -85,6 +86,28 @@ def plot(summary: dict, path: Path) -> None:
     save_figure(fig, str(path))
 
 
+#: The committed measurement the up-front estimate scales: quick audits of every part.
+MEASURED = ROOT / "benchmarks" / "results" / "audit_false_alarms.json"
+
+
+def duration_estimate(repeats: int, full: bool, part: str) -> str:
+    """What the run will take, said before it starts: :data:`MEASURED`'s seconds per quick audit of
+    every part, times ``repeats``; a full audit is about ten times a quick one (``shuffledp audit
+    --quick``: "about 10x fewer trials"), and one part takes at most what all of them take."""
+    try:
+        measured = json.loads(MEASURED.read_text())
+        per_audit = measured["seconds"] / measured["repeats"]
+    except (OSError, ValueError, KeyError, ZeroDivisionError):
+        return f"{repeats} audits: about a minute each on one core"
+    from shuffledp.progress import duration_text
+
+    total = per_audit * repeats * (10 if full else 1)
+    bound = "at most about" if part != "all" else "about"
+    return (f"{repeats} {'full' if full else 'quick'} audit(s) of part {part}: {bound} {duration_text(total)} "
+            f"({per_audit:.0f} s per quick audit of every part in {MEASURED.relative_to(ROOT)}"
+            f"{', x10 for a full one' if full else ''}); progress below")
+
+
 def main(argv: list[str] | None = None) -> int:
     from shuffledp.cli.audit import PARTS, run_audit
     from shuffledp.progress import progress_bar
@@ -97,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-out") / "audit_false_alarms.json",
                         help="the JSON file to write (its plot goes beside it); default: %(default)s")
     args = parser.parse_args(argv)
+    print(duration_estimate(args.repeats, args.full, args.part), file=sys.stderr, flush=True)
     runs = []
     started = time.time()
     with progress_bar(args.repeats, unit="audit") as step:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable, Sequence
@@ -37,6 +38,17 @@ def worker_key() -> X25519PrivateKey:
     return _worker_private
 
 
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    """A worker's first call: ignore SIGINT, then ``initializer(*initargs)``.
+
+    Ctrl-C at a terminal reaches every process of its process group, the workers included. The
+    process that started them handles it (stops, prints one line, closes the pool, which ends
+    the workers); a worker that raised ``KeyboardInterrupt`` too would add a traceback each."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
+
+
 class WorkerProcesses:
     """``workers`` processes from the ``forkserver``, each running ``initializer(*initargs)`` first;
     started on first use or by :meth:`start`, stopped by :meth:`close`. The shared part of the
@@ -54,7 +66,7 @@ class WorkerProcesses:
         """The process pool (created on first use; it starts a process when a task finds none idle)."""
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("forkserver"),
-                                             initializer=self._initializer, initargs=self._initargs)
+                                             initializer=_start_worker, initargs=(self._initializer, self._initargs))
         return self._pool
 
     def start(self) -> None:

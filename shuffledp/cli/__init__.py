@@ -21,8 +21,9 @@ import sys
 from typing import Sequence
 
 from shuffledp import __version__
-from shuffledp.cli.common import Parser, command_name, exit_status, fail
+from shuffledp.cli.common import Parser, command_name, exit_status, fail, interrupted
 from shuffledp.cli.extras import MissingExtraError, as_missing_extra, require_extras
+from shuffledp.cli.preflight import refuse_before_work
 from shuffledp.size_cap import apply_size_cap
 
 #: Modules that provide sub-commands, in the order ``--help`` lists them.
@@ -104,7 +105,10 @@ def single_threaded_blas() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. A usage error, a bad configuration or a missing optional dependency is one
     line on stderr and exit status 2; a failure of the command (a typed ``ShuffleDPError``) one line
-    and exit status 1."""
+    and exit status 1; Ctrl-C (``KeyboardInterrupt``) the line ``shuffledp <command>: interrupted``
+    and exit status 130 (the message engine's worker processes ignore SIGINT and leave the line to
+    this process: ``protocol/wire/key_workers.py``). Before any work, sizes that cannot fit in memory
+    and unwritable output paths are refused (:mod:`shuffledp.cli.preflight`, exit status 2)."""
     single_threaded_blas()
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -115,7 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command or "?"
     try:
         require_extras(command)
+        refuse_before_work(args)  # sizes that cannot fit in memory, unwritable output paths: refused before any work
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return interrupted(command_name(args))
     except MissingExtraError as exc:
         print(exc, file=sys.stderr)
         return 2

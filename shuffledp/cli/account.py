@@ -128,7 +128,7 @@ def add_parser(subparsers) -> None:
         default="generic",
         help="randomizer (generic: any pure eps0-LDP randomizer)",
     )
-    p.add_argument("--num-bins", "-K", type=_positive_int, default=None, help="Hadamard size K (hadamard-response)")
+    p.add_argument("--num-bins", type=_positive_int, default=None, help="Hadamard size K (hadamard-response)")
     p.add_argument("--symbols", "-k", type=_positive_int, default=None, help="domain size k (k-rr, block-hadamard-response)")
     p.add_argument(
         "--blocks", type=_positive_int, default=None,
@@ -164,6 +164,7 @@ def add_parser(subparsers) -> None:
     deprecated_alias(p, "--n", "--users")
     deprecated_alias(p, "-d", "--delta")
     deprecated_alias(p, "--k", "--symbols")
+    deprecated_alias(p, "-K", "--num-bins", hint=" (-k is the domain size k: --symbols)")
     p.set_defaults(func=run)
 
 
@@ -189,6 +190,58 @@ def _local(args):
 
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.6g}"
+
+
+def not_applicable(local, rb) -> dict[str, str]:
+    """Why each bound of :data:`BOUND_LABELS` the round ``rb`` has no value for has none (the ``n/a`` rows):
+    the conditions of ``protocol/accounting/shuffle_round.py`` under which each is evaluated."""
+    from shuffledp.protocol.accounting.clones import fmt21_closed_form_valid
+    from shuffledp.protocol.accounting.guarantees import in_strong_clone_class
+    from shuffledp.protocol.accounting.shuffle_round import (
+        BLANKET_MAX_GRID_LEVELS,
+        NUMERICAL_MAX_EPSILON0,
+        NUMERICAL_MIN_EPSILON0,
+        blanket_laws,
+    )
+
+    mech, e0, cand = local.mechanism, float(local.epsilon0), rb.candidates
+    laws = blanket_laws(local)
+    n = rb.evaluated_n or 0
+    why: dict[str, str] = {}
+    for name in BOUND_LABELS:
+        if cand.get(name) is not None:
+            continue
+        dropped = cand.get(f"{name} (dropped: below the exact floor)")
+        if dropped is not None:
+            why[name] = f"dropped: its value {dropped:.6g} is below the exact floor, so numerically wrong"
+        elif name in ("rr-exact", "rr-exact-smaller-n") and mech != "binary-rr":
+            why[name] = "binary-rr only"
+        elif name == "rr-exact":
+            why[name] = "computed at a grid n' below n (next row)"
+        elif name == "rr-exact-smaller-n":
+            why[name] = "the exact value at n is given (row above)"
+        elif name in ("variation-ratio", "strong-clone", "fmt21-numerical", "blanket") and e0 < NUMERICAL_MIN_EPSILON0:
+            why[name] = f"numerical bounds not evaluated below eps0 = {NUMERICAL_MIN_EPSILON0:g}"
+        elif name in ("variation-ratio", "strong-clone", "fmt21-numerical") and e0 > NUMERICAL_MAX_EPSILON0:
+            why[name] = f"clone pairs not evaluated above eps0 = {NUMERICAL_MAX_EPSILON0:g}"
+        elif name == "variation-ratio":
+            why[name] = ("replaced by the privacy blanket, at most it (Su, Cheng & Wang 2025)"
+                         if laws and mech != "laplace-mean" else f"no variation-ratio parameters for a {mech} randomizer")
+        elif name == "strong-clone" and not in_strong_clone_class(local):
+            why[name] = "binary-rr and k-rr only: the mechanisms of its class"
+        elif name == "blanket":
+            why[name] = {
+                "binary-rr": "binary-rr: its exact bound is tighter",
+                "laplace-mean": ("needs --grid-levels" if local.grid_levels is None
+                                 else f"not built above {BLANKET_MAX_GRID_LEVELS} grid levels"),
+            }.get(mech, f"no worst input pair known for a {mech} randomizer")
+        elif name == "fmt21-closed" and not fmt21_closed_form_valid(e0, max(n, 1), rb.delta):
+            why[name] = "outside Theorem 3.1's range: eps0 > log(n / (16 log(4/delta)))"
+        elif name == "rdp-girgis":
+            why[name] = "eps0 too small for its moments (the round is (0, delta)-DP only where eps0/2 <= delta)"
+        else:
+            why[name] = "not evaluated for this round"
+    return why
 
 
 def _dataset_lower_bound(local, n: int, delta: float) -> dict[str, Any] | None:
@@ -235,6 +288,7 @@ def _report(args) -> dict[str, Any]:
         "n": args.users,
         "delta": args.delta,
         "round": rb.as_dict(),
+        "not_applicable": not_applicable(local, rb),
         "dataset_lower_bound": None if args.no_lower_bound else _dataset_lower_bound(local, args.users, args.delta),
         "session": None,
     }
@@ -268,6 +322,8 @@ def _print_text(rep: dict[str, Any], out=None) -> None:
     for name, label in BOUND_LABELS.items():
         val = r["candidates"].get(name)
         mark = "  <- used" if name == r["method"] else ""
+        if val is None and name in rep.get("not_applicable", {}):
+            mark = f"  ({rep['not_applicable'][name]})"
         print(f"  {label:<{width}}  {_fmt(val):>10}{mark}", file=out)
     if r["lower_bound"] is not None:
         print(f"  {'exact shuffled binary RR floor':<{width}}  {_fmt(r['lower_bound']):>10}", file=out)
@@ -358,8 +414,8 @@ def _refuse_constant(name: str) -> None:
 
 def read_plan(path: str) -> dict[str, Any]:
     """The session plan in ``path``: a plan object, or a JSON document with a ``"plan"`` (a ``--json``
-    output of simulate or vector); a list of results (``distribution --json``, a vector sweep) is refused
-    with the hint to pick one plan. :class:`InvalidParameter` for anything else."""
+    output of simulate or vector); a document of several results (``distribution --json``, a vector
+    sweep: ``"results"``) is refused with the hint to pick one plan. :class:`InvalidParameter` for anything else."""
     from shuffledp.protocol.errors import InvalidParameter
 
     try:
@@ -375,6 +431,10 @@ def read_plan(path: str) -> dict[str, Any]:
         raise InvalidParameter("plan", f"{path}: not JSON ({exc})") from None
     if isinstance(doc, dict) and isinstance(doc.get("plan"), dict):
         doc = doc["plan"]
+    if isinstance(doc, dict) and isinstance(doc.get("results"), list):
+        raise InvalidParameter("plan", f"{path}: a document of {len(doc['results'])} results, each with its own plan "
+                                       "(results[i].plan; distribution: results[i].estimators[j].privacy.plan): "
+                                       "write one of them to the file")
     if not isinstance(doc, dict):
         raise InvalidParameter("plan", f"{path}: not a session plan (a JSON object; from a list of results, "
                                        "write one result's \"plan\" to the file)")

@@ -80,7 +80,7 @@ def add_parser(subparsers) -> None:
                    "local part's round-mechanism rows on its reports, and tests their law against the built-in ones")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar (the bar, on stderr, shows the share of the estimated work done and an ETA; "
-                   "--json implies --quiet)")
+                   "it shows with --json too)")
     p.set_defaults(func=run)
 
 
@@ -213,7 +213,7 @@ def run_audit(
     from shuffledp.audit.mechanics import STATISTICAL_ALPHA
 
     started = time.perf_counter()
-    parts: dict[str, object] = {}
+    parts: dict[str, _PartProgress] = {}
     if progress is not None:
         work = audit_work(quick, part, local_options=local_options, ns=ns,
                           session=session)
@@ -231,6 +231,7 @@ def run_audit(
         from shuffledp.audit.claim import claim_report, load_session, trusted_analyzer_key
         from shuffledp.deploy.keys import load_public
 
+        assert keys is not None  # checked above: --session needs --keys
         key = trusted_analyzer_key(keys)
         session_id = load_public(keys).session_id if Path(keys).is_dir() else None
         out["claim"] = claim_report(load_session(session, key), key, delta, lower_rounds=10**5 if quick else 10**6,
@@ -324,7 +325,7 @@ def _run_client(args: argparse.Namespace) -> int:
         return fail("audit", f"--client audits the local randomizers only; it does not take {', '.join(conflicts)}",
                     EXIT_USAGE)
     try:
-        with progress_bar(client_audit_runs(args.quick), quiet=args.quiet or args.json, unit="run") as step:
+        with progress_bar(client_audit_runs(args.quick), quiet=args.quiet, unit="run") as step:
             result = run_client_audit(args.client, args.quick, args.seed, progress=step)
     except ShuffleDPError as exc:  # the command cannot start, fails, or breaks the protocol; bad parameters
         return fail("audit", exc, EXIT_USAGE)
@@ -498,7 +499,7 @@ def _local_panel(ax, rows: list[dict]) -> None:
 
 def _shuffled_panel(ax, rows: list[dict]) -> None:
     floor = _floor([r["lower_bound"] for r in rows] + [r["claimed_epsilon"] for r in rows])
-    zeros = []
+    zeros: list[float] = []
     styles = {"binary-rr": ("o", "-"), "hadamard-range": ("s", "--")}
     for i, epsilon0 in enumerate(sorted({r["epsilon0"] for r in rows})):
         for mechanism in sorted({r["mechanism"] for r in rows}):
@@ -588,7 +589,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_client(args)
     try:
         # progress on stderr, as a share of the estimated work (audit_work): percent done, elapsed, ETA
-        with progress_bar(100, quiet=args.quiet or args.json, unit="%") as step:
+        with progress_bar(100, quiet=args.quiet, unit="%") as step:
             result = run_audit(args.quick, args.part, args.delta, args.seed, progress=step, broker=args.broker,
                                session=args.session, keys=args.keys, service=args.shuffler_service)
     except ShuffleDPError as exc:  # bad parameters; a session file refused (altered, unsigned, unreadable), a key file unreadable

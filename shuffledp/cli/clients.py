@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import secrets
 from pathlib import Path
 
 from shuffledp.cli.common import (
@@ -99,7 +100,7 @@ async def _clients_run_async(args: argparse.Namespace) -> int:
     # With --seed, the data and the draws of `shuffledp simulate --seed` (one shared definition of each);
     # without it, fresh data, and every device draws its own noise from the OS CSPRNG (Client's default source).
     seeded = args.seed is not None
-    data_seed = args.seed if seeded else np.random.SeedSequence().entropy
+    data_seed = args.seed if seeded else secrets.randbits(128)  # fresh entropy, as SeedSequence() draws it
     means, true_mean = local_means(population, args.users, data_seed)
     clients = [
         Client(

@@ -53,7 +53,7 @@ class Parser(argparse.ArgumentParser):
         print(f"{self.prog}: {' '.join(message.split())}", file=sys.stderr)
         sys.exit(EXIT_USAGE)
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:  # named after the command they were given to, not the top-level parser
             prog = f"shuffledp {command_name(namespace)}" if getattr(namespace, "command", None) else self.prog
@@ -106,9 +106,10 @@ def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, *, hin
     target = parser._option_string_actions[new]
     if target.required:  # argparse would not count the alias: Parser.parse_known_args checks it
         target.required = False
-        parser._required_with_alias = [*getattr(parser, "_required_with_alias", ()), target]
+        setattr(parser, "_required_with_alias", [*getattr(parser, "_required_with_alias", ()), target])
+    # type=None (no conversion) is argparse's own default, which typeshed's add_argument does not admit.
     action = parser.add_argument(
-        old, dest=target.dest, action=DeprecatedAlias, replacement=new + hint, type=target.type,
+        old, dest=target.dest, action=DeprecatedAlias, replacement=new + hint, type=target.type,  # type: ignore[arg-type]
         choices=target.choices, metavar=target.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
     )
     if target.help and target.help is not argparse.SUPPRESS:
@@ -119,6 +120,31 @@ def deprecated_alias(parser: argparse.ArgumentParser, old: str, new: str, *, hin
 def used_deprecated(args: argparse.Namespace, option: str) -> bool:
     """Whether ``option`` (a deprecated alias) was typed."""
     return option in (getattr(args, "_deprecated", None) or [])
+
+
+class RenamedChoices(argparse.Action):
+    """A choice option some of whose values were renamed: an old value still works, is stored as its new
+    name, and prints one warning line on stderr. ``--help`` lists the current choices and names the old
+    values beside them. Give it ``choices`` (the current values) and ``renamed`` (old value -> new)."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, renamed: dict[str, str], choices, **kwargs: Any) -> None:
+        current = tuple(choices)
+        assert set(renamed.values()) <= set(current) and not set(renamed) & set(current), renamed
+        kwargs.setdefault("metavar", "{" + ",".join(current) + "}")
+        help_text = kwargs.pop("help", None) or ""
+        old = ", ".join(f"{o} (= {n})" for o, n in renamed.items())
+        super().__init__(option_strings, dest, choices=current + tuple(renamed), help=f"{help_text} [deprecated: {old}]",
+                         **kwargs)
+        self.renamed = dict(renamed)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if values in self.renamed:
+            new = self.renamed[values]
+            print(f"{parser.prog}: warning: {option_string} {values} is deprecated and will be removed; "
+                  f"use {option_string} {new}", file=sys.stderr)
+            namespace._deprecated = [*(getattr(namespace, "_deprecated", None) or []), f"{option_string} {values}"]
+            values = new
+        setattr(namespace, self.dest, values)
 
 
 def add_json_option(p: argparse.ArgumentParser, what: str = "the result") -> None:
@@ -176,6 +202,12 @@ def fail(command: str, exc: BaseException | str, status: int) -> int:
     message = exc if isinstance(exc, str) else error_message(exc)
     print(f"shuffledp {command}: {message}", file=sys.stderr)
     return status
+
+
+def interrupted(command: str) -> int:
+    """Ctrl-C: print ``shuffledp <command>: interrupted`` on stderr (the one line a stopped command
+    writes, no traceback); return :data:`EXIT_INTERRUPTED`."""
+    return fail(command, "interrupted", EXIT_INTERRUPTED)
 
 
 # --------------------------------------------------------------------------- JSON
@@ -271,8 +303,10 @@ def read_password(path: Path | None) -> str | None:
 
 def add_broker_options(p: argparse.ArgumentParser, role: str) -> None:
     group = p.add_argument_group("broker", f"how this {role} reaches the MQTT broker")
-    group.add_argument("--broker", required=True, metavar="HOST[:PORT]",
-                       help="the broker's address (port default: 8883 with --ca-file, else 1883)")
+    group.add_argument("--broker", required=True, metavar="HOST[:PORT][,HOST[:PORT]...]",
+                       help="the broker's address (port default: 8883 with --ca-file, else 1883); for a clustered "
+                       "broker, its nodes separated by commas: the first is tried first, and a lost connection is "
+                       "re-established to the next node")
     group.add_argument("--username", default=None, help=f"broker account (a {role}-role user of the broker's ACL)")
     group.add_argument("--password-file", type=Path, default=None, metavar="FILE",
                        help="file holding the account's password on its first line (keep it 0600)")
@@ -289,6 +323,9 @@ def add_broker_options(p: argparse.ArgumentParser, role: str) -> None:
                        "to S seconds, one log line per attempt (0: once); refused credentials and a certificate "
                        "that fails verification are reported at once. After the first connection, a lost one is "
                        "re-established for as long as the service runs")
+    group.add_argument("--subscribe-qos", type=int, choices=(0, 1), default=1,
+                       help="QoS of this party's subscriptions (publishes are QoS 1): 0 for a NATS cluster, where "
+                       "each QoS 1 subscription is a replicated JetStream consumer (shuffledp.deploy.nats_cluster)")
 
 
 #: Seconds a service tries its first connection to the broker (``--connect-retry``).
@@ -311,11 +348,13 @@ def mqtt_channel(args: argparse.Namespace, role: str):
     """An unconnected MqttChannel for ``args``' broker options."""
     from shuffledp.protocol.transport.mqtt_channel import MqttChannel
 
-    host, port = parse_address(args.broker, 8883 if args.ca_file else 1883)
+    default_port = 8883 if args.ca_file else 1883
+    addresses = [parse_address(address.strip(), default_port) for address in args.broker.split(",")]
+    (host, port), failover = addresses[0], addresses[1:]
     if args.ca_file is not None and not Path(args.ca_file).is_file():
         raise UsageError(f"--ca-file: {args.ca_file} is not a file")
     if (args.password_file is not None and args.ca_file is None and not getattr(args, "insecure_plaintext", False)
-            and not is_loopback(host)):
+            and not all(is_loopback(h) for h, _ in addresses)):
         raise UsageError(f"--password-file without --ca-file would send the password in clear to {host}; "
                          f"add --ca-file PEM (TLS), or --insecure-plaintext to accept that")
     retry = getattr(args, "connect_retry", FIRST_CONNECT_RETRY)
@@ -330,6 +369,8 @@ def mqtt_channel(args: argparse.Namespace, role: str):
         username=args.username,
         password=read_password(args.password_file),
         tls_ca_file=args.ca_file,
+        failover=failover,
+        subscribe_qos=getattr(args, "subscribe_qos", 1),
     )
 
 
@@ -404,10 +445,12 @@ def _closed_socket_callbacks(loop: asyncio.AbstractEventLoop, context: dict[str,
       with an aiomqtt error): the channel learned of it another way.
 
     Everything else goes to asyncio's default handler."""
+    mqtt_errors: tuple[type[BaseException], ...]
     try:
         from aiomqtt import MqttError
+        mqtt_errors = (MqttError,)
     except ImportError:  # a command run without the mqtt extra: nothing of aiomqtt's to quiet
-        MqttError = ()  # noqa: N806
+        mqtt_errors = ()
 
     exc = context.get("exception")
     handle = repr(context.get("handle", ""))
@@ -415,7 +458,7 @@ def _closed_socket_callbacks(loop: asyncio.AbstractEventLoop, context: dict[str,
         logging.getLogger("shuffledp.mqtt").debug("socket callback after the connection closed: %s: %s",
                                                   type(exc).__name__, exc)
         return
-    if MqttError and isinstance(exc, MqttError) and "future" in context and "handle" not in context:
+    if mqtt_errors and isinstance(exc, mqtt_errors) and "future" in context and "handle" not in context:
         logging.getLogger("shuffledp.mqtt").debug("a closed connection's reason, unread: %s: %s", type(exc).__name__, exc)
         return
     loop.default_exception_handler(context)
@@ -431,8 +474,7 @@ def run_service(command: str, coroutine_factory: Callable[[], Any]) -> int:
     try:
         return int(asyncio.run(main()))
     except KeyboardInterrupt:
-        print(f"shuffledp {command}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return interrupted(command)
     except Exception as exc:
         status = exit_status(exc)
         if status is None:
@@ -440,7 +482,7 @@ def run_service(command: str, coroutine_factory: Callable[[], Any]) -> int:
         return fail(command, exc, status)
 
 
-def on_signals(callback: Callable[[], None]) -> None:
+def on_signals(callback: Callable[[], object]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, callback)

@@ -4,7 +4,8 @@ Compares the item-level baseline (a frequency oracle on one sample per user) wit
 the vector mean protocol on each user's empirical distribution, for each m given,
 against the truth and the theory: the total-variation error (what they are compared by)
 and the l2 error, the vector protocol's rounds at each m, and each estimator's local and
-central (after shuffling) guarantee. ``--plot`` draws TV error against m.
+central (after shuffling) guarantee. ``--plot`` draws TV error against m. ``--json`` prints one
+JSON object: the run-info block and ``"results"``, one result per m.
 
 The vector estimator's error is not monotone in m: while the per-coordinate radius tau'
 is at least the rotated bound B = 1/sqrt(D) it runs one round (the mean round at eps0 over
@@ -78,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     except ShuffleDPError as exc:
         return fail("distribution", exc, EXIT_FAILED)
     if args.json:
-        print(json.dumps(with_run_info(results, args), indent=2))
+        # One JSON object, as every command prints: one result per m under "results".
+        print(json.dumps(with_run_info({"results": results}, args), indent=2))
     else:
         print("\n".join(report(args, ms, results)))
     if args.plot:

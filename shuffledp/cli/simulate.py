@@ -24,6 +24,7 @@ from shuffledp.cli.common import (
     default_delta,
     central_delta_arg,
     delta_help,
+    RenamedChoices,
     deprecated_alias,
     fail,
     used_deprecated,
@@ -37,13 +38,19 @@ from shuffledp.simulation.summation import SUM_PROTOCOLS, SummationConfig, forma
 #: Protocols run by ``shuffledp vector`` (Algorithm 5), reachable here too: the vector mean on
 #: Gaussian data, and distribution estimation as the mean of one-hot vectors (categorical data).
 VECTOR_PROTOCOLS = ("vector-mean", "distribution")
-PROTOCOLS = ("mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS + ("instance-optimal",)
+PROTOCOLS = ("scalar-mean",) + SUM_PROTOCOLS + VECTOR_PROTOCOLS + ("instance-optimal",)
+#: Protocol names renamed (the old one still works, with a warning): ``scalar-mean``, as ``analyzer run`` names it.
+RENAMED_PROTOCOLS = {"mean": "scalar-mean"}
 #: Protocols calibrated to a central (eps, delta) (``--central-epsilon``); the others take a local eps0 (``-e``).
 CENTRAL_PROTOCOLS = SUM_PROTOCOLS + ("instance-optimal",)
 #: Protocols that report a central delta (``--delta``): all of them.
-DELTA_PROTOCOLS = ("mean",) + CENTRAL_PROTOCOLS + VECTOR_PROTOCOLS
+DELTA_PROTOCOLS = ("scalar-mean",) + CENTRAL_PROTOCOLS + VECTOR_PROTOCOLS
 #: Default budgets (local eps0, or the central target).
 DEFAULT_EPSILON0 = DEFAULT_CENTRAL_EPSILON = 1.0
+#: The vector protocols' default local eps0: ``shuffledp vector``'s and ``shuffledp distribution``'s
+#: (one user-level eps0 covers a whole d-vector: ``shuffledp vector -d 64 -n 20000 -e 1`` fails its range
+#: check on most coordinates, with an l2 error more than ten times the norm of the mean).
+DEFAULT_VECTOR_EPSILON0 = 4.0
 
 
 def add_parser(subparsers) -> None:
@@ -54,8 +61,8 @@ def add_parser(subparsers) -> None:
         formatter_class=HelpFormatter,
     )
     p.add_argument(
-        "--protocol", choices=PROTOCOLS, default="mean",
-        help="mean: range -> mean, local eps0 (Girgis et al. Alg. 1); sum: scalar multi-message summation; "
+        "--protocol", choices=PROTOCOLS, default="scalar-mean", action=RenamedChoices, renamed=RENAMED_PROTOCOLS,
+        help="scalar-mean: range -> mean, local eps0 (Girgis et al. Alg. 1; as `shuffledp analyzer run`); sum: scalar multi-message summation; "
         "vector-sum: vector summation (rotation, l2 clipping, Skellam); summations take the central "
         "(--central-epsilon, --delta); "
         "vector-mean, distribution: Algorithm 5 (as `shuffledp vector`), local eps0; "
@@ -69,7 +76,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--bound", "-B", type=float, default=20.0, help="data bound B: samples lie in [-B, B]")
     p.add_argument(
         "--epsilon0", "-e", type=float, default=None,
-        help=f"mean, vector-mean, distribution: local user-level budget eps0 (default {DEFAULT_EPSILON0:g})",
+        help=f"scalar-mean, vector-mean, distribution: local user-level budget eps0 (default {DEFAULT_EPSILON0:g}; "
+        f"vector-mean, distribution: {DEFAULT_VECTOR_EPSILON0:g}, as `shuffledp vector`)",
     )
     p.add_argument(
         "--central-epsilon", type=float, default=None,
@@ -82,13 +90,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--delta0", type=float, default=0.0, help="local delta (Gaussian noise only)")
     p.add_argument("--tau", type=float, default=None, help="concentration radius (default: from the data model)")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability for the default radius")
-    p.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta: sum, vector-sum, instance-optimal: the target; mean, vector-mean, "
+    p.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta: sum, vector-sum, instance-optimal: the target; scalar-mean, vector-mean, "
                                                    "distribution: where the central eps after shuffling is accounted"))
     p.add_argument("--seed", type=int, default=0, help="simulation seed")
     p.add_argument("--seeds", type=int, default=None, metavar="K",
-                   help="mean: run K seeds (from --seed) on the fast engine and report how often the range round "
+                   help="scalar-mean: run K seeds (from --seed) on the fast engine and report how often the range round "
                    "failed and how often the analyzer's check warned or missed it")
-    add_engine_arguments(p, default="messages")
+    add_engine_arguments(p, default="messages", why="so that a default run goes through every party, as a deployment does")
     add_json_option(p)
     p.add_argument("--plot", metavar="PNG", default=None, help="write a plot of the estimate against the truth")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -97,13 +105,17 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def add_engine_arguments(p: argparse.ArgumentParser, default: str) -> None:
-    """``--fast`` / ``--messages`` (which engine, ``shuffledp/simulation/engine.py``) and ``--broker``."""
+def add_engine_arguments(p: argparse.ArgumentParser, default: str, why: str = "") -> None:
+    """``--fast`` / ``--messages`` (which engine, ``shuffledp/simulation/engine.py``) and ``--broker``;
+    ``default`` is the command's engine, ``why`` the reason its help gives for it."""
+    reason = f" (the default here, {why})" if why else " (the default here)"
     path = p.add_mutually_exclusive_group()
-    path.add_argument("--fast", dest="path", action="store_const", const="fast", help="vectorized engine, no messages")
+    path.add_argument("--fast", dest="path", action="store_const", const="fast",
+                      help="vectorized engine, no messages" + (reason if default == "fast" else ""))
     path.add_argument(
         "--messages", dest="path", action="store_const", const="messages",
-        help="message engine: real clients, sealing, shuffler and analyzer (in-process, or over --broker)",
+        help="message engine: real clients, sealing, shuffler and analyzer (in-process, or over --broker)"
+        + (reason if default == "messages" else ""),
     )
     p.set_defaults(path=default)
     p.add_argument(
@@ -177,7 +189,7 @@ def resolve_budgets(args: argparse.Namespace) -> None:
             raise UsageError(f"--central-epsilon applies to --protocol {', '.join(CENTRAL_PROTOCOLS)}; --protocol "
                              f"{args.protocol} takes -e/--epsilon0 (a local eps0)")
         if args.epsilon0 is None:
-            args.epsilon0 = DEFAULT_EPSILON0
+            args.epsilon0 = DEFAULT_VECTOR_EPSILON0 if args.protocol in VECTOR_PROTOCOLS else DEFAULT_EPSILON0
     if args.protocol in DELTA_PROTOCOLS and args.delta is None:
         args.delta = default_delta(args.users)
 
@@ -232,8 +244,8 @@ def _run_range_study(args: argparse.Namespace, config: SimulationConfig) -> int:
     from shuffledp.studies.range_check import format_study, range_study
 
     try:
-        with progress_bar(args.seeds, quiet=args.quiet, unit="seed") as step:
-            study = range_study(config, args.seeds, args.seed, progress=step)
+        with progress_bar(3 * args.seeds, quiet=args.quiet, unit="run") as step:
+            study = range_study(config, args.seeds, args.seed, progress=step, with_limit=True)
     except InvalidParameter as exc:
         return fail("simulate", exc, EXIT_USAGE)
     print(json.dumps(with_run_info(study.as_dict(), args), indent=2, default=float) if args.json else format_study(study))
@@ -253,7 +265,7 @@ def _run_vector(args: argparse.Namespace) -> int:
     vector_args = argparse.Namespace(
         command="simulate", protocol=args.protocol,
         users=args.users, sweep=None, dim=args.dim, samples=args.samples,
-        kind="gaussian" if args.protocol == "vector-mean" else "categorical",
+        distribution="gaussian" if args.protocol == "vector-mean" else "categorical",
         mu=args.mu if abs(args.mu) < args.bound else 0.5, sigma=args.sigma, bound=args.bound, zipf=1.1,
         epsilon0=args.epsilon0, mode="sampled", gamma=args.gamma, delta=args.delta, seed=args.seed, path=args.path,
         broker=args.broker, json=args.json, output=None, plot=args.plot, quiet=args.quiet,
@@ -308,6 +320,7 @@ def _run_summation(args: argparse.Namespace) -> int:
     """``--protocol sum|vector-sum``: the chooser's parameters at the central (eps, delta), on either engine."""
     from shuffledp.simulation.vector_population import VectorPopulation
 
+    population: Population | VectorPopulation
     try:
         if args.protocol == "sum":
             population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
@@ -334,7 +347,7 @@ def _print_and_plot(args: argparse.Namespace, result: SimulationResult) -> None:
             print(f"plot written to {args.plot}")
 
 
-def _fmt_bytes(count: int) -> str:
+def _fmt_bytes(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"

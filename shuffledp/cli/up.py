@@ -1,7 +1,8 @@
 """``shuffledp up``: a whole deployment on this machine.
 
 Writes keys, starts a real mosquitto (:class:`~shuffledp.deploy.broker.Broker`: TLS,
-passwords, ACL by role), then the shuffler, the fleet and the analyzer as separate OS
+passwords, ACL by role; with ``--broker-nodes N`` a local cluster of N NATS servers instead,
+:class:`~shuffledp.deploy.nats_cluster.NatsCluster`, every party given every node), then the shuffler, the fleet and the analyzer as separate OS
 processes (``python -m shuffledp.cli ...``); relays their output, prints the estimate, stops
 everything, and exits 0 only if every party succeeded. With ``--seed S`` the estimate is
 exactly that of ``shuffledp simulate --seed S`` with the same parameters. With ``--json`` the
@@ -49,7 +50,7 @@ def add_parser(subparsers) -> None:
         "its first connection to the broker again, with back-off, for up to 30 s (a broker restarting meanwhile "
         "does not end it), and re-establishes a lost connection for as long as it runs. Exit status 0 "
         "only if every party succeeded. With --seed S the estimate is exactly that of `shuffledp simulate --seed S` "
-        "with the same data model, -n, -m and --epsilon0. Needs the mosquitto binaries.",
+        "with the same data model, -n, -m and --epsilon0. Needs the mosquitto binaries (nats-server with --broker-nodes).",
     )
     from shuffledp.simulation.population import DISTRIBUTIONS
 
@@ -71,6 +72,11 @@ def add_parser(subparsers) -> None:
     up.add_argument("--keep", action="store_true", help="keep the temporary deployment directory")
     up.add_argument("--round-timeout", type=float, default=60.0, metavar="S", help="each round's deadline")
     up.add_argument("--timeout", type=float, default=300.0, metavar="S", help="stop everything after S seconds")
+    up.add_argument("--broker-nodes", type=int, default=1, metavar="N",
+                    help="1: one mosquitto (default); N >= 3: a cluster of N NATS servers with MQTT and JetStream on "
+                    "this host (shuffledp.deploy.nats_cluster: TLS, passwords, ACL by role, retained messages and "
+                    "sessions replicated to 3 nodes); each party is given every node and moves to the next "
+                    "when its node dies. Needs the nats-server binary")
     add_json_option(up, "the outcome (the estimate, the analyzer's result, the fleet's summary, exit statuses)")
     up.set_defaults(func=_up)
 
@@ -198,6 +204,7 @@ async def _up_async(args: argparse.Namespace) -> int:
     import tempfile
 
     from shuffledp.deploy.broker import Broker, BrokerError, BrokerUsers, parent_death_signal
+    from shuffledp.deploy.nats_cluster import SUBSCRIBE_QOS, NatsCluster
     from shuffledp.deploy.keys import init_keys
     from shuffledp.simulation.population import Population
     from shuffledp.simulation import SimulationConfig
@@ -208,6 +215,9 @@ async def _up_async(args: argparse.Namespace) -> int:
         raise UsageError("--users: need at least 2")
     if args.seed is not None and args.seed < 0:
         raise UsageError("--seed: must be >= 0")
+    if args.broker_nodes != 1 and args.broker_nodes < 3:
+        raise UsageError("--broker-nodes: 1 (mosquitto) or at least 3 (a NATS cluster keeps a quorum of its "
+                         "replicas when one node dies only from 3 nodes on)")
     # The configuration `shuffledp simulate` builds from the same options (it checks the data model and
     # derives the radius tau), so the analyzer runs the protocol simulate runs.
     population = Population(args.distribution, args.mu, args.sigma, args.bound, args.samples)
@@ -238,7 +248,7 @@ async def _up_async(args: argparse.Namespace) -> int:
 
         def watch(pid: int) -> None:
             pass
-    broker: Broker | None = None
+    broker: Broker | NatsCluster | None = None
     processes: dict[str, asyncio.subprocess.Process] = {}
     relays: list[asyncio.Task] = []
     codes: dict[str, int | None] = {}
@@ -251,17 +261,30 @@ async def _up_async(args: argparse.Namespace) -> int:
              if args.seed is not None else "fresh data; every device draws its noise from the OS CSPRNG")
         # Started from this (the main) thread: Linux sends the parent death signal when the
         # thread that forked a child ends, and this one lasts as long as `up`.
-        broker = Broker(base / "broker", users=BrokerUsers.default(), die_with_parent=True)
+        if args.broker_nodes == 1:
+            broker = Broker(base / "broker", users=BrokerUsers.default(), die_with_parent=True)
+        else:
+            broker = NatsCluster(base / "broker", nodes=args.broker_nodes, users=BrokerUsers.default(), die_with_parent=True)
         try:
             broker.start()
         except BrokerError as exc:
-            raise UsageError(f"cannot start mosquitto: {exc}") from None
-        assert broker.pid is not None
-        watch(broker.pid)
-        say(f"broker: mosquitto pid {broker.pid} on {broker.host}:{broker.port} (TLS 1.2+, passwords, ACL by role)")
+            raise UsageError(f"cannot start {'mosquitto' if args.broker_nodes == 1 else 'the NATS cluster'}: {exc}") from None
+        if isinstance(broker, NatsCluster):
+            pids = [broker.pid(i) for i in range(broker.nodes)]
+            for pid in pids:
+                assert pid is not None
+                watch(pid)
+            say(f"broker: {broker.nodes} nats-server nodes (pids {', '.join(map(str, pids))}) on "
+                f"{broker.broker_argument()} (MQTT over TLS 1.2+, passwords, ACL by role, {broker.replicas} replicas)")
+            addresses = ["--broker", broker.broker_argument(), "--subscribe-qos", str(SUBSCRIBE_QOS)]
+        else:
+            assert broker.pid is not None
+            watch(broker.pid)
+            say(f"broker: mosquitto pid {broker.pid} on {broker.host}:{broker.port} (TLS 1.2+, passwords, ACL by role)")
+            addresses = ["--broker", f"{broker.host}:{broker.port}"]
         secrets = base / "secrets"
         secrets.mkdir(mode=0o700)
-        common = ["--keys", str(base / "keys"), "--broker", f"{broker.host}:{broker.port}", "--ca-file", str(broker.ca_file)]
+        common = ["--keys", str(base / "keys"), *addresses, "--ca-file", str(broker.ca_file)]
         accounts = {}
         for role in ("analyzer", "shuffler", "client"):
             options = broker.channel_options(role)
@@ -297,6 +320,7 @@ async def _up_async(args: argparse.Namespace) -> int:
             )
             processes[name] = process
             watch(process.pid)
+            assert process.stdout is not None  # opened as a pipe
             relays.append(asyncio.create_task(_relay(name, process.stdout, progress)))
             say(f"{name}: pid {process.pid}")
         remaining = args.timeout - (time.monotonic() - started)
@@ -358,6 +382,8 @@ async def _up_async(args: argparse.Namespace) -> int:
             "analyzer": result,
             "clients": fleet,
         }, args), flush=True)
+    if interrupted:  # the one line on stderr of every command stopped by Ctrl-C (its transcript aside)
+        print("shuffledp up: interrupted", file=sys.stderr)
     return EXIT_INTERRUPTED if interrupted else EXIT_OK if ok else EXIT_FAILED
 
 

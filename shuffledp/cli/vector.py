@@ -4,7 +4,9 @@ Runs the protocol on the chosen engine: ``--fast`` (the default) streams users b
 block through the rounds' collectors, in bounded memory; ``--messages`` runs real clients,
 shuffler and analyzer. One seed gives one result on both. With
 ``--sweep N1,N2,...`` it runs once per n and, with ``--plot``, draws the error
-against n beside the exact theoretical RMSE and Theorem 2's bound.
+against n beside the exact theoretical RMSE and Theorem 2's bound; without ``--sweep``,
+``--plot`` draws each coordinate's estimate against the true mean. ``--json`` (and
+``--output``) give one JSON object: the run's result, or a sweep's results under ``"results"``.
 
 Every run reports its local guarantee (user-level eps0-LDP) and its central (eps, delta) after
 shuffling, at ``--delta`` (default min(1e-6, n^-1.1)): see
@@ -46,21 +48,30 @@ def add_parser(subparsers) -> None:
     p.add_argument("--sweep", default=None, metavar="N1,N2,...", help="run for each n (overrides --users)")
     p.add_argument("--dim", "-d", type=int, default=64, help="dimension d")
     p.add_argument("--samples", "-m", type=int, default=10, help="samples per user m")
-    p.add_argument("--kind", choices=VECTOR_KINDS, default="gaussian", help="data model")
+    p.add_argument("--distribution", choices=VECTOR_KINDS, default="gaussian",
+                   help="data distribution: gaussian vectors, or categorical (one-hot vectors of d symbols)")
     p.add_argument("--mu", type=float, default=0.5, help="gaussian: mean scale (mu_k = mu sin(k+1))")
     p.add_argument("--sigma", type=float, default=1.0, help="gaussian: per-coordinate sd")
-    p.add_argument("--bound", "-B", type=float, default=4.0, help="gaussian: samples lie in [-B, B]^d")
+    p.add_argument("--bound", "-B", type=float, default=4.0,
+                   help="gaussian: samples lie in [-B, B]^d (default 4 = 4 sigma of this data model, not simulate's 20: "
+                   "the range round's Hadamard size, and with it each block's memory, grows with B)")
     p.add_argument("--zipf", type=float, default=1.1, help="categorical: Zipf exponent (0 = uniform)")
-    p.add_argument("--epsilon0", "-e", type=float, default=4.0, help="local user-level budget eps0")
+    p.add_argument("--epsilon0", "-e", type=float, default=4.0,
+                   help="local user-level budget eps0 (default 4, not simulate's 1: one eps0 covers a whole d-vector; "
+                   "at -d 64 -n 20000 -e 1 the range check fails on most coordinates)")
     deprecated_alias(p, "--epsilon", "--epsilon0")
+    deprecated_alias(p, "--kind", "--distribution")
     p.add_argument("--mode", choices=VECTOR_MODES, default="sampled", help="range-round budget mode")
     p.add_argument("--gamma", type=float, default=0.01, help="failure probability of the radius")
     p.add_argument("--delta", type=central_delta_arg, default=None, help=delta_help("central delta of the shuffled guarantee"))
     p.add_argument("--seed", type=int, default=0)
-    add_engine_arguments(p, default="fast")  # --fast streams users block by block
+    add_engine_arguments(p, default="fast", why="not simulate's messages engine: it streams users block by block "
+                         "in bounded memory, so the default n = 100,000 at d = 64 runs in seconds")
     add_json_option(p)
     p.add_argument("--output", metavar="JSON", default=None, help="also write the JSON result to this file")
-    p.add_argument("--plot", metavar="PNG", default=None, help="plot error against n (with --sweep)")
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="with --sweep: the error against n, beside the theory; one run: each coordinate's estimate "
+                   "against the true mean, with the theoretical standard deviation")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -81,7 +92,7 @@ def _sizes(args) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        population = VectorPopulation(args.kind, args.dim, args.samples, args.mu, args.sigma, args.bound, args.zipf)
+        population = VectorPopulation(args.distribution, args.dim, args.samples, args.mu, args.sigma, args.bound, args.zipf)
         configs = [
             VectorSimulationConfig(
                 population, n, args.epsilon0, mode=args.mode, gamma=args.gamma, seed=args.seed, path=args.path,
@@ -106,15 +117,20 @@ def run(args: argparse.Namespace) -> int:
     for d in documents:
         for key in ("true_mean", "estimate", "variance_per_coordinate"):
             d.pop(key)
+    # One JSON object, as every command prints: the run's result, or a sweep's under "results".
+    document = with_run_info(documents[0] if args.sweep is None else {"results": documents}, args)
     if args.output:
         with open(args.output, "w") as f:
-            json.dump(with_run_info(documents, args), f, indent=2)
+            json.dump(document, f, indent=2)
     if args.json:
-        print(json.dumps(with_run_info(documents if len(documents) > 1 else documents[0], args), indent=2))
+        print(json.dumps(document, indent=2))
     else:
         print(format_results(results, args))
     if args.plot:
-        plot_sweep(results, args.plot)
+        if args.sweep is None:
+            plot_coordinates(results[0], args.plot)
+        else:
+            plot_sweep(results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
 
@@ -123,7 +139,7 @@ def format_results(results, args: argparse.Namespace) -> str:
     """The text ``shuffledp vector`` (and ``simulate --protocol vector-mean|distribution``) prints:
     the error table, the range check, and the local and central guarantee of each run."""
     title = getattr(args, "_title", None) or "shuffledp vector: vector mean (Girgis et al. 2022, Algorithm 5)"
-    data = f"{args.kind} data" if args.kind != "categorical" else f"categorical data (Zipf({args.zipf:g}) over d = {args.dim} symbols)"
+    data = f"{args.distribution} data" if args.distribution != "categorical" else f"categorical data (Zipf({args.zipf:g}) over d = {args.dim} symbols)"
     lines = [
         f"{title}, {args.mode} mode, d = {args.dim}, m = {args.samples}, {data}, {args.path} path",
         f"{'n':>10} {'l2 error':>10} {'RMSE theory':>12} {'Thm 2 bound':>12} {'ranges hit':>11} {'seconds':>8}  range check",
@@ -163,6 +179,33 @@ def format_central(central: dict, n: int | None = None) -> list[str]:
                      f"{r['report_epsilon0']:.4g}-LDP{each}, accounted as a {what}: eps {bound['epsilon']:.4g} "
                      f"at delta {bound['delta']:.2g} per round ({bound['method']})")
     return lines
+
+
+def plot_coordinates(result, path: str) -> None:
+    """One run's plot: each coordinate's estimate against the true mean, with error bars of one
+    theoretical standard deviation (the exact per-coordinate variance of the estimator), and the
+    coordinates the range check did not trust marked."""
+    import numpy as np
+
+    plt = pyplot()
+    c = result.config
+    d = len(result.true_mean)
+    index = np.arange(d)
+    fig, ax = plt.subplots(figsize=(max(6.5, min(16.0, d / 8)), 4.2))
+    ax.plot(index, result.true_mean, "k_", ms=8, label="true mean")
+    ax.errorbar(index, result.estimate, yerr=np.sqrt(result.variance_per_coordinate), fmt="o", ms=3, lw=0.8,
+                color="tab:blue", label="estimate ± 1 theoretical sd")
+    warned = list((result.range_check or {}).get("warned_coordinates", ()))
+    if warned:
+        ax.plot(index[warned], np.asarray(result.estimate)[warned], "x", color="tab:red", ms=7,
+                label="range check: not trusted")
+    ax.set_xlabel("coordinate")
+    ax.set_ylabel("mean")
+    ax.set_title(f"vector mean, n={c['n']:,}, d={c['population']['dim']}, m={c['population']['m']}, "
+                 f"ε0={c['epsilon0']}: ℓ2 error {result.l2_error:.3g} (theory {result.mse_theory ** 0.5:.3g})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
 
 
 def plot_sweep(results, path: str, label: str = "") -> None:

@@ -149,7 +149,7 @@ def breast_cancer_users(samples_per_user: int = 1, test_fraction: float = 0.2, s
     try:
         from sklearn.datasets import load_breast_cancer
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        from shuffledp.cli.extras import install_command
+        from shuffledp.install import install_command
 
         raise ImportError(f"the real data set needs scikit-learn (the 'learning' extra): {install_command(('learning',))}") from exc
     if columns not in BREAST_CANCER_GROUPS:

@@ -86,7 +86,7 @@ class DaskUnavailable(ShuffleDPError, ImportError):
     reason = "missing-extra"
 
     def __init__(self) -> None:
-        from shuffledp.cli.extras import install_command
+        from shuffledp.install import install_command
 
         super().__init__("the Dask engine needs the 'dask' extra (dask.distributed is not installed): "
                          + install_command(("dask",)))
@@ -406,7 +406,6 @@ def dask_client(
         return
     assert workers is not None  # no scheduler, so workers were given (both None returned above)
     with private_cluster(workers) as cluster, distributed.Client(cluster) as client:
-
         yield client
 
 

@@ -125,7 +125,7 @@ def test_no_power_rows_in_text_and_json(weak_result, monkeypatch, capsys):
     doc = json.loads(out.out)
     assert [r["verdict"] for r in doc["shuffled"]] == [r["verdict"] for r in rows]
     assert all({"no_power", "runs_needed", "runs_needed_observed", "power", "power_detail"} <= set(r) for r in doc["shuffled"])
-    assert out.err == ""  # --json: no progress bar
+    assert out.err == ""  # this stand-in reports no progress
 
 
 def test_local_rows_carry_the_power_fields():
@@ -162,9 +162,12 @@ def test_progress_bar_on_stderr_with_a_total_unless_quiet(weak_result, monkeypat
     assert main(["audit", "--part", "shuffled"]) == 0
     out = capsys.readouterr()
     assert out.err.splitlines() == ["shuffled: 100%"] and "no power" in out.out
-    for quiet in (["-q"], ["--quiet"], ["--json"]):
+    for quiet in (["-q"], ["--quiet"], ["--json", "-q"]):
         main(["audit", "--part", "shuffled", *quiet])
         assert capsys.readouterr().err == ""
+    main(["audit", "--part", "shuffled", "--json"])  # progress on stderr with --json too, the document on stdout
+    out = capsys.readouterr()
+    assert out.err.splitlines() == ["shuffled: 100%"] and json.loads(out.out)["shuffled"]
 
 
 def test_plot_one_panel_per_part_with_zero_bounds_marked(weak_result, tmp_path):

@@ -100,7 +100,7 @@ def test_the_api_and_the_cli_print_the_same_central_epsilon_and_delta(case, caps
 def test_the_distribution_command_and_the_api_print_the_same_guarantees(capsys):
     docs = _cli(capsys, "distribution", "-k", "8", "-n", str(N), "-m", "5")
     api = run_distribution(DistributionConfig(8, N, 5, 4.0))
-    for cli_row, api_row in zip(docs[0]["estimators"], api["estimators"], strict=True):
+    for cli_row, api_row in zip(docs["results"][0]["estimators"], api["estimators"], strict=True):
         cli_c, api_c = cli_row["privacy"]["central"], api_row["privacy"]["central"]
         assert (cli_c["epsilon"], cli_c["delta"]) == (api_c["epsilon"], api_c["delta"]) and api_c["delta"] == 1e-6
 

@@ -15,6 +15,7 @@ COMMANDS = [
     (["account", "--epsilon0", "1", "--users", "1000", "--delta", "1e-6"], "account", {"epsilon0": 1.0, "delta": 1e-6}),
     (["vector", "-d", "4", "-n", "2000"], "vector", {"dim": 4}),
     (["distribution", "-k", "8", "-n", "2000", "-m", "1,10"], "distribution", {"symbols": 8}),
+    (["vector", "-d", "2", "-m", "2", "--sweep", "300,600"], "vector", {"sweep": "300,600"}),
 ]
 
 
@@ -22,7 +23,10 @@ COMMANDS = [
 def test_json_output_carries_version_command_and_parameters(capsys, argv, command, expected):
     assert main([*argv, "--json", "--quiet"] if "account" not in argv else [*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    for d in doc if isinstance(doc, list) else [doc]:
+    assert isinstance(doc, dict)  # one object, as every command prints (several results under "results")
+    if "results" in doc:
+        assert len(doc["results"]) == 2 and all("shuffledp" not in r for r in doc["results"])
+    for d in [doc]:
         info = d["shuffledp"]
         assert info["version"] == __version__
         assert info["command"] == command

@@ -61,7 +61,8 @@ def test_account_plan_reproduces_the_printed_session_epsilon(case, capsys, tmp_p
 
 
 def test_account_plan_reproduces_both_estimators_of_the_distribution_command(capsys, tmp_path):
-    results = _json(capsys, "distribution", "--fast", "-k", "8", "-n", str(N), "-m", "5,200")
+    document = _json(capsys, "distribution", "--fast", "-k", "8", "-n", str(N), "-m", "5,200")
+    results = document["results"]
     assert len(results) == 2
     for result in results:
         for estimator in result["estimators"]:
@@ -70,6 +71,12 @@ def test_account_plan_reproduces_both_estimators_of_the_distribution_command(cap
             assert (session["epsilon"], session["delta"]) == (privacy["central"]["epsilon"], privacy["central"]["delta"])
     oracle = results[0]["estimators"][0]["privacy"]["plan"]["rounds"]
     assert [(r["mechanism"], r["params"]["k"]) for r in oracle] == [("block-hadamard-response", 8)]
+    # the whole document holds four plans: refused in one line saying where each one is
+    whole = tmp_path / "whole.json"
+    whole.write_text(json.dumps(document))
+    assert main(["account", "--plan", str(whole)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a document of 2 results" in err[0] and "results[i].estimators[j].privacy.plan" in err[0], err
 
 
 def test_the_gaussian_plan_claims_no_amplification_either_way(capsys, tmp_path):

@@ -11,7 +11,7 @@ from shuffledp.cli import main
 
 @pytest.mark.parametrize(
     "protocol,extra",
-    [("sum", []), ("vector-sum", ["-d", "2"]), ("mean", []), ("vector-mean", ["-d", "4", "-e", "4"]), ("distribution", ["-d", "4", "-e", "4"])],
+    [("sum", []), ("vector-sum", ["-d", "2"]), ("scalar-mean", []), ("vector-mean", ["-d", "4", "-e", "4"]), ("distribution", ["-d", "4", "-e", "4"])],
 )
 @pytest.mark.parametrize("path", ["--fast", "--messages"])
 def test_every_protocol_runs_on_both_paths(protocol, extra, path, capsys, tmp_path):
@@ -20,9 +20,9 @@ def test_every_protocol_runs_on_both_paths(protocol, extra, path, capsys, tmp_pa
     code = main(["simulate", "--protocol", protocol, path, "-n", n, "-m", "5", "-q", "--json", "--plot", str(plot), *extra])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
-    if protocol in ("mean", "vector-mean", "distribution"):
+    if protocol in ("scalar-mean", "vector-mean", "distribution"):
         assert out["config"]["path"] == path[2:]
-        if protocol != "mean":  # within 6 exact RMSEs (fixed seed)
+        if protocol != "scalar-mean":  # within 6 exact RMSEs (fixed seed)
             assert out["l2_error"] <= 6 * out["mse_theory"] ** 0.5
         else:
             assert plot.stat().st_size > 10_000

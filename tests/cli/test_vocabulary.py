@@ -94,6 +94,41 @@ def test_the_shared_concepts_are_spelled_as_docs_cli_md_says(concept, spelling):
         assert "-d" not in current
 
 
+def test_no_two_option_strings_differ_by_case_only():
+    """``-K`` beside ``-k`` is a typo away from the other concept: current options differ by more than case."""
+    current: dict[str, set[str]] = defaultdict(set)
+    for parser in COMMANDS.values():
+        for option, _ in options(parser, deprecated=False):
+            current[option.lower()].add(option)
+    assert not {k: v for k, v in current.items() if len(v) > 1}
+
+
+def test_the_data_distribution_is_one_option_in_every_command_simulating_data():
+    for command in ("simulate", "vector", "up", "clients run"):
+        action = COMMANDS[command]._option_string_actions["--distribution"]
+        assert action.dest == "distribution" and action.default == "gaussian", command
+
+
+#: Choice values renamed, by command and option: old value -> the value it now stands for.
+RENAMED_VALUES = [("simulate", "--protocol", "mean", "scalar-mean")]
+
+
+@pytest.mark.parametrize("command,option,old,new", RENAMED_VALUES)
+def test_a_renamed_value_still_works_warns_once_and_is_documented(command, option, old, new, capsys):
+    args = build_parser().parse_args([*command.split(), option, old])
+    assert getattr(args, COMMANDS[command]._option_string_actions[option].dest) == new
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"shuffledp {command}: warning: {option} {old} is deprecated and will be removed; use {option} {new}"]
+    build_parser().parse_args([*command.split(), option, new])
+    assert capsys.readouterr().err == ""  # the new name is quiet
+    action = COMMANDS[command]._option_string_actions[option]
+    listed = action.metavar.strip("{}").split(",")
+    assert old not in listed and new in listed and f"{old} (= {new})" in action.help
+    assert f"`{option} {old}`" in (ROOT / "docs" / "cli.md").read_text()
+    # the analyzer service names the protocol the same way
+    assert new in COMMANDS["analyzer run"]._option_string_actions["--protocol"].choices
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_accepts_json(command):
     parser = COMMANDS[command]
@@ -115,13 +150,14 @@ ALIASES = [(c, o, a) for c, p in COMMANDS.items() for o, a in options(p, depreca
 def test_the_deprecated_aliases_are_the_documented_ones():
     table = (ROOT / "docs" / "cli.md").read_text()
     assert {(c, o) for c, o, _ in ALIASES} >= {("account", "--n"), ("account", "-d"), ("simulate", "--epsilon"),
-                                              ("keys init", "--clients"), ("keys enroll", "--count")}
+                                              ("keys init", "--clients"), ("keys enroll", "--count"),
+                                              ("vector", "--kind"), ("account", "-K")}
     for command, option, action in ALIASES:
         assert f"`{option}`" in table, f"docs/cli.md does not name the deprecated {option} ({command})"
 
 
 #: A value each alias accepts, by its replacement's dest.
-VALUES = {"users": "300", "delta": "1e-7", "epsilon0": "2", "symbols": "8"}
+VALUES = {"users": "300", "delta": "1e-7", "epsilon0": "2", "symbols": "8", "distribution": "categorical", "num_bins": "32"}
 
 
 @pytest.mark.parametrize("command,option,action", ALIASES, ids=[f"{c}:{o}" for c, o, _ in ALIASES])

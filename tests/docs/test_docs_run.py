@@ -3,9 +3,13 @@
 The markdown is parsed: every ```sh block is split into commands (one per line, a
 trailing backslash continues it; a block with background jobs, ``cmd &``, is one
 script run as a whole), every ```python block is one program. Each command runs
-through bash exactly as printed, in a fresh temporary directory that links the
-repository's folders (so ``python examples/x.py`` and relative output files work),
-with this interpreter's ``bin/`` first on PATH and ``SHUFFLEDP_SIZE_CAP`` set, so the
+through bash exactly as printed, in a fresh temporary directory of its own that holds
+only a link to each checkout folder a command reads, and writes nothing in (:data:`DOC_INPUTS`:
+``python examples/x.py``), so whatever a command writes (``out.png``, ``result.json``,
+``deploy/``, ``keys/``: :func:`doc_outputs`) lands there and never in the checkout, and
+whatever a reader's own runs left in the checkout is not seen
+(``test_the_doc_tests_leave_the_readme_outputs_of_a_checkout_alone``); with this
+interpreter's ``bin/`` first on PATH and ``SHUFFLEDP_SIZE_CAP`` set, so the
 documented sizes shrink while commands and flags stay as a reader types them
 (``shuffledp/size_cap.py``). Each has a timeout: a renamed flag, a hanging walkthrough
 or a broken example fails here.
@@ -376,13 +380,41 @@ def doc_env(cwd: Path, size_cap: int = SIZE_CAP) -> dict[str, str]:
     return env
 
 
-def workdir(tmp_path: Path) -> Path:
-    """A fresh directory holding links to the repository's top-level entries (examples/, scripts/, ...)."""
+#: The checkout folders a documented command reads (``python examples/x.py``; the examples find the
+#: rest of the checkout from their own resolved path): the only entries a work folder links.
+DOC_INPUTS = ("examples",)
+#: Options whose value a command writes (a file, or a directory it fills).
+OUTPUT_OPTIONS = ("--plot", "--output", "--out", "--stats-file", "--dir", "--spool")
+#: What the examples write into the current directory without naming it on their command line.
+EXAMPLE_OUTPUTS = ("simulate_and_plot.png",)
+
+
+def doc_outputs(docs: tuple[str, ...] = DOCS) -> set[str]:
+    """The top-level names the documented commands write in their current directory: every value of
+    an :data:`OUTPUT_OPTIONS` option, the directories ``keys init`` and ``python -m
+    shuffledp.deploy.broker`` make, and :data:`EXAMPLE_OUTPUTS`."""
+    names = set(EXAMPLE_OUTPUTS)
+    for command in doc_commands(docs):
+        for line in command.code.replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line)
+            except ValueError:  # a line of a script that continues a quote: not an output
+                continue
+            for i, word in enumerate(words[:-1]):
+                value = words[i + 1]
+                made = word in OUTPUT_OPTIONS or words[max(0, i - 1):i + 1] in (["keys", "init"], ["-m", "shuffledp.deploy.broker"])
+                if made and not value.startswith(("-", "$")):
+                    names.add(Path(value).parts[0])
+    return names
+
+
+def workdir(tmp_path: Path, root: Path = ROOT) -> Path:
+    """A fresh directory of a command's own, holding only a link to each of ``root``'s :data:`DOC_INPUTS`:
+    what the command writes stays in it, and what earlier runs left in ``root`` is not there."""
     work = tmp_path / "work"
     work.mkdir()
-    for entry in ROOT.iterdir():
-        if not entry.name.startswith(".") and entry.name not in ("build", "dist") and not entry.name.endswith(".egg-info"):
-            (work / entry.name).symlink_to(entry)
+    for name in DOC_INPUTS:
+        (work / name).symlink_to(root / name, target_is_directory=True)
     return work
 
 
@@ -449,13 +481,15 @@ def check_result(command: DocCommand, done: subprocess.CompletedProcess, cwd: Pa
         assert passed, f"{command.id}: the audit did not pass\n{output}"
 
 
-def run_doc_command(command: DocCommand, tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run one documented command as written and check its result."""
+def run_doc_command(command: DocCommand, tmp_path: Path, cwd: Path | None = None,
+                    root: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run one documented command as written (in ``cwd``, else a new :func:`workdir` of ``root``) and
+    check its result."""
     if command.installs:  # `pip install X && command`: X must be installed already
         check_pip_install(DocCommand(command.doc, command.line, command.section, command.installs))
     if needs_js(command):
         build_js()
-    cwd = cwd if cwd is not None else workdir(tmp_path)
+    cwd = cwd if cwd is not None else workdir(tmp_path, root)
     done = run_shell(command.text, cwd, timeout=SCRIPT_TIMEOUT if command.script else COMMAND_TIMEOUT,
                      script=command.script)
     check_result(command, done, cwd)
@@ -472,6 +506,15 @@ def test_the_docs_have_commands_and_every_one_is_run_or_listed():
     assert set(kinds.values()) <= {"here", "mqtt", "examples", "examples-mqtt", "not-run"}
     for kind in ("here", "mqtt", "examples", "examples-mqtt", "not-run"):
         assert kind in kinds.values(), f"no documented command is of kind {kind!r}: is the parser broken?"
+    # A command reading a checkout folder finds it in its work folder only if DOC_INPUTS lists it.
+    outputs = doc_outputs()
+    for command in commands:
+        if kinds[command.id] == "not-run":
+            continue
+        for word in re.findall(r"[\w.-]+/[\w./-]*", command.code):
+            top = word.split("/")[0]
+            if (ROOT / top).is_dir() and not top.startswith(".") and top not in outputs:
+                assert top in DOC_INPUTS, f"{command.id} reads {word}: add {top!r} to DOC_INPUTS"
     # A not-run rule no command matches is stale: remove it rather than keep an excuse around.
     for rule in NOT_RUN:
         assert any(_matches(rule, c) for c in commands), f"stale rule {rule.pattern}"
@@ -549,10 +592,16 @@ sys.meta_path.insert(0, _NotOnADevice())
 '''
 
 
+#: Sections whose python blocks say they need the ``analysis`` extra: they run with this environment's packages.
+FULL_INSTALL_SECTIONS = ("Quickstart in Python",)
+
+
 @pytest.mark.parametrize("block", python_blocks(), ids=lambda b: f"{b.doc}:{b.line}")
 def test_python_block_runs_on_a_device_install(block, tmp_path):
-    """Each python block runs after the preamble, without scipy, MQTT, plots or tqdm (the device install)."""
-    program = DEVICE_ONLY + PYTHON_PREAMBLE + "\n# ---- the block\n" + block.text + "\n# ----\n" + PYTHON_EPILOGUE
+    """Each python block runs after the preamble, without scipy, MQTT, plots or tqdm (the device install),
+    except in the sections of :data:`FULL_INSTALL_SECTIONS` (which say they need more)."""
+    device_only = "" if block.section in FULL_INSTALL_SECTIONS else DEVICE_ONLY
+    program = device_only + PYTHON_PREAMBLE + "\n# ---- the block\n" + block.text + "\n# ----\n" + PYTHON_EPILOGUE
     cwd = workdir(tmp_path)
     done = subprocess.run([sys.executable, "-c", program], cwd=cwd, env=doc_env(cwd), capture_output=True, text=True,
                           timeout=COMMAND_TIMEOUT)

@@ -8,7 +8,7 @@ Within the parties' layer the device package ``client`` and the ``shuffler`` imp
 ``protocol``: a device loads no server code, and the shuffler, which must learn nothing
 about values, holds no decoder. The ``analyzer`` may import ``client``: its decoders
 read what the device's randomizers produce (report ranges, grids, Hadamard rows).
-The small root modules ``shuffledp.progress`` and ``shuffledp.size_cap`` sit with
+The small root modules ``shuffledp.progress``, ``shuffledp.size_cap`` and ``shuffledp.install`` sit with
 ``protocol``. Module-level imports (the ones that run when a module is loaded) form no
 cycle. ``docs/design.md`` (Layout) states the same rule.
 """
@@ -28,7 +28,7 @@ SOURCES = {
     "shuffledp.analyzer": ROOT / "analyzer",
 }
 LAYERS = [
-    ["shuffledp.protocol", "shuffledp.progress", "shuffledp.size_cap", "shuffledp"],
+    ["shuffledp.protocol", "shuffledp.progress", "shuffledp.size_cap", "shuffledp.install", "shuffledp"],
     ["shuffledp.client", "shuffledp.shuffler", "shuffledp.analyzer"],
     ["shuffledp.central", "shuffledp.simulation", "shuffledp.audit", "shuffledp.deploy", "shuffledp.learning",
      "shuffledp.studies"],

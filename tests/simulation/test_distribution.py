@@ -142,7 +142,8 @@ def test_the_command_prints_tv_l2_rounds_and_both_guarantees(capsys):
     assert "range + mean" in out and "mean only" in out and "not monotone in m" in out
     assert f"delta = {default_delta(3000):.3g}" in out and out.count("central after shuffling: eps = ") == 3
     assert main([*argv, "--json"]) == 0
-    results = json.loads(capsys.readouterr().out)
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert len(results) == 2
     for r in results:
         assert r["config"]["delta"] == default_delta(3000)
         for e in r["estimators"]:

@@ -60,7 +60,7 @@ def answered_or_refused(proc: subprocess.CompletedProcess) -> dict | None:
     [
         ["-e", "1", "--users", "1000000000000000"],
         ["-e", "1", "--users", "1000000000000", "--mechanism", "laplace-mean", "--grid-levels", "4096"],
-        ["-e", "1", "--users", "1000000000000", "--mechanism", "hadamard-response", "-K", "32"],
+        ["-e", "1", "--users", "1000000000000", "--mechanism", "hadamard-response", "--num-bins", "32"],
         ["-e", "1", "--users", "1000", "--rounds", "1000000000"],
         ["-e", "1", "--users", "1000", "--sampling-rate", "1e-300"],
         ["-e", "1e-300", "--users", "1000"],
@@ -117,7 +117,7 @@ def test_more_extreme_parameters_answer_or_refuse(argv, answered):
     assert (rep is not None) == answered, rep
 
 
-@pytest.mark.parametrize("mechanism", [["--mechanism", "hadamard-response", "-K", "32"], ["--mechanism", "k-rr", "-k", "16"],
+@pytest.mark.parametrize("mechanism", [["--mechanism", "hadamard-response", "--num-bins", "32"], ["--mechanism", "k-rr", "-k", "16"],
                                        ["--mechanism", "block-hadamard-response", "-k", "64"]],
                          ids=["hadamard-response", "k-rr", "block-hadamard-response"])
 def test_at_eps0_50_no_bound_goes_below_the_binary_rr_floor(mechanism):

@@ -68,7 +68,7 @@ def test_argparse_errors_exit_nonzero(argv, capsys):
     "argv,needle",
     [
         (["account", "-e", "1", "-n", "10", "--mechanism", "hadamard-response"], "num_bins"),
-        (["account", "-e", "1", "-n", "10", "--mechanism", "hadamard-response", "-K", "12"], "power of two"),
+        (["account", "-e", "1", "-n", "10", "--mechanism", "hadamard-response", "--num-bins", "12"], "power of two"),
         (["account", "-e", "1", "-n", "10", "--mechanism", "gaussian-mean", "--delta0", "1e-6"], "no amplification"),
         (["account", "-e", "1", "-n", "10", "--mechanism", "generic", "--delta0", "1e-6"], "delta0"),
     ],
