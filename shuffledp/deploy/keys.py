@@ -222,6 +222,36 @@ def _credentials_document(session_id: bytes, credentials: list[bytes]) -> bytes:
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
+def _credentials_document_size(count: int) -> int:
+    """The exact size in bytes of :func:`_credentials_document` with ``count`` credentials.
+
+    ``"credentials": []`` becomes ``[`` then, per credential, a newline, two spaces of indent,
+    the quoted hex and a comma (:data:`CREDENTIAL_LINE_BYTES`), then ``\n ]`` with the last comma
+    dropped: the empty document plus ``1 + count * CREDENTIAL_LINE_BYTES``."""
+    empty = len(_credentials_document(bytes(SESSION_ID_BYTES), []))
+    return empty if count == 0 else empty + 1 + count * CREDENTIAL_LINE_BYTES
+
+
+#: Bytes one credential adds to ``credentials.json`` (see :func:`_credentials_document_size`).
+CREDENTIAL_LINE_BYTES = 1 + 2 + (2 * CREDENTIAL_BYTES + 2) + 1
+
+
+def max_enrolled_credentials() -> int:
+    """The most credentials one key directory can hold: ``credentials.json`` is read up to
+    :data:`MAX_CREDENTIALS_BYTES` (a party refuses a larger file), so issuing more would leave a
+    deployment no party can load."""
+    return (MAX_CREDENTIALS_BYTES - _credentials_document_size(0) - 1) // CREDENTIAL_LINE_BYTES
+
+
+def _refuse_past_the_credentials_limit(directory: Path, total: int) -> None:
+    limit = max_enrolled_credentials()
+    if total > limit:
+        raise KeyFileError(
+            f"{directory / CREDENTIALS_JSON}: {total:,} credentials would not load (a party reads at most "
+            f"{MAX_CREDENTIALS_BYTES >> 20} MiB of it: at most {limit:,} credentials per key directory)"
+        )
+
+
 def init_keys(directory: Path | str, *, clients: int = 0, force: bool = False) -> PublicInfo:
     """Generate a deployment's keys, a session id and ``clients`` credentials into ``directory``.
 
@@ -232,6 +262,7 @@ def init_keys(directory: Path | str, *, clients: int = 0, force: bool = False) -
     if not isinstance(clients, int) or isinstance(clients, bool) or clients < 0:
         raise KeyFileError(f"clients: must be a non-negative integer, got {clients!r}")
     directory = Path(directory)
+    _refuse_past_the_credentials_limit(directory, clients)
     names = (ANALYZER_KEY, SHUFFLER_KEY, ISSUER_KEY, CREDENTIALS_JSON, PUBLIC_JSON)
     existing = [n for n in names if (directory / n).exists()]
     if existing and not force:
@@ -270,7 +301,9 @@ def enroll(directory: Path | str, count: int) -> int:
         raise KeyFileError(f"count: must be a positive integer, got {count!r}")
     directory = Path(directory)
     side = load_enrollment(directory)
-    credentials = list(_read_credentials(directory, side.public)) + side.issuer.issue_many(count)
+    enrolled = list(_read_credentials(directory, side.public))
+    _refuse_past_the_credentials_limit(directory, len(enrolled) + count)
+    credentials = enrolled + side.issuer.issue_many(count)
     _write_atomic(directory / CREDENTIALS_JSON, _credentials_document(side.public.session_id, credentials), _PRIVATE_MODE)
     _sync_directory(directory)
     return len(credentials)

@@ -22,6 +22,7 @@ from shuffledp.cli import build_parser, main
 from shuffledp.client.ledger import PrivacyLedger
 from shuffledp.deploy.deployment import Deployment
 from shuffledp.deploy.fleet import Fleet, cancel_and_wait
+from shuffledp.deploy import keys as keys_module
 from shuffledp.deploy.keys import (
     ANALYZER_KEY,
     CREDENTIALS_JSON,
@@ -152,6 +153,29 @@ def test_keys_enroll_appends_credentials(tmp_path, capsys):
     assert mode(directory / CREDENTIALS_JSON) == 0o600
     with pytest.raises(KeyFileError, match="5 credential\\(s\\) enrolled, 7 needed.*keys enroll"):
         load_deployment(directory, "client", clients=7)
+
+
+def test_the_credentials_document_size_is_exact():
+    for count in (0, 1, 2, 7, 300):
+        document = keys_module._credentials_document(os.urandom(16), [os.urandom(CREDENTIAL_BYTES)] * count)
+        assert len(document) == keys_module._credentials_document_size(count)
+
+
+def test_no_key_directory_is_given_more_credentials_than_a_party_loads(tmp_path, monkeypatch, capsys):
+    """A party reads at most MAX_CREDENTIALS_BYTES of credentials.json; init and enroll refuse,
+    before writing anything, a count whose file would be larger (here the limit is made small)."""
+    monkeypatch.setattr(keys_module, "MAX_CREDENTIALS_BYTES", keys_module._credentials_document_size(5))
+    assert keys_module.max_enrolled_credentials() == 5
+    full = tmp_path / "full"
+    init_keys(full, clients=5)
+    assert len(load_deployment(full, "client").credentials) == 5  # exactly at the limit: it loads
+    before = (full / CREDENTIALS_JSON).read_bytes()
+    with pytest.raises(KeyFileError, match="6 credentials would not load.*at most 5 credentials"):
+        keys_module.enroll(full, 1)
+    assert (full / CREDENTIALS_JSON).read_bytes() == before
+    assert main(["keys", "init", str(tmp_path / "over"), "--users", "6"]) == 2
+    assert "at most 5 credentials per key directory" in capsys.readouterr().err
+    assert not (tmp_path / "over").exists()
 
 
 # --------------------------------------------------------------------------- role separation
