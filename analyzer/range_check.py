@@ -8,19 +8,28 @@ them, and the estimate is off by hundreds of standard errors while its standard
 error looks normal. Nothing downstream can see it, so the analyzer judges the range
 round itself.
 
-**The test.** One user's contribution to the estimate of bin ``a`` is
-``c b_i H[j_i, a] / n`` with ``c = coth(eps/2)`` (:func:`~shuffledp.analyzer.decoders.hadamard_scale`):
-independent, bounded in ``[-c/n, c/n]``, and of mean ``f[a] / n``. For a bin holding no
-user (``f[a] = 0``), Hoeffding's inequality gives ``P(fhat[a] >= t) <= exp(-n t^2 / (2 c^2))``,
-and a union bound over the ``K`` bins covers the arg-max's selection:
+**The test.** User ``i`` sends ``(j_i, b_i)``: a row ``j_i`` drawn uniformly from the ``K'`` rows of
+the Sylvester–Hadamard matrix (``K'`` = the ``K`` real bins padded to a power of two; the row is drawn
+over all ``K'``, padding included) and ``b_i = s_i H[j_i, nu_i]`` with a sign ``s_i`` drawn independently
+of ``j_i`` (``+1`` with probability ``e^eps / (e^eps + 1)``)
+(:func:`~shuffledp.client.range_randomizer.hadamard_response`). For a bin ``a`` the user does not hold,
+``b_i H[j_i, a] = s_i H[j_i, nu_i xor a]`` (Sylvester: ``H[j, x] H[j, y] = H[j, x xor y]``), and a
+column ``z != 0`` of ``H`` is ``+1`` on exactly half the rows, so with ``j_i`` uniform this term is a
+fair ``±1`` whatever ``s_i`` is, independently across users. Hence, for an empty bin, the number of
+reports agreeing with its column, ``A_a = (n + S_a) / 2`` with ``S_a = sum_i b_i H[j_i, a]``, is
+**exactly** ``Binomial(n, 1/2)``; the bin's estimate is ``fhat[a] = c S_a / n`` with ``c = coth(eps/2)``
+(:func:`~shuffledp.analyzer.decoders.hadamard_scale`), so ``A_a`` is read back from the estimate
+(:func:`agreement_count`). A union bound over the ``K`` real bins covers the arg-max's selection:
 
-    P(some empty bin has fhat >= t) <= K exp(-n t^2 / (2 c^2)).
+    P(some empty bin has A_a >= A) <= K P[Binomial(n, 1/2) >= A].
 
-So with ``t_alpha = c sqrt(2 ln(K / alpha) / n)``, an announced bin with ``fhat < t_alpha``
-is *not* shown to hold anyone, and the analyzer warns; an empty bin passes the test
-with probability at most ``alpha`` (a rigorous bound on *missed* failures, whatever
-the data). The price is false warnings when a real bin's estimate is small: the test
-is one-sided on purpose.
+The range round's p-value is ``p_f = min(1, K P[Binomial(n, 1/2) >= A])`` for the announced bin's count
+(:func:`range_p_value`; the tail from :func:`binomial_lower_tail`, an upper bound within rounding), so
+``P(p_f <= x) <= x`` whenever the announced bin is empty, whatever the data. The frequency test alone
+(:func:`check_range_round`) warns when ``p_f > alpha``, i.e. below :func:`count_threshold`; Hoeffding's
+``P(fhat >= t) <= exp(-n t^2 / (2 c^2))`` (:func:`detection_threshold`, kept for the a-priori
+requirement below and for other modules' bounds) is the same test's looser form. The price is false
+warnings when a real bin's estimate is small: the test is one-sided on purpose.
 
 **The a-priori requirement.** With every user in one bin (``f = 1``), the true bin's
 estimate exceeds ``1 - t`` and every empty bin's stays below ``t``, except with
@@ -45,18 +54,41 @@ ends: the null is composite), is small. For Laplace-like noise much wider than t
 the sign test is the locally most powerful test of a location shift, about twice as
 efficient as a test on the mean.
 
-The range round's own evidence is ``p_f = min(1, K exp(-n fhat^2 / (2 c^2)))`` for the
-announced bin's estimate ``fhat`` (:func:`range_p_value`): by the Hoeffding and union bound
-above, ``P(p_f <= x) <= x`` whenever the announced bin is empty. Given round 1, the mean
-round's noise is fresh, so ``p_m`` is super-uniform under that null too, and the product
-of two independent super-uniform variables satisfies ``P(p_f p_m <= k) <= k (1 + ln(1/k))``
-(``E min(1, k / p_f)``). The range is **trusted** when ``p_f p_m <= k`` with
-``k (1 + ln(1/k)) = alpha`` (:func:`combined_threshold`), and **untrusted** otherwise.
+The sign test's null law is exact for any public noise law: ``p1`` is computed from the round's own
+noise (discrete Laplace ``q / (1 + q)``; discrete Gaussian from its normaliser), so the test is
+calibrated to the noise actually used. For discrete Gaussian noise a linear (score) statistic
+would be about ``pi / 2`` times as efficient, but at the budgets where the verdict matters the
+Gaussian noise's sigma is about ``15 G`` (eps = 0.25, delta = 1e-6), and the mean round's evidence
+is weak either way (z about 1 at n = 2,000). The weighting below then moves the verdict onto the
+range round, and the Neyman–Pearson limit in :mod:`shuffledp.studies.range_limit` measures what
+any valid test could still gain.
+
+**Combining them.** Given round 1, the mean round's noise is fresh, so ``p_m`` is super-uniform given
+round 1 under the null, and ``p_f`` is super-uniform. The verdict weighs them with a weight ``w`` that
+depends on public parameters only (:func:`range_weight`: ``n``, ``K``, both rounds' ``epsilon``, the
+noise law, ``G``; chosen to maximise the predicted power for users at the range's centre), and
+reports the combined p-value (:func:`combined_p_value`)
+
+    p_c = P(w E1 + (1 - w) E2 >= w ln(1/p_f) + (1 - w) ln(1/p_m)),   E1, E2 i.i.d. Exp(1).
+
+*Proof that* ``P(p_c <= x) <= x`` *under the null.* ``X1 = ln(1/p_f)`` has ``P(X1 >= t) = P(p_f <= e^-t)
+<= e^-t``: it is stochastically below ``E1``; likewise ``X2 = ln(1/p_m)`` given round 1 is below
+``E2``. With ``h(x) = P((1 - w) E2 >= u - w x)``, increasing in ``x``:
+``P(w X1 + (1 - w) X2 >= u) = E[P((1 - w) X2 >= u - w X1 | round 1)] <= E h(X1) <= E h(E1)
+= P(w E1 + (1 - w) E2 >= u)``. ``p_c`` is that survival function (continuous, decreasing) at the
+observed ``u``, so ``P(p_c <= x) <= x``. The survival function is the hypoexponential law's,
+``(hi e^(-u/hi) - lo e^(-u/lo)) / (hi - lo)`` for weights ``hi > lo`` (:func:`combined_survival`);
+``w = 1/2`` is Fisher's product. The range is **trusted** when ``p_c <= alpha``, i.e. when
+``p_f^w p_m^(1-w) <= k(w, alpha)`` (:func:`weighted_threshold`; the JSON's ``combined_threshold``),
+and **untrusted** otherwise.
 
 *Guarantee: what is proven.* Let ``E`` be the event that the users' local means span less
 than the range's width ``6 tau`` (the concentration radius gives ``P(not E) <= gamma`` when
 ``tau`` comes from the data model; a ``tau`` the user chose carries no such probability). On
-``E`` and "the range holds no user", both p-values are super-uniform, so
+``E``, with ``N`` the event "the range holds no user": ``P(N, p_f <= x) <= x`` (the union bound
+bounds exactly this joint event), and given round 1 on ``N`` every report is an end plus fresh noise,
+so ``p_m`` is super-uniform; the proof above, run with ``ln(1/p_f)`` set to 0 off ``N`` (still below
+``E1``), gives ``P(N, p_c <= alpha) <= alpha``, so
 
     P(the range holds no user AND it is reported trusted)
         <= P(no user, trusted, E) + P(not E) <= alpha + gamma    (alpha = TRUST_ALPHA = 0.001).
@@ -71,13 +103,15 @@ estimate hundreds of standard errors off with a normal-looking standard error) a
 verdict occur together with probability at most ``alpha + gamma``.
 
 The verdict is reported with the estimate, in the human output and the JSON;
-``tests/analyzer/test_range_check.py`` checks the rates and the sign test's exact null, and
-``benchmarks/bench_range_check.py`` measures silent misses and false warnings over many
-seeds (``shuffledp simulate --seeds K`` for one regime).
+``tests/analyzer/test_range_check.py`` checks the empty bin's exact binomial law, the sign test's exact
+null, the combination's super-uniformity and the rates; ``benchmarks/bench_range_check.py --regimes``
+measures silent misses and false warnings over 3,000 seeds per regime against the Neyman–Pearson
+limit (``shuffledp simulate --seeds K`` for one regime).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -118,14 +152,43 @@ def users_needed(epsilon: float, bins: int, beta: float = DEFAULT_BETA) -> int:
     return math.ceil(8.0 * hadamard_scale(epsilon) ** 2 * math.log((bins + 1) / beta))
 
 
+def agreement_count(frequency: float, epsilon: float, n: int) -> int:
+    """The number ``A`` of the ``n`` reports whose sign agrees with the bin's Hadamard column, from the
+    bin's estimate ``fhat = c (2 A - n) / n``, rounded *down* (a smaller count can only raise the
+    p-value): exact for an estimate the decoder made (an integer count scaled by ``c / n``)."""
+    signed = math.floor(frequency * n / hadamard_scale(epsilon) + 1e-6)
+    return max(0, min(n, (n + signed) // 2))
+
+
 def range_p_value(frequency: float, epsilon: float, bins: int, n: int) -> float:
-    """``p_f = min(1, K exp(-n fhat^2 / (2 c^2)))``: ``P(p_f <= x) <= x`` when the announced bin is
-    empty, whichever of the ``K`` bins the arg-max chose (Hoeffding and a union bound; module docstring)."""
+    """``p_f = min(1, K P[Binomial(n, 1/2) >= A])`` for the announced bin's agreement count ``A``
+    (:func:`agreement_count`): ``P(p_f <= x) <= x`` when the announced bin is empty, whichever of the
+    ``K`` bins the arg-max chose (the exact fair-coin law of an empty bin's count and a union bound;
+    module docstring)."""
     _check(epsilon, bins, n)
     if not frequency > 0:
         return 1.0
+    agree = agreement_count(frequency, epsilon, n)
+    # P(Bin(n, 1/2) >= A) = P(Bin(n, 1/2) <= n - A) by symmetry; an upper bound within rounding.
+    return min(1.0, bins * binomial_lower_tail(n - agree, n, 0.5))
+
+
+def count_threshold(epsilon: float, bins: int, n: int, alpha: float = DEFAULT_ALPHA) -> float:
+    """The smallest estimate ``fhat`` with :func:`range_p_value` ``<= alpha``: an empty bin reaches it with
+    probability at most ``alpha / K`` (exact binomial tail), so some empty bin does with probability at
+    most ``alpha``. The largest possible estimate ``c`` if even a unanimous count does not suffice."""
+    _check(epsilon, bins, n, alpha, "alpha")
     scale = hadamard_scale(epsilon)
-    return min(1.0, bins * math.exp(-n * frequency * frequency / (2.0 * scale * scale)))
+    low, high = n // 2, n  # p(low) > alpha (an agreement count at most n/2 gives p = 1); search (low, high]
+    if bins * binomial_lower_tail(0, n, 0.5) > alpha:
+        return scale
+    while high - low > 1:
+        middle = (low + high) // 2
+        if bins * binomial_lower_tail(n - middle, n, 0.5) <= alpha:
+            high = middle
+        else:
+            low = middle
+    return scale * (2 * high - n) / n
 
 
 def _noise_above_zero(params: Any, epsilon: float, delta: float) -> float:
@@ -145,6 +208,18 @@ def _noise_above_zero(params: Any, epsilon: float, delta: float) -> float:
     else:
         normalizer = sum(math.exp(-k * k / (2.0 * sigma2)) for k in range(-60, 61))
     return (1.0 - 1.0 / normalizer) / 2.0
+
+
+def _noise_at_least(params: Any, epsilon: float, delta: float, k: int) -> float:
+    """``P(noise >= k)`` for ``k >= 1``, for :func:`range_weight`'s design only: exact for discrete Laplace
+    (``q^k / (1 + q)``), the continuous normal's ``P(N(0, sigma^2) >= k - 1/2)`` for the discrete Gaussian."""
+    from shuffledp.client.mean_randomizer import gaussian_sigma2, laplace_scale
+
+    if params.noise == "laplace":
+        q = math.exp(-1.0 / float(laplace_scale(params, epsilon)))
+        return q**k / (1.0 + q)
+    sigma = math.sqrt(float(gaussian_sigma2(params, epsilon, delta)))
+    return 0.5 * math.erfc((k - 0.5) / (sigma * math.sqrt(2.0)))
 
 
 def binomial_lower_tail(count: int, n: int, p: float) -> float:
@@ -207,6 +282,97 @@ def combined_threshold(alpha: float) -> float:
     return low
 
 
+#: The weights the two-round verdict chooses from (:func:`range_weight`): the range round's share ``w``.
+WEIGHTS = tuple(i / 20 for i in range(21))
+
+
+def combined_survival(weight: float, statistic: float) -> float:
+    """``P(w E1 + (1 - w) E2 >= statistic)`` for independent standard exponentials ``E1, E2``.
+
+    With ``hi >= lo`` the two weights: ``(hi e^(-t/hi) - lo e^(-t/lo)) / (hi - lo)`` (the
+    hypoexponential law), ``e^(-t/w) (1 + t/w)`` when they are equal (Gamma(2)), ``e^(-t/w)`` when one
+    is 0."""
+    if not 0 <= weight <= 1:
+        raise InvalidParameter("weight", f"must be in [0, 1], got {weight!r}")
+    t = statistic
+    if not t > 0:
+        return 1.0
+    if math.isinf(t):
+        return 0.0
+    hi, lo = max(weight, 1.0 - weight), min(weight, 1.0 - weight)
+    if lo == 0.0:
+        return math.exp(-t / hi)
+    if hi == lo:
+        return math.exp(-t / hi) * (1.0 + t / hi)
+    return min(1.0, math.exp(-t / hi) * (hi - lo * math.exp(-t / lo + t / hi)) / (hi - lo))
+
+
+def combined_p_value(range_p: float, clipping_p: float, weight: float) -> float:
+    """The two rounds' evidence in one p-value: ``P(w E1 + (1 - w) E2 >= -w ln p_f - (1 - w) ln p_m)``
+    (:func:`combined_survival`). Super-uniform when ``p_f`` is and ``p_m`` is given round 1 (module
+    docstring); ``w = 1/2`` is Fisher's product, ``p_f p_m (1 + ln(1/(p_f p_m)))``."""
+    statistic = -weight * math.log(max(range_p, 1e-300)) - (1.0 - weight) * math.log(max(clipping_p, 1e-300))
+    return combined_survival(weight, statistic)
+
+
+def weighted_threshold(alpha: float, weight: float) -> float:
+    """``k`` with ``P(p_f^w p_m^(1-w) <= k) = alpha`` for independent uniforms: the verdict trusts when the
+    weighted product is at most ``k`` (``w = 1/2``: :func:`combined_threshold` squared-rooted)."""
+    if not 0 < alpha < 1:
+        raise InvalidParameter("alpha", f"must be in (0, 1), got {alpha!r}")
+    low, high = 0.0, 1.0
+    while combined_survival(weight, high) > alpha:
+        low, high = high, 2.0 * high
+    for _ in range(100):
+        middle = (low + high) / 2.0
+        low, high = (middle, high) if combined_survival(weight, middle) > alpha else (low, middle)
+    return math.exp(-high)
+
+
+def _normal_upper_tail(z: np.ndarray) -> np.ndarray:
+    return 0.5 * np.array([math.erfc(x / math.sqrt(2.0)) for x in np.ravel(z)]).reshape(np.shape(z))
+
+
+@functools.lru_cache(maxsize=256)
+def _best_weight(range_mean: float, range_sd: float, bins: int, clip_mean: float, clip_sd: float, alpha: float) -> float:
+    nodes = np.linspace(-8.0, 8.0, 161)
+    density = np.exp(-nodes**2 / 2.0)
+    density /= density.sum()
+    range_evidence = -np.log(np.clip(bins * _normal_upper_tail(range_mean + range_sd * nodes), 1e-300, 1.0))
+    clip_evidence = -np.log(np.clip(_normal_upper_tail(clip_mean + clip_sd * nodes), 1e-300, 1.0))
+    # p_m is the larger of the two ends' p-values: the smaller of two standardised counts, taken as
+    # independent, has density 2 phi(x) P(Z > x).
+    smaller = density * 2.0 * _normal_upper_tail(nodes)
+    joint = density[:, None] * (smaller / smaller.sum())[None, :]
+    best, best_power = 0.5, -1.0
+    for weight in sorted(WEIGHTS, key=lambda w: abs(w - 0.5)):  # ties go to the weight nearest 1/2
+        needed = -math.log(weighted_threshold(alpha, weight))
+        power = float(joint[weight * range_evidence[:, None] + (1.0 - weight) * clip_evidence[None, :] >= needed].sum())
+        if power > best_power + 1e-9:
+            best, best_power = weight, power
+    return best
+
+
+def range_weight(users: int, bins: int, range_epsilon: float, reports: int, params: Any, epsilon: float,
+                 delta: float = 0.0, alpha: float = TRUST_ALPHA) -> float:
+    """The range round's share ``w`` in :func:`combined_p_value`, from public parameters only (so the
+    verdict's level holds whatever ``w`` is): the weight in :data:`WEIGHTS` under which the verdict
+    would most often trust a *design* run, every user in the announced bin and at the range's centre.
+
+    There the announced bin's standardised count ``(2A - n) / sqrt(n)`` is about ``N(sqrt(n) / c, 1 - 1/c^2)``
+    and the sign test's ``(p1 n - #beyond) / sqrt(n p1 (1 - p1))`` about ``N((p1 - q) sqrt(n) / sqrt(p1 (1 - p1)),
+    q (1 - q) / (p1 (1 - p1)))`` with ``q = P(noise >= G/2 + 1)`` at each end, ``p_m`` being the larger of the two
+    ends' (the smaller of two such scores, taken as independent); the power of each weight is integrated on a
+    161 x 161 grid. Normal approximations choose the weight; they play no part in the level."""
+    scale = hadamard_scale(range_epsilon)
+    p1 = _noise_above_zero(params, epsilon, delta)
+    q = _noise_at_least(params, epsilon, delta, params.grid_levels - params.grid_levels // 2 + 1)
+    spread = math.sqrt(p1 * (1.0 - p1))
+    return _best_weight(round(math.sqrt(users) / scale, 6), round(math.sqrt(max(1.0 - 1.0 / scale**2, 1e-12)), 6),
+                        int(bins), round((p1 - q) * math.sqrt(reports) / spread, 6),
+                        round(math.sqrt(q * (1.0 - q)) / spread, 6), float(alpha))
+
+
 @dataclass(frozen=True)
 class RangeCheck:
     """The analyzer's verdict on one range round (see the module docstring).
@@ -229,9 +395,15 @@ class RangeCheck:
     range_p_value: float = 1.0
     #: The mean round's sign-test p-value under "every user clipped to one end", once it has run.
     clipping_p_value: float | None = None
-    #: The two-round verdict's level and the bound on the product of the two p-values it implies.
+    #: The two-round verdict's level, and the bound ``k`` on the weighted product ``p_f^w p_m^(1-w)`` it implies.
     trust_alpha: float = TRUST_ALPHA
     combined_threshold: float | None = None
+    #: Bins of the range round and its budget per report (what :func:`range_weight` needs).
+    bins: int = 0
+    range_epsilon: float = 0.0
+    #: The range round's weight ``w`` (:func:`range_weight`) and the two rounds' combined p-value.
+    range_weight: float | None = None
+    combined_p_value: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -244,17 +416,21 @@ class RangeCheck:
 
     def with_mean_round(self, values: np.ndarray, counts: np.ndarray, params: Any, epsilon: float,
                         delta: float = 0.0, alpha: float = TRUST_ALPHA) -> "RangeCheck":
-        """The two-round verdict: trusted when ``p_f p_m <= k(alpha)`` (module docstring)."""
+        """The two-round verdict: trusted when the combined p-value of ``p_f`` and ``p_m``, with the range
+        round's weight ``w`` (:func:`range_weight`), is at most ``alpha`` (module docstring)."""
         p_mean = clipping_p_value(values, counts, params, epsilon, delta)
-        bound = combined_threshold(alpha)
-        trusted = self.range_p_value * p_mean <= bound
+        reports = int(np.asarray(counts, dtype=np.int64).sum())
+        weight = range_weight(self.users, self.bins, self.range_epsilon, reports, params, epsilon, delta, alpha)
+        p_both = combined_p_value(self.range_p_value, p_mean, weight)
+        trusted = p_both <= alpha
         reasons = [] if trusted else [
             "neither round rules out that every user was clipped to one end of the range: the estimate may be "
             "far off, by more than its standard error says"
         ]
         reasons += [r for r in self.reasons if r.startswith("n = ")]
         return replace(self, status="ok" if trusted else "untrusted", reasons=tuple(reasons),
-                       clipping_p_value=p_mean, trust_alpha=alpha, combined_threshold=bound)
+                       clipping_p_value=p_mean, trust_alpha=alpha, combined_threshold=weighted_threshold(alpha, weight),
+                       range_weight=weight, combined_p_value=p_both)
 
 
 def check_range_round(
@@ -274,20 +450,21 @@ def check_range_round(
     _check(epsilon, max(bins, 1), n, alpha, "alpha")
     if bins == 0 or not 0 <= announced_bin < bins:
         raise InvalidParameter("announced_bin", f"must index the {bins} frequencies, got {announced_bin!r}")
-    threshold = detection_threshold(epsilon, bins, int(n), alpha)
+    threshold = count_threshold(epsilon, bins, int(n), alpha)
     needed = users_needed(epsilon, bins, beta)
     announced = float(freqs[announced_bin])
+    p_range = range_p_value(announced, epsilon, bins, int(n))
     reasons = []
-    if announced < threshold:
+    if p_range > alpha:
         reasons.append(
             f"the announced bin is not shown to hold any user (its estimate {announced:.3f} is below what an empty "
             f"bin reaches with probability {alpha:g}); the range may hold none of them and the estimate be far off"
         )
     if n < needed:
         reasons.append(f"n = {n:,} is below the {needed:,} users a range round over {bins} bins needs at this epsilon")
-    status = "untrusted" if announced < threshold else "ok"
-    return RangeCheck(status, announced, threshold, int(n), needed, alpha, beta, tuple(reasons),
-                      range_p_value(announced, epsilon, bins, int(n)))
+    status = "untrusted" if p_range > alpha else "ok"
+    return RangeCheck(status, announced, threshold, int(n), needed, alpha, beta, tuple(reasons), p_range,
+                      bins=bins, range_epsilon=float(epsilon))
 
 
 @dataclass(frozen=True)
@@ -382,15 +559,18 @@ def format_range_check(check: dict[str, Any]) -> str:
         line = (f"{head}: announced bin's estimate {check['announced_frequency']:.3f} vs {check['threshold']:.3f} "
                 f"needed; n = {check['users']:,}, {check['users_needed']:,} needed")
         return line + "".join(f"\n      ! {reason}" for reason in check["reasons"])
-    product = check["range_p_value"] * check["clipping_p_value"]
-    evidence = (f"range round p = {check['range_p_value']:.2g} x mean round's clipping p = "
-                f"{check['clipping_p_value']:.2g} = {product:.2g}")
+    if check.get("combined_p_value") is None:  # a verdict from before the weighted combination: Fisher's product
+        combined, weight = combined_p_value(check["range_p_value"], check["clipping_p_value"], 0.5), 0.5
+    else:
+        combined, weight = check["combined_p_value"], check["range_weight"]
+    evidence = (f"range round p = {check['range_p_value']:.2g}, mean round's clipping p = "
+                f"{check['clipping_p_value']:.2g}, weighted {weight:g} : {1 - weight:g}: combined p = {combined:.2g}")
     if trusted:
         line = (f"trusted at level {trust_level(check)}: the test rejected \"the range holds no user\" "
-                f"({evidence} <= {check['combined_threshold']:.2g})")
+                f"({evidence} <= {check['trust_alpha']:g})")
     else:
         line = (f"not trusted: the test could not reject \"the range holds no user\" "
-                f"({evidence} > {check['combined_threshold']:.2g})")
+                f"({evidence} > {check['trust_alpha']:g})")
     line += f"\n      guarantee: {guarantee_text(check)}"
     notes = [r for r in check["reasons"] if r.startswith("n = ")]
     reasons = [r for r in check["reasons"] if r not in notes]
@@ -398,7 +578,9 @@ def format_range_check(check: dict[str, Any]) -> str:
 
 
 __all__ = [
-    "DEFAULT_ALPHA", "DEFAULT_BETA", "TRUST_ALPHA", "CoordinateRangeCheck", "RangeCheck", "binomial_lower_tail",
-    "check_coordinate_ranges", "check_range_round", "clipping_p_value", "combined_threshold", "detection_threshold",
+    "DEFAULT_ALPHA", "DEFAULT_BETA", "TRUST_ALPHA", "WEIGHTS", "CoordinateRangeCheck", "RangeCheck", "agreement_count",
+    "binomial_lower_tail", "check_coordinate_ranges", "check_range_round", "clipping_p_value", "combined_p_value",
+    "combined_survival", "combined_threshold", "count_threshold", "detection_threshold", "range_weight",
+    "weighted_threshold",
     "format_range_check", "guarantee_text", "range_p_value", "trust_level", "users_needed",
 ]

@@ -14,6 +14,16 @@ seeds, 3,000 by default), where the frequency test alone distrusted a quarter of
 ranges and let one empty range through; and the default regime (B = 20, n = 20,000), where
 nothing fails and nothing is distrusted.
 
+``--regimes``: instead of the sweep, the table of :data:`REGIMES` (the two hard regimes with Laplace
+and Gaussian noise, and two where ``n`` reaches ``users_needed``, with Gaussian noise), ``--seeds``
+seeds each (3,000 for the committed table): silent misses (the range held no user and was trusted),
+false warnings, both with Clopper–Pearson 95 % intervals, and the Neyman–Pearson limit
+(:mod:`shuffledp.studies.range_limit`, as many Monte Carlo runs each for a null with the users at
+one point and one with them spread over three neighbouring bins; the larger is the table's limit):
+a false-warning rate no verdict with the same guarantee can go below, averaged over where the users are.
+Writes range_check_regimes.json; ``python benchmarks/bench_range_check.py --regimes --seeds 3000
+--out benchmarks/results`` takes about ten minutes on one core.
+
 Run: ``python benchmarks/bench_range_check.py [--quick] [--out DIR]`` (about a minute and a half;
 ``--seeds 50`` for a closer look in less time; ``--quick``: 3 seeds at two sizes); writes
 range_check.json and range_check.png into the output folder (default ``bench-out/``).
@@ -31,6 +41,42 @@ from _common import arguments, parse, write_result  # noqa: E402
 NS = (500, 1000, 1500, 2000, 3000, 5000, 10_000)
 BOUND, EPSILON0 = 200.0, 0.5
 QUICK = {"seeds": 3, "ns": (500, 2000)}
+#: (n, B, m, eps0, noise, delta0) of the regimes table.
+REGIMES = ((2_000, 1000.0, 10, 0.5, "laplace", 0.0), (2_000, 1000.0, 10, 0.5, "gaussian", 1e-6),
+           (1_000, 200.0, 50, 0.5, "laplace", 0.0), (1_000, 200.0, 50, 0.5, "gaussian", 1e-6),
+           (6_000, 200.0, 50, 0.5, "gaussian", 1e-6), (20_000, 20.0, 50, 1.0, "gaussian", 1e-6))
+
+
+def regimes_table(args) -> int:
+    """``--regimes``: the verdict against the Neyman–Pearson limit in every regime of :data:`REGIMES`."""
+    from shuffledp.analyzer.range_check import users_needed
+    from shuffledp.progress import progress_bar
+    from shuffledp.simulation import SimulationConfig
+    from shuffledp.simulation.population import Population
+    from shuffledp.studies.range_check import format_study, range_study
+    from shuffledp.studies.range_limit import neyman_pearson_limit
+
+    seeds = QUICK["seeds"] if args.quick else args.seeds
+    rows = []
+    with progress_bar(3 * seeds * len(REGIMES), unit="run") as step:
+        for n, bound, m, epsilon0, noise, delta0 in REGIMES:
+            config = SimulationConfig(Population("gaussian", 1.7, 1.0, bound, m), n=n, epsilon0=epsilon0,
+                                      noise=noise, delta0=delta0)
+            study = range_study(config, seeds, progress=step)
+            limits = [neyman_pearson_limit(config, seeds, first_seed=10**6, progress=step, spread=spread)
+                      for spread in (1, 3)]
+            limit = max(limits, key=lambda one: one.must_warn)
+            bins = config.protocol_config().range_params().num_bins
+            rows.append(study.as_dict() | {"neyman_pearson": limit.as_dict(),
+                                            "neyman_pearson_by_spread": [one.as_dict() for one in limits], "bins": bins,
+                                            "users_needed": users_needed(epsilon0 / 2, bins)})
+            rate, low, high = limit.rate()
+            print(format_study(study) + f"\n  Neyman-Pearson limit (false warnings)  {limit.must_warn:>6} / {limit.runs}"
+                  f"  ({100 * rate:5.1f} %, 95 % CI {100 * low:.1f}-{100 * high:.1f} %; null users spread over {limit.spread} bin(s))",
+                  file=sys.stderr)
+    path = write_result(args, "range_check_regimes", {"seeds": seeds, "rows": rows}, sizes={"seeds": seeds})
+    print(f"wrote {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = arguments(__doc__, quick=f"{QUICK['seeds']} seeds, n in {QUICK['ns']} and the default regime")
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--headline-seeds", type=int, default=3000)
+    parser.add_argument("--regimes", action="store_true", help="the regimes table instead of the sweep")
     args = parse(parser, argv)
+    if args.regimes:
+        return regimes_table(args)
     sizes = QUICK if args.quick else {"seeds": args.seeds, "ns": NS, "headline_seeds": args.headline_seeds}
     seeds = sizes["seeds"]
     headline_seeds = sizes.get("headline_seeds", seeds)

@@ -1,7 +1,9 @@
-"""The analyzer's check of its own range round: an empty announced bin passes the frequency test
-with probability at most alpha (Hoeffding + union bound), the mean round's sign test has its
-exact null when every user is clipped to one end, the two-round verdict misses no failure and
-rarely distrusts a good range in a hard regime, and the simulation reports both over many seeds."""
+"""The analyzer's check of its own range round: an empty bin's agreement count is exactly
+Binomial(n, 1/2), so an empty announced bin passes the frequency test with probability at most
+alpha (exact tail + union bound), the mean round's sign test has its exact null when every user is
+clipped to one end, the weighted combination of the two is super-uniform, the two-round verdict
+misses no failure and rarely distrusts a good range in a hard regime, and the simulation reports
+both over many seeds."""
 
 from __future__ import annotations
 
@@ -15,10 +17,15 @@ from shuffledp.analyzer.range_check import (
     binomial_lower_tail,
     check_range_round,
     clipping_p_value,
+    combined_p_value,
+    combined_survival,
     combined_threshold,
+    count_threshold,
     detection_threshold,
     range_p_value,
+    range_weight,
     users_needed,
+    weighted_threshold,
 )
 from shuffledp.client.mean_randomizer import randomize_mean
 from shuffledp.cli import main
@@ -171,22 +178,85 @@ def test_the_sign_test_has_its_exact_null_when_every_user_is_clipped(noise, delt
     assert clipping_p_value(values, counts, params, eps, delta) < 1e-3
 
 
-def test_range_p_value_matches_the_frequency_threshold():
+def test_an_empty_bins_count_is_exactly_a_fair_binomial():
+    # All users in bin 0 of 32 (padded to 32): for every other bin a, b_i H[j_i, a] = s_i H[j_i, a xor 0]
+    # with j_i uniform, a fair +-1, so the agreement count (n + S_a) / 2 is Binomial(n, 1/2) exactly.
+    # Over 1,000 rounds x 31 bins, the counts' mean (n/2 = 100) and variance (n/4 = 50) hold to within
+    # 5 standard errors: mean se = sqrt(50 / 31000) = 0.04; variance se ~ 50 sqrt(2 / 31000) = 0.4
+    # (the bins of one round are dependent, so the check uses per-round means: se x sqrt(31) at most).
+    n = 200
+    freqs = _round_frequencies(n, 1000, seed=14)
+    counts = (n + np.rint(freqs[:, 1:] * n / (1 / np.tanh(EPS / 2)))) / 2
+    assert abs(counts.mean() - n / 2) < 5 * 0.04 * np.sqrt(31)
+    assert abs(counts.var() - n / 4) < 5 * 0.4 * np.sqrt(31)
+    assert np.all(counts == np.floor(counts))  # integer counts: the estimate is c (2A - n) / n exactly
+
+
+def test_range_p_value_is_the_exact_binomial_tail_times_the_bins():
+    from scipy.stats import binom
+
     n, bins, alpha = 2_000, 623, 0.01
+    scale = 1 / np.tanh(EPS / 2)
+    for agree in (1_000, 1_050, 1_090, 1_150):
+        estimate = scale * (2 * agree - n) / n
+        exact = min(1.0, bins * float(binom.sf(agree - 1, n, 0.5)))
+        assert range_p_value(estimate, EPS, bins, n) == pytest.approx(exact, rel=1e-7)
+        assert range_p_value(estimate, EPS, bins, n) >= exact
+    # The exact tail is never above Hoeffding's, and the exact threshold is never above its threshold.
     t = detection_threshold(EPS, bins, n, alpha)
-    assert range_p_value(t, EPS, bins, n) == pytest.approx(alpha, rel=1e-9)
+    assert range_p_value(t, EPS, bins, n) <= alpha
+    exact_t = count_threshold(EPS, bins, n, alpha)
+    assert exact_t < t and range_p_value(exact_t, EPS, bins, n) <= alpha
+    assert range_p_value(exact_t - 2 * scale / n, EPS, bins, n) > alpha  # one agreement fewer fails
     assert range_p_value(-0.2, EPS, bins, n) == 1.0 and range_p_value(0.0, EPS, bins, n) == 1.0
+
+
+def test_combined_survival_is_the_law_of_the_weighted_exponentials():
+    # P(w E1 + (1 - w) E2 >= t) against 400,000 draws: Binomial sd <= sqrt(400000 / 4) = 316; 5 sd each side.
+    rng = np.random.default_rng(6)
+    e1, e2 = rng.exponential(size=(2, 400_000))
+    for weight in (0.0, 0.25, 0.5, 0.85, 1.0):
+        t = 3.0
+        hits = int(np.sum(weight * e1 + (1 - weight) * e2 >= t))
+        assert abs(hits - 400_000 * combined_survival(weight, t)) < 5 * 316
+        k = weighted_threshold(0.01, weight)
+        assert combined_survival(weight, -np.log(k)) == pytest.approx(0.01, rel=1e-9)
+    # w = 1/2 is Fisher's product: its threshold is the square root of the product's.
+    assert weighted_threshold(0.01, 0.5) ** 2 == pytest.approx(combined_threshold(0.01), rel=1e-9)
+    assert combined_p_value(1.0, 1.0, 0.3) == 1.0 and combined_p_value(1e-3, 1.0, 1.0) == pytest.approx(1e-3)
+
+
+def test_the_combined_p_value_is_super_uniform_for_uniform_inputs():
+    # Two independent uniforms (the worst case of two super-uniform p-values): P(p <= x) = x.
+    # 20,000 draws per weight: Binomial sd at x = 0.05 is 31, at 0.01 is 14; 5 sd.
+    rng = np.random.default_rng(7)
+    u = rng.random((2, 20_000))
+    for weight in (0.3, 0.5, 0.9):
+        p = np.array([combined_p_value(a, b, weight) for a, b in u.T])
+        for x, sd in ((0.05, 31), (0.01, 14)):
+            assert abs(int(np.sum(p <= x)) - 20_000 * x) < 5 * sd
+
+
+def test_the_range_round_weight_follows_the_evidence_each_round_can_give():
+    # B = 1000, n = 2,000, eps = 0.25 per round: the range round's design z is sqrt(n)/c = 5.6. With Laplace
+    # noise (scale 4G) the sign test's design z is about 5 too, so the weight stays near 1/2; with Gaussian
+    # noise (sigma about 20 G) it is about 1, and the weight moves to the range round.
+    laplace = range_weight(2_000, 623, 0.25, 2_000, ProjectedMeanParams(-2.0, 2.0, "laplace", 4096), 0.25)
+    gaussian = range_weight(2_000, 623, 0.25, 2_000, ProjectedMeanParams(-2.0, 2.0, "gaussian", 4096), 0.25, 1e-6)
+    assert 0.4 <= laplace <= 0.6 and gaussian >= laplace + 0.1
 
 
 def test_the_two_round_verdict_misses_nothing_and_rarely_distrusts_in_the_hard_regime():
     # B = 1000, n = 2,000, m = 10, eps0 = 0.5: about 2 % of range rounds announce a range holding no
-    # user. The frequency test alone distrusted about a quarter of the good ranges; the two-round
-    # verdict lets a range holding no user pass w.p. <= 0.001 and distrusts at most 5 % of good
-    # ranges (3.9 % [3.2, 4.6] over 3,000 seeds: `shuffledp simulate -n 2000 -B 1000 -m 10 -e 0.5
-    # --seeds 3000`). Over these 1,000 seeds: 0.001 x ~20 failures allows no miss.
+    # user. The verdict lets such a range pass w.p. <= 0.001 per run (joint), so over 1,000 seeds the
+    # misses are at most Binomial(1000, 0.001): P(> 5) < 6e-4. It distrusts 1.6 % [1.2, 2.1] of the runs
+    # over 3,000 seeds (`benchmarks/bench_range_check.py --regimes`, first row); over these 1,000 seeds a
+    # rate of 2.1 % gives mean 21 and sd 4.5, so 35 false warnings (3 sd above) would mean the verdict
+    # lost power; the frequency test alone (alpha = 0.01) distrusted about 10 %.
     config = SimulationConfig(Population("gaussian", 1.7, 1.0, 1000.0, 10), n=2_000, epsilon0=0.5)
     study = range_study(config, 1_000)
     assert study.failed >= 8  # the regime is hard: Binomial(1000, 0.02) has mean 20
-    assert study.missed == 0
-    assert study.false_warnings <= 50
+    assert study.missed <= 5 and study.silent_misses <= 5
+    assert study.false_warnings <= 35
+    assert study.frequency_only_false_warnings > 2 * study.false_warnings  # the mean round's evidence counts
     assert study.worst_warned_z > 50
