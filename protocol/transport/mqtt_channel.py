@@ -34,6 +34,14 @@ Guarantees:
   may arrive twice (QoS 1 semantics). Messages published by others while this
   channel was disconnected are not delivered to it (clean sessions), except
   retained ones, which the broker sends again on re-subscription.
+* **Failover** (``failover=[(host, port), ...]``: further nodes of a clustered broker,
+  e.g. :class:`shuffledp.deploy.nats_cluster.NatsCluster`). The channel connects to the
+  first address that answers, in order; each reconnection attempt goes to the *next*
+  address after the one last tried, round the ring, so a channel whose node died is on
+  another node after one backoff step (0.05-0.1 s) if that one is live. What the
+  channel re-subscribes and re-publishes is as above; retained messages and the
+  messages published after the new SUBSCRIBE reach it from whichever node it is on, as
+  a clustered broker shares them. With a single address nothing changes.
 * **Bounded memory.** Each subscription queues at most ``queue_limit`` unread
   messages; more are dropped and counted (``dropped_by_topic``, and ``dropped`` on
   the subscription).
@@ -52,7 +60,7 @@ Incoming messages are routed to subscriptions directly from aiomqtt's message
 callback (through the queue class aiomqtt lets callers supply), in arrival order,
 with no intermediate queue or per-message task.
 
-aiomqtt is an optional dependency (``pip install shuffledp[mqtt]``) and is
+aiomqtt is an optional dependency (the ``mqtt`` extra: ``pip install -e ".[mqtt]"``) and is
 imported only here, so devices that use another transport never load it.
 """
 
@@ -251,7 +259,14 @@ class MqttChannel:
     * ``connect_timeout``: longest wait for the broker's CONNACK per attempt;
     * ``max_inflight_publishes``: most publishes awaiting a PUBACK at once (more wait
       for a slot; 256 keeps a loopback broker busy, raise it for high-latency links);
-    * ``keepalive``: MQTT keepalive, seconds (a silent broker is detected after 1.5x).
+    * ``keepalive``: MQTT keepalive, seconds (a silent broker is detected after 1.5x);
+    * ``failover``: further ``(host, port)`` addresses of the same (clustered) broker, tried
+      after ``(hostname, port)`` in order (see the module docstring);
+    * ``subscribe_qos``: the QoS of subscriptions (publishes are always QoS 1). 1 by default;
+      0 for a broker that backs each QoS 1 subscription with a replicated store (NATS: a
+      JetStream consumer, whose creation fails while a cluster node is down). On a clean
+      session the two lose the same: a message on its way when the connection drops is
+      dropped with the session either way, and re-subscription resumes from then on.
 
     Counters: ``bytes_by_topic`` and ``messages_by_topic`` (acknowledged publishes),
     ``reconnects`` (successful re-connections), ``republished`` (publishes sent
@@ -276,7 +291,11 @@ class MqttChannel:
         connect_timeout: float = 10.0,
         max_inflight_publishes: int = 256,
         keepalive: int = 60,
+        failover: Iterable[tuple[str, int]] = (),
+        subscribe_qos: int = 1,
     ) -> None:
+        if subscribe_qos not in (0, 1):
+            raise ValueError(f"subscribe_qos must be 0 or 1, got {subscribe_qos}")
         if max_backoff < 0.1:
             raise ValueError(f"max_backoff must be >= 0.1 s, got {max_backoff}")
         if publish_timeout <= 0 or connect_timeout <= 0:
@@ -290,9 +309,13 @@ class MqttChannel:
             raise ValueError(f"max_inflight_publishes must be in [1, 60000], got {max_inflight_publishes}")
         self.hostname = hostname
         self.port = port
+        #: Every address of the broker, ``(hostname, port)`` first; :attr:`address` is the one in use.
+        self.addresses: list[tuple[str, int]] = [(hostname, port)] + [(str(h), int(p)) for h, p in failover]
+        self._address_index = 0
         self.identifier = identifier or f"shuffledp-{os.urandom(16).hex()}"
         self.username = username
         self._password = password
+        self.subscribe_qos = subscribe_qos
         self.tls_ca_file = os.fspath(tls_ca_file) if tls_ca_file is not None else None
         self.reconnect = reconnect
         self.first_connect_retry = first_connect_retry
@@ -333,7 +356,8 @@ class MqttChannel:
             identifier=f"{self.identifier}-{suffix}", username=self.username, password=self._password,
             tls_ca_file=self.tls_ca_file, reconnect=self.reconnect, max_backoff=self.max_backoff,
             publish_timeout=self.publish_timeout, queue_limit=self.queue_limit, connect_timeout=self.connect_timeout,
-            max_inflight_publishes=self._max_inflight_publishes, keepalive=self.keepalive,
+            max_inflight_publishes=self._max_inflight_publishes, keepalive=self.keepalive, failover=self.addresses[1:],
+            subscribe_qos=self.subscribe_qos,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -347,7 +371,13 @@ class MqttChannel:
 
     @property
     def address(self) -> str:
-        return f"{self.hostname}:{self.port}"
+        """``host:port`` of the address connected to, or tried last."""
+        host, port = self.addresses[self._address_index]
+        return f"{host}:{port}"
+
+    def _next_address(self) -> None:
+        """Make the next address (round the ring) the one the next attempt goes to."""
+        self._address_index = (self._address_index + 1) % len(self.addresses)
 
     @property
     def connected(self) -> bool:
@@ -368,12 +398,16 @@ class MqttChannel:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.first_connect_retry
         delay = 0.1
+        self._address_index = 0
         while True:
             try:
                 client = await self._open()
                 break
             except _Unreachable as exc:
                 self.last_error = str(exc)
+                self._next_address()
+                if self._address_index != 0:
+                    continue  # another node first: waiting is for when none answers
                 remaining = give_up - loop.time()
                 if self.first_connect_retry <= 0:
                     raise
@@ -407,10 +441,11 @@ class MqttChannel:
         """One connection attempt; :class:`TransportError` with the reason if it fails, as
         :class:`_Unreachable` when another attempt may succeed (:func:`_transient`)."""
         where = f"cannot connect to the MQTT broker at {self.address}"
+        hostname, port = self.addresses[self._address_index]
         try:
             client = aiomqtt.Client(
-                self.hostname,
-                self.port,
+                hostname,
+                port,
                 username=self.username,
                 password=self._password,
                 identifier=self.identifier,
@@ -538,6 +573,7 @@ class MqttChannel:
         while True:
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.max_backoff)
+            self._next_address()  # the node just lost (or just tried) is the least likely to answer
             try:
                 client = await self._open()
             except TransportError as exc:
@@ -749,8 +785,9 @@ class MqttChannel:
             conn.topics[topic] = pending
             what = f"subscribe to {topic}"
             try:
-                granted = await self._run_on(conn, conn.client.subscribe(topic, qos=1, timeout=math.inf), deadline, what)
-                codes = [int(getattr(code, "value", code)) for code in granted]
+                granted = await self._run_on(conn, conn.client.subscribe(topic, qos=self.subscribe_qos, timeout=math.inf),
+                                             deadline, what)
+                codes = [code if isinstance(code, int) else int(code.value) for code in granted]
                 if any(code >= 0x80 for code in codes):
                     raise TransportError(f"{what}: not authorised (the broker refused the subscription)")
             except BaseException as exc:
