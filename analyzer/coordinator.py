@@ -22,6 +22,7 @@ described as rounds (``analyzer/protocols.py``) this way.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import math
 import os
@@ -104,7 +105,7 @@ class _Batch:
     opened: OpenedBatch
     bytes: int
     chunks: int
-    keys: frozenset[bytes] = frozenset()
+    keys: frozenset[builtins.bytes] = frozenset()
 
 
 class _Claimed:
@@ -322,6 +323,7 @@ class Coordinator:
             raise failed_round(stored)
         if stored.state == COMPLETED:
             r = stored.result
+            assert r is not None  # the store writes a completed round's state and result together
             # Acknowledged again (the same signed bytes): the process may have died between writing
             # the result and acknowledging it, and the shuffler must not give the batch up.
             await self._acknowledge(spec, r.batch_ids)
@@ -331,6 +333,7 @@ class Coordinator:
             raise SessionMismatch(f"round {spec.round_id} was signed with another analyzer key before the restart")
         # The mark may lag the file if the process died between recording the round and raising it:
         # raised before the spec leaves again, so a later rollback of the file cannot reach this round.
+        assert self.store is not None  # the stored round came from it
         self.store.advance_high_water(spec.session_id, spec.round_id)
         return await self._serve_recorded(spec)
 

@@ -101,10 +101,11 @@ Rounds = Generator[RoundPlan, np.ndarray, Any]
 class Protocol(ABC):
     """A multi-round protocol described once (see the module docstring)."""
 
-    #: Name on the command line (``shuffledp simulate --protocol NAME``).
-    name: ClassVar[str]
-    #: ``1``: each user holds one number (its local mean); ``2``: a vector.
-    data_rank: ClassVar[int] = 1
+    #: Name on the command line (``shuffledp simulate --protocol NAME``); a protocol whose name
+    #: depends on its parameters sets it per instance.
+    name: str
+    #: ``1``: each user holds one number (its local mean); ``2``: a vector (per instance, likewise).
+    data_rank: int = 1
 
     @abstractmethod
     def rounds(self) -> Rounds:

@@ -175,7 +175,7 @@ class SessionStore:
     def rounds(self, session_id: bytes) -> list[StoredAnalyzerRound]:
         ids = [r[0] for r in self._db.execute(
             "SELECT round_id FROM rounds WHERE session_id = ? ORDER BY round_id", (session_id,))]
-        return [self.round(session_id, i) for i in ids]
+        return [r for i in ids if (r := self.round(session_id, i)) is not None]  # a round deleted meanwhile is gone
 
     def announce(self, session_id: bytes, round_id: int, signed_spec: bytes) -> None:
         """Record a round before it is announced, then raise the session's high-water mark to it;

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable
 
 import numpy as np
 
@@ -188,8 +189,11 @@ class SummationProtocol(Protocol):
         return self.epsilon, self.delta
 
     def rounds(self) -> Rounds:
-        vector = isinstance(self.params, VectorSumParams)
-        collect = partial(VectorSumCollector if vector else ModularSumCollector, self.params)
+        collect: Callable[[], Collector]
+        if isinstance(self.params, VectorSumParams):
+            collect = partial(VectorSumCollector, self.params)
+        else:
+            collect = partial(ModularSumCollector, self.params)
         plan = RoundPlan(self.params, self.epsilon, self.delta, collect=collect)
         return SumOutcome(collected(plan, (yield plan)).estimate(), self.params)
 

@@ -203,7 +203,7 @@ class VectorMeanAccumulator(Collector):
         projected = np.clip(rotated, lower, upper)
         full = PerUserGrid(np.broadcast_to(lower, rotated.shape), np.broadcast_to(upper, rotated.shape), c.noise, c.grid_levels)
         noise = noise_variance(PerUserGrid(lower, upper, c.noise, c.grid_levels), c.mean_epsilon, c.delta0)
-        self.a_total += float((projected**2).sum() + len(rotated) * noise.sum() + rounding_variance(rotated, full).sum())
+        self.a_total += float((projected**2).sum() + len(rotated) * np.sum(noise) + rounding_variance(rotated, full).sum())
         back = fwht(projected) / math.sqrt(c.padded_dim) * c.rotation.signs  # U^T y~_i, padded
         self.w_squared += (back**2).sum(axis=0)
         self.w_sum += back.sum(axis=0)

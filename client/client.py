@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -180,6 +180,15 @@ def device_settings(
 class Client:
     """One user's device: its samples, its pinned analyzer key, its budget and its credential."""
 
+    # The checked settings of :func:`device_settings` (set together by ``_take``).
+    analyzer_signing_key: bytes
+    shuffler_signing_key: bytes | None
+    shuffler_key: bytes | None
+    min_batch_floor: int
+    accept_central_only: bool
+    source: RandomSource
+    clock: Callable[[], float]
+
     def __init__(
         self,
         samples: np.ndarray,
@@ -313,9 +322,9 @@ class Client:
         else:
             # The scalar twin of the batch-of-one randomizer where there is one (the same draws
             # and messages), else the batch randomizer itself.
-            messages = randomize_one(spec.params, spec.epsilon0, spec.delta0, self.local_mean, self.source)
-            if messages is None:
-                messages = _as_messages(randomize_reports(spec, np.array([self.local_mean]), self.source)[0])
+            one = randomize_one(spec.params, spec.epsilon0, spec.delta0, self.local_mean, self.source)
+            messages = one if one is not None else _as_messages(
+                randomize_reports(spec, np.array([self.local_mean]), self.source)[0])
         if len(messages) != expected:
             raise InvalidParameter("values", f"the round takes {expected} message(s) per user, got {len(messages)}")
         return messages

@@ -11,6 +11,7 @@ definition: the analyzer refuses (and counts) any value outside
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,6 +42,19 @@ from shuffledp.protocol.wire.messages import (
     VectorSumParams,
 )
 from shuffledp.protocol.mechanisms.randomness import RandomSource
+
+
+class SpecFields(Protocol):
+    """What :func:`report_ranges` reads of a round spec (a :class:`RoundSpec`, or a plan's fields)."""
+
+    @property
+    def params(self) -> Any: ...
+    @property
+    def epsilon0(self) -> float: ...
+    @property
+    def delta0(self) -> float: ...
+    @property
+    def mechanism(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -116,10 +130,9 @@ def randomize_one(
     """
     if type(local_mean) is not float and type(local_mean) is not np.float64:
         return None
-    kind = type(params)
-    if kind is HadamardRangeParams:
+    if type(params) is HadamardRangeParams:
         return [randomize_range_one(local_mean, params, epsilon0, source)]
-    if kind is ProjectedMeanParams:
+    if type(params) is ProjectedMeanParams:
         return [(randomize_mean_one(local_mean, params, epsilon0, source, delta=delta0),)]
     return None
 
@@ -129,7 +142,7 @@ def randomize_reports(spec: RoundSpec, local_data: np.ndarray, source: RandomSou
     return randomize_round(spec.params, spec.epsilon0, spec.delta0, local_data, source)
 
 
-def report_ranges(spec: RoundSpec) -> tuple[ValueRange, ...]:
+def report_ranges(spec: SpecFields) -> tuple[ValueRange, ...]:
     """What an honest randomizer of ``spec``'s round can report, value by value.
 
     * ``hadamard-range``: ``row`` in ``[0, K)``, ``bit`` in ``{-1, +1}`` (Algorithm 4).

@@ -53,7 +53,7 @@ def randomize_modular_sum(
     return shares[:, :, None]
 
 
-def vector_grid_scale(params: VectorSumParams) -> float:
+def vector_grid_scale(params: VectorSumParams | LocalVectorParams) -> float:
     """Encoded units per unit of the (rotated) input: ``levels / radius``."""
     return params.levels / params.radius
 
@@ -71,13 +71,13 @@ def clip_to_ball(vectors: np.ndarray, radius: float) -> np.ndarray:
     return unit * scale[:, None]
 
 
-def scaled_rotation(vectors: np.ndarray, params: VectorSumParams) -> np.ndarray:
+def scaled_rotation(vectors: np.ndarray, params: VectorSumParams | LocalVectorParams) -> np.ndarray:
     """Clipped, rotated and scaled to grid units (float ``(n, D)``): what the encoding rounds."""
     clipped = clip_to_ball(vectors, params.radius)
     return RandomRotation(params.dim, params.rotation_seed).apply(clipped) * vector_grid_scale(params)
 
 
-def encode_vectors(vectors: np.ndarray, params: VectorSumParams, source: RandomSource) -> np.ndarray:
+def encode_vectors(vectors: np.ndarray, params: VectorSumParams | LocalVectorParams, source: RandomSource) -> np.ndarray:
     """Clip to the l2 ball, rotate, scale and round at random: int64 ``(n, D)``.
 
     Unbiased for the rotated, clipped, scaled vector; each coordinate moves by less

@@ -2,13 +2,14 @@
 # The whole test suite, MQTT tests against a real mosquitto broker included, in a
 # virtual environment built afresh on every run, so that a green run means a fresh
 # machine passes too. What it does:
-#   1. installs the mosquitto broker (Debian package) if the machine has none;
+#   1. installs the mosquitto broker and nats-server (Debian packages) if the machine lacks them;
 #   2. deletes and re-creates the environment (.venv-test/, or $SHUFFLEDP_TEST_VENV)
 #      and installs the project with its test extras at the exact versions of
 #      requirements/test.lock (made by scripts/lock.sh);
 #   3. installs the JavaScript client's npm packages from js/package-lock.json (npm ci),
 #      compiles it, and installs Debian's chromium for its browser tests if missing;
-#   4. runs the JavaScript client's own tests (Node's test runner), then pytest with
+#   4. runs the JavaScript client's own tests (Node's test runner), and beside them the
+#      type check (tests/layout/test_types.py: mypy over the package), then pytest with
 #      one process per core plus one (pytest-xdist, unless -n is given), BLAS pinned
 #      to one thread per process.
 #
@@ -43,6 +44,14 @@ if { ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; } |
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mosquitto mosquitto-dev libmosquitto-dev gcc libc6-dev >/dev/null
+fi
+# The clustered broker tier's tests (tests/mqtt/test_nats_cluster.py) run three NATS servers.
+if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; then
+  echo "installing nats-server (Debian package) for the clustered broker tests ..." >&2
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nats-server >/dev/null
 fi
 
 # The JavaScript device client (js/, npm package @shuffledp/client): Node >= 20 and npm
@@ -97,9 +106,21 @@ case "$venv" in /*) venv_dir="$venv" ;; *) venv_dir="$PWD/$venv" ;; esac
 export PYTHONPYCACHEPREFIX="$venv_dir/pycache"
 export PATH="$venv_dir/bin:$PATH"
 status=0
-# The JavaScript client's own tests (Node's test runner), then the Python suite, which
-# also runs the JavaScript client against the Python parties (tests/js/).
+# The type check (mypy over the package, about 10 CPU-seconds from a cold cache) runs beside the
+# JavaScript client's own tests (Node's test runner), which mostly wait on their clients: a core is
+# free for it there, where in the Python suite it would add to cores already busy. The Python suite,
+# which also runs the JavaScript client against the Python parties (tests/js/), then skips it.
+types_test=tests/layout/test_types.py
+types_log="$venv_dir/typecheck.log"
+"$venv/bin/python" -m pytest -q -p no:cacheprovider "$types_test" >"$types_log" 2>&1 &
+types_pid=$!
 (cd js && node --test --test-reporter=dot test/*.test.mjs) || status=$?
+if wait "$types_pid"; then
+  echo "type check (tests/layout/test_types.py): $(tail -n 1 "$types_log")" >&2
+else
+  status=1
+  cat "$types_log" >&2
+fi
 # shellcheck disable=SC2086  # $workers is two words or none
-"$venv/bin/python" -m pytest -q -p no:cacheprovider $workers "${pytest_args[@]}" || status=$?
+"$venv/bin/python" -m pytest -q -p no:cacheprovider $workers --deselect "$types_test" "${pytest_args[@]}" || status=$?
 exit "$status"

@@ -223,6 +223,7 @@ class MetricsServer:
                 self._handlers.discard(task)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        extra: dict[str, str]
         try:
             method, path = await asyncio.wait_for(self._read_head(reader), self.read_timeout)
         except asyncio.TimeoutError:

@@ -307,8 +307,9 @@ class RoundAdmission:
         the event loop serves other tasks (the service's receive loop). Every admission decision is
         still made here, in arrival order, after the opening: the same receipts as :meth:`offer_many`."""
         refused, envelopes = self._split(unpack_envelopes(items, self.opener.format.size))
-        if self._on_workers(envelopes):
-            opened = await self.opener_pool.open_many_async(self.spec, envelopes)
+        pool = self.opener_pool
+        if pool is not None and self._on_workers(envelopes):
+            opened = await pool.open_many_async(self.spec, envelopes)
         else:
             opened = self._open_here(envelopes)
         return self._admit_opened(self._merged(refused, opened))
@@ -330,9 +331,9 @@ class RoundAdmission:
                 nonce, admitted = self._check_opened(opened, pending)
             except ShuffleDPError as exc:
                 self.stats.rejected[exc.reason] += 1
-                nonce = getattr(exc, "nonce", None)
-                if nonce is not None and not isinstance(exc, RateLimited):
-                    receipts.refused.append(nonce)
+                refused_nonce: bytes | None = getattr(exc, "nonce", None)
+                if refused_nonce is not None and not isinstance(exc, RateLimited):
+                    receipts.refused.append(refused_nonce)
                     receipts.reasons.append(exc.reason)
                 continue
             except Exception:  # a bug, not an input class: count it loudly, keep serving
@@ -388,7 +389,8 @@ class RoundAdmission:
         """Each item's opened admission (``(credential, nonce, sealed)``) or the exception its opening
         raised, in order (an item that already is an exception, a refused packed message, stays one)."""
         refused, envelopes = self._split(items)
-        opened = self.opener_pool.open_many(self.spec, envelopes) if self._on_workers(envelopes) else self._open_here(envelopes)
+        pool = self.opener_pool
+        opened = pool.open_many(self.spec, envelopes) if pool is not None and self._on_workers(envelopes) else self._open_here(envelopes)
         return self._merged(refused, opened)
 
     @staticmethod
@@ -620,18 +622,18 @@ class Shuffler:
         republish_task = asyncio.create_task(self._republish_periodically())
         try:
             await self.republish_unacknowledged()
-            for stored in self.spool.rounds("open"):
-                if stored.session_id == self.session_id and stored.round_id not in self.rounds:
+            for resumed in self.spool.rounds("open"):
+                if resumed.session_id == self.session_id and resumed.round_id not in self.rounds:
                     try:
-                        spec = self.verified_spec(stored.signed_spec)
+                        spec = self.verified_spec(resumed.signed_spec)
                     except ShuffleDPError as exc:  # e.g. keys rotated since: the round cannot be served
                         try:
-                            self.spool.fail(stored.session_id, stored.round_id, exc.reason)
+                            self.spool.fail(resumed.session_id, resumed.round_id, exc.reason)
                         except SpoolStorageError as failure:  # still open in the spool: failed again next time
                             self.storage_errors["fail"] += 1
-                            _log.error("shuffler: round %d: failure not written to the spool: %s", stored.round_id, failure)
+                            _log.error("shuffler: round %d: failure not written to the spool: %s", resumed.round_id, failure)
                         continue
-                    await self._run_guarded(spec, stored.signed_spec)
+                    await self._run_guarded(spec, resumed.signed_spec)
             async for data in announcements:
                 try:
                     spec = self.verified_spec(data)

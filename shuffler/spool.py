@@ -92,7 +92,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple, Protocol
+from typing import Iterator, Literal, NamedTuple, Protocol
 
 from shuffledp.protocol.held_files import FD_DIR, held_files
 from shuffledp.protocol.errors import DuplicateReport, ReplayedReport, ShuffleDPError
@@ -703,7 +703,7 @@ class _Transaction:
     def __enter__(self) -> None:
         self._db.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         if exc_type is None:
             try:
                 self._db.execute("COMMIT")

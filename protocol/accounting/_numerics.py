@@ -237,8 +237,8 @@ def standardized_grid(step: float, core: float = 6.0, outer: float = 13.0) -> np
         h *= 1.5
         x = min(outer, x + h)
         tail.append(x)
-    tail = np.array(tail)
-    return np.concatenate([-tail[::-1], inner, tail])
+    outer_points = np.array(tail)
+    return np.concatenate([-outer_points[::-1], inner, outer_points])
 
 
 def search_epsilon(

@@ -56,7 +56,7 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from shuffledp.protocol.held_files import FD_DIR, held_files
 
@@ -305,7 +305,9 @@ def _open(path: Path) -> tuple[sqlite3.Connection, bytes]:
     connection = None
     try:
         key = _load_key(directory_fd, path)
-        database_fd, checked = _open_private(directory_fd, path, os.O_RDWR, create=True)
+        opened = _open_private(directory_fd, path, os.O_RDWR, create=True)
+        assert opened is not None  # create=True: opened, or raised
+        database_fd, checked = opened
         try:
             for suffix in SIDECARS:
                 side = _open_private(directory_fd, path.with_name(path.name + suffix), os.O_RDONLY)
@@ -344,8 +346,12 @@ def tag_of(secret: bytes, key: str, value: str) -> str:
     return hmac.new(secret, key.encode() + b"\0" + value.encode(), hashlib.sha256).hexdigest()
 
 
-def cached(kind: str, question: dict[str, Any], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``compute()``'s answer to ``question``, from the cache when it holds an authentic one (module docstring)."""
+_Answer = TypeVar("_Answer")
+
+
+def cached(kind: str, question: dict[str, Any], compute: Callable[[], _Answer]) -> _Answer:
+    """``compute()``'s answer to ``question``, from the cache when it holds an authentic one (module docstring).
+    The answer is anything JSON holds (the cache stores it as JSON text)."""
     path = cache_path()
     if path is None:
         return compute()

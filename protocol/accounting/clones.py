@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -286,7 +287,7 @@ class ClonePair:
         c_first = c_edges[:-1][keep]
         c_last = (c_edges[1:] - 1.0)[keep]
         c_w = c_w[keep]
-        layout = {"c_w": c_w, "tail_lo": float(cdf[0]), "tail_hi": float(1.0 - cdf[-1]),
+        layout: dict[str, Any] = {"c_w": c_w, "tail_lo": float(cdf[0]), "tail_hi": float(1.0 - cdf[-1]),
                   "memo_up": {}, "memo_dn": {}, "memo_mid": {}}
         c_hi = np.array([c_edges[-1] - 1.0])
         if self.a2 == 0.0:

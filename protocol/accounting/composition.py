@@ -87,12 +87,14 @@ def round_guarantee(accounted_as: str, epsilon0: float, size: int | None = None,
         laplace_mean_guarantee,
     )
 
-    if accounted_as == "hadamard-response":
-        return hadamard_response_guarantee(epsilon0, size)
+    if accounted_as in ("hadamard-response", "block-hadamard-response"):
+        if size is None:
+            raise InvalidParameter("size", f"{accounted_as} needs its size (Hadamard rows, or symbols)")
+        if accounted_as == "hadamard-response":
+            return hadamard_response_guarantee(epsilon0, size)
+        return block_hadamard_response_guarantee(epsilon0, size, blocks)
     if accounted_as == "laplace-mean":
         return laplace_mean_guarantee(epsilon0, size)
-    if accounted_as == "block-hadamard-response":
-        return block_hadamard_response_guarantee(epsilon0, size, blocks)
     return generic_guarantee(epsilon0)
 
 

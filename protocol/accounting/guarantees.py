@@ -155,7 +155,7 @@ class LocalGuarantee:
                 raise InvalidParameter("k", f"must be an integer in [2, 2^53], got {k!r}")
         if self.mechanism == "block-hadamard-response":
             nb = self.num_blocks
-            if isinstance(nb, bool) or not isinstance(nb, (int, np.integer)) or not 1 <= nb <= self.k:
+            if isinstance(nb, bool) or not isinstance(nb, (int, np.integer)) or not 1 <= nb <= (self.k or 0):
                 raise InvalidParameter("num_blocks", f"must be an integer in [1, k = {self.k}], got {nb!r}")
             _block_hr_params(self)  # the client's own checks (e.g. eps0 too small for B)
         G = self.grid_levels
@@ -255,6 +255,7 @@ def variation_ratio_parameters(local: LocalGuarantee) -> VariationRatio:
     if local.mechanism == "hadamard-response":
         return VariationRatio(E, (E - 1) / (2 * (E + 1)), E, 1 / (2 * E), False)
     if local.mechanism == "k-rr":
+        assert local.k is not None  # LocalGuarantee's checks: k-rr has k
         k = int(local.k)
         return VariationRatio(E, (E - 1) / (E + k - 1), E, (k - 2) / (E + k - 1), False)
     if local.mechanism == "block-hadamard-response":
@@ -272,6 +273,7 @@ def _block_hr_params(local: LocalGuarantee):
     """The client's :class:`HadamardResponseParams` (B, b, s) of a block-HR guarantee."""
     from shuffledp.protocol.mechanisms.hadamard_response_params import HadamardResponseParams
 
+    assert local.k is not None and local.num_blocks is not None  # LocalGuarantee's checks
     return HadamardResponseParams(int(local.k), float(local.epsilon0), int(local.num_blocks))
 
 
@@ -386,11 +388,13 @@ def randomizer_matrix(local: LocalGuarantee) -> np.ndarray:
         rho = E / (E + 1)
         return np.array([[rho, 1 - rho], [1 - rho, rho]])
     if local.mechanism == "k-rr":
+        assert local.k is not None  # LocalGuarantee's checks: k-rr has k
         k = int(local.k)
         R = np.full((k, k), 1 / (E + k - 1))
         np.fill_diagonal(R, E / (E + k - 1))
         return R
     if local.mechanism == "hadamard-response":
+        assert local.num_bins is not None  # LocalGuarantee's checks: hadamard-response has num_bins
         K = int(local.num_bins)
         H = sylvester_hadamard(K)
         rho = E / (E + 1)
@@ -412,8 +416,8 @@ def randomizer_matrix(local: LocalGuarantee) -> np.ndarray:
         p_out = (1 - t) / K
         p_in = t / s + p_out
         H = sylvester_hadamard(b)
-        R = np.full((int(local.k), K), p_out)
-        for x in range(int(local.k)):
+        R = np.full((P.k, K), p_out)
+        for x in range(P.k):
             j, row = x % B, x // B + 1
             R[x, j * b + np.nonzero(H[row] == 1)[0]] = p_in
         return R

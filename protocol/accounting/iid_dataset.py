@@ -94,7 +94,7 @@ class ThreeClassView:
             raise InvalidParameter("view", "the others must reach every class user 1 reaches")
         if (self.u1_user is None) != (self.u1_others is None):
             raise InvalidParameter("view", "a split of U needs both u1_user and u1_others")
-        if self.u1_user is not None:
+        if self.u1_user is not None and self.u1_others is not None:
             u1, o1 = self.u1_user, self.u1_others
             if not (0.0 <= u1 <= self.a2 and 0.0 < o1 < self.pi_u):
                 raise InvalidParameter("view", "U1 must hold part of U, for user 1 and (strictly) for the others")
@@ -127,6 +127,7 @@ def _direction_delta(v: ThreeClassView, n: int, eps: float, forward: bool) -> fl
         weight = np.exp(log_w) * (1.0 - PMF_RTOL)
     else:  # beta over the grid of (M, N_U1): U1 and U2 each carry their own loss
         M, n_u1, log_w = split
+        assert v.u1_user is not None and v.u1_others is not None  # a split view
         l_u1 = v.u1_user * (1.0 - E) / v.u1_others
         l_u2 = (v.a2 - v.u1_user) * (1.0 - E) / (v.pi_u - v.u1_others) if v.pi_u > v.u1_others else 0.0
         beta = M * l_b + n_u1 * l_u1 + (n - M - n_u1) * l_u2
@@ -138,6 +139,7 @@ def _split_grid(v: ThreeClassView, n: int, M: np.ndarray, log_w: np.ndarray):
     """The grid ``(M, N_U1, log P(M) + log P(N_U1 | M))`` of a split view, ``N_U1 | M ~
     Bin(n - M, u1_others / pi_u)`` on a window of WINDOW_SD sd (dropping only non-negative terms);
     ``None`` if it would exceed :data:`SPLIT_BUDGET` points."""
+    assert v.u1_others is not None  # a split view
     t = v.u1_others / v.pi_u
     half = int(math.ceil(WINDOW_SD * math.sqrt(n * v.pi_u * t * (1.0 - t)))) + 2
     if len(M) * (2 * half + 1) > SPLIT_BUDGET:
@@ -293,9 +295,12 @@ def _candidates(mechanism: str, epsilon0: float, *, k: int | None, num_bins: int
     from shuffledp.protocol.accounting.thinned_rr import k_rr_tau, laplace_report_tau
 
     if mechanism == "k-rr":
-        views = [lambda: thinned_rr_view(epsilon0, k_rr_tau(epsilon0, int(k)))]
-        if int(k) >= 3:  # a third value exists
-            views.insert(0, lambda: k_rr_third_value_view(epsilon0, int(k)))
+        if k is None:
+            raise InvalidParameter("k", "k-rr needs its domain size k")
+        size = int(k)
+        views = [lambda: thinned_rr_view(epsilon0, k_rr_tau(epsilon0, size))]
+        if size >= 3:  # a third value exists
+            views.insert(0, lambda: k_rr_third_value_view(epsilon0, size))
         return views
     if mechanism == "hadamard-response":
         views = [lambda: thinned_rr_view(epsilon0, 0.5)]
@@ -303,7 +308,8 @@ def _candidates(mechanism: str, epsilon0: float, *, k: int | None, num_bins: int
             views.append(lambda: hadamard_third_column_view(epsilon0))
         return views
     if mechanism == "block-hadamard-response":  # none offered with fewer than three blocks
-        return [lambda: block_hadamard_third_block_view(epsilon0, int(num_blocks))] if (num_blocks or 0) >= 3 else []
+        blocks = int(num_blocks or 0)
+        return [lambda: block_hadamard_third_block_view(epsilon0, blocks)] if blocks >= 3 else []
     if mechanism == "laplace-mean" and grid_levels is not None and int(grid_levels) <= LOWER_BOUND_MAX_GRID_LEVELS:
         from shuffledp.protocol.accounting.iid_lattice import LaplaceEndpointLattice
 

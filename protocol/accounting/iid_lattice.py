@@ -168,6 +168,7 @@ def contract(v: np.ndarray, p: np.ndarray, resolution: float, name: str = "", *,
             best = (h, got)
         if got[1][0] == 0.0:
             break
+    assert best is not None  # the loop ran: STEP_CANDIDATES >= 1
     h, ((k, mass, sums), (m_rem, s_rem), pieces) = best
     # eta: the class means' distance to the lattice (as computed) plus the error of that computation
     means = sums / mass

@@ -64,14 +64,14 @@ EXTENDED_ORDERS = DEFAULT_ORDERS + (80, 96, 128, 192, 256, 384, 512, 768, 1024, 
 CLONE_RDP_MAX_ORDER = 256
 
 
-def _orders(orders: Sequence[int] | None) -> np.ndarray:
+def _orders(orders: Sequence[int] | np.ndarray | None) -> np.ndarray:
     o = np.asarray(DEFAULT_ORDERS if orders is None else orders)
     if o.size == 0 or np.any(o < 2) or np.any(o != np.round(o)):
         raise InvalidParameter("orders", "must be integers >= 2")
     return o.astype(int)
 
 
-def pure_dp_rdp(epsilon0: float, orders: Sequence[int] | None = None) -> np.ndarray:
+def pure_dp_rdp(epsilon0: float, orders: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
     """RDP valid for any pure ``eps0``-DP mechanism: ``min(eps0, lambda eps0^2/2)``."""
     o = _orders(orders)
     return np.minimum(epsilon0, o * epsilon0**2 / 2.0)
@@ -358,7 +358,7 @@ def wor_subsampled_rdp(
     return out
 
 
-def rdp_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float) -> float:
+def rdp_epsilon(orders: Sequence[float] | np.ndarray, rdp: Sequence[float] | np.ndarray, delta: float) -> float:
     """(eps, delta) from an RDP curve via dp-accounting's conversion."""
     if not 0 < delta < 1:
         raise InvalidParameter("delta", f"must be in (0, 1), got {delta}")

@@ -124,6 +124,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -384,7 +385,7 @@ def _view(j: int, l: int, epsilon0: float, tail: float, coins: int = 0) -> _View
     return _View(lo=plan.lo, pmf=c, rel=rel, e2=e2, out=plan.out)
 
 
-def _sum_tail_bound(groups: list[tuple[int, float]], s: float) -> float:
+def _sum_tail_bound(groups: Sequence[tuple[float, float]], s: float) -> float:
     """Chernoff bound on ``Pr[S >= s]`` for ``S`` a sum of independent ``Bin(N_i, p_i)`` (``groups``):
     ``exp(-lam s) prod (1 - p + p e^lam)^N`` at a ``lam >= 0`` found by bisection (any ``lam`` gives a
     bound), padded for the roundings of its evaluation and of the ``p_i`` (a few ulps each)."""

@@ -305,16 +305,18 @@ class SessionAccountant:
         """The composed privacy loss distribution of the whole session (:class:`PLDRouteUnavailable`
         where a group's would exceed :data:`PLD_MAX_POINTS` points)."""
         self._check_ready()
-        total = None
-        for g in self._groups:
-            p = self._group_pld(g)
-            total = p if total is None else total.compose(p)
+        total = self._group_pld(self._groups[0])
+        for g in self._groups[1:]:
+            total = total.compose(self._group_pld(g))
         return total
 
     def rdp(self) -> tuple[tuple[int, ...], np.ndarray]:
         """(orders, composed RDP) of the whole session."""
         self._check_ready()
-        return self._orders, sum(self._group_rdp(g) for g in self._groups)
+        total = 0 + self._group_rdp(self._groups[0])  # a new array: the groups' stay as cached
+        for g in self._groups[1:]:
+            total = total + self._group_rdp(g)
+        return self._orders, total
 
     def _pld_epsilon(self, delta: float) -> float:
         """The PLD route's epsilon, ``inf`` where the route is not built (module doc)."""
@@ -708,14 +710,20 @@ def _pld_from_curve(eps: np.ndarray, deltas: np.ndarray, d: float) -> "PrivacyLo
 def _lower_convex_hull(k: np.ndarray, deltas: np.ndarray, d: float) -> tuple[np.ndarray, np.ndarray]:
     """Lower convex hull of the points ``(e^{k d}, delta)`` (monotone chain)."""
     x = np.exp(k * d)
-    hk, hx, hd = [], [], []
+    hk: list[int] = []
+    hx: list[float] = []
+    hd: list[float] = []
     for ki, xi, di in zip(k.tolist(), x.tolist(), deltas.tolist()):
         while len(hx) >= 2:
             x1, d1, x2, d2 = hx[-2], hd[-2], hx[-1], hd[-1]
             # drop the middle point if it lies on or above the segment (x1,d1)-(xi,di)
             if (d2 - d1) * (xi - x1) >= (di - d1) * (x2 - x1):
-                hk.pop(), hx.pop(), hd.pop()
+                hk.pop()
+                hx.pop()
+                hd.pop()
             else:
                 break
-        hk.append(ki), hx.append(xi), hd.append(di)
+        hk.append(ki)
+        hx.append(xi)
+        hd.append(di)
     return np.array(hk, dtype=np.int64), np.array(hd)

@@ -248,8 +248,10 @@ def blanket_laws(local: LocalGuarantee) -> tuple[BlanketLaw, ...]:
             return ()
         return (laplace_report_law(e0, int(local.grid_levels)),)
     if local.mechanism == "k-rr":
+        assert local.k is not None  # LocalGuarantee's checks: k-rr has k
         return (k_rr_law(e0, int(local.k)),)
     if local.mechanism == "hadamard-response":
+        assert local.num_bins is not None  # LocalGuarantee's checks: hadamard-response has num_bins
         return (hadamard_response_law(e0, int(local.num_bins)),)
     if local.mechanism == "block-hadamard-response":
         P = _block_hr_params(local)
@@ -374,7 +376,8 @@ def _large_round(local: LocalGuarantee, n: int, delta: float) -> RoundBound:
     for name, value in _closed_forms(e0, n, delta).items():
         # a closed form the floor at EVALUATION_MAX_N showed wrong there is not trusted further out
         if value is not None and f"{name} (dropped: below the exact floor)" not in cand:
-            cand[name] = value if cand[name] is None else min(cand[name], value)
+            current = cand[name]
+            cand[name] = value if current is None else min(current, value)
     best, method = _best(cand, e0)
     return RoundBound(epsilon=best, delta=delta, method=method, candidates=cand, lower_bound=None,
                       evaluated_n=EVALUATION_MAX_N)

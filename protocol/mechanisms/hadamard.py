@@ -32,7 +32,7 @@ def popcount_parity(x: np.ndarray) -> np.ndarray:
     return (np.bitwise_count(np.asarray(x)) & 1).astype(np.int8)
 
 
-def hadamard_entry(j: np.ndarray | int, v: np.ndarray | int) -> np.ndarray:
+def hadamard_entry(j: np.ndarray | int | np.integer, v: np.ndarray | int | np.integer) -> np.ndarray:
     """``H[j, v] = (-1)^popcount(j & v)`` as int8 ±1, elementwise with broadcasting."""
     j_arr = np.asarray(j)
     v_arr = np.asarray(v)

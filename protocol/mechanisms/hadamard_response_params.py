@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import overload
 
 import numpy as np
 
@@ -20,6 +21,10 @@ from shuffledp.protocol.mechanisms.local_params import check_domain_size, check_
 __all__ = ["HadamardResponseParams", "optimal_blocks", "worst_case_mean_variance"]
 
 
+@overload
+def _ceil_div(a: int, b: int) -> int: ...
+@overload
+def _ceil_div(a: np.ndarray | int, b: np.ndarray) -> np.ndarray: ...
 def _ceil_div(a: np.ndarray | int, b: np.ndarray | int) -> np.ndarray | int:
     return -(-a // b)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -190,7 +190,11 @@ class FixedPoint:
         var = frac * (1.0 - frac)
         return var if encoded else var * self.step**2
 
-    def decode_sum(self, total: int | np.ndarray, n: int) -> float | np.ndarray:
+    @overload
+    def decode_sum(self, total: int | np.integer, n: int) -> float: ...
+    @overload
+    def decode_sum(self, total: np.ndarray, n: int) -> np.ndarray: ...
+    def decode_sum(self, total: int | np.integer | np.ndarray, n: int) -> float | np.ndarray:
         """Real sum of ``n`` users from the integer sum ``total`` of their encodings.
 
         The inverse affine map ``n lower + total step`` (``total`` may be any
@@ -266,7 +270,11 @@ def modular_sum(shares: np.ndarray, modulus: int) -> int:
     return ((hi_sum << _LOW_BITS) + lo_sum) % q
 
 
-def centered(total: int | np.ndarray, modulus: int) -> int | np.ndarray:
+@overload
+def centered(total: int | np.integer, modulus: int) -> int: ...
+@overload
+def centered(total: np.ndarray, modulus: int) -> np.ndarray: ...
+def centered(total: int | np.integer | np.ndarray, modulus: int) -> int | np.ndarray:
     """Representative of ``total`` mod ``q`` in ``(-q/2, q/2]``.
 
     If the true integer ``S`` satisfies ``-q/2 < S <= q/2`` then

@@ -62,7 +62,7 @@ class RandomSource(Protocol):
         """int64 array, i.i.d. uniform on ``{0, ..., high - 1}``."""
         ...
 
-    def bernoulli(self, p: float | np.ndarray, size: int) -> np.ndarray:
+    def bernoulli(self, p: float | Fraction | np.ndarray, size: int) -> np.ndarray:
         """bool array with ``P(True) = p`` (elementwise if ``p`` has shape ``(size,)``)."""
         ...
 
@@ -121,8 +121,8 @@ def _check_positive_float(name: str, value: object) -> float:
     return out
 
 
-def _check_probability(p: object, size: int) -> float | np.ndarray:
-    """Return p as a float or a float64 array of shape (size,), validated in [0, 1]."""
+def _check_probability(p: object, size: int) -> float | Fraction | np.ndarray:
+    """Return p as a float (a Fraction as given, exact) or a float64 array of shape (size,), validated in [0, 1]."""
     if isinstance(p, bool):
         raise InvalidParameter("p", f"must be a probability, got {p!r}")
     if isinstance(p, np.ndarray):
@@ -191,7 +191,7 @@ class SeededSource:
         size = _check_size(size)
         return self._gen.integers(0, high, size=size, dtype=np.int64)
 
-    def bernoulli(self, p: float | np.ndarray, size: int) -> np.ndarray:
+    def bernoulli(self, p: float | Fraction | np.ndarray, size: int) -> np.ndarray:
         size = _check_size(size)
         p = _check_probability(p, size)
         if isinstance(p, Fraction):
@@ -293,7 +293,7 @@ class SystemSource:
         rb = self._randbelow
         return np.fromiter((rb(high) for _ in range(size)), dtype=np.int64, count=size)
 
-    def bernoulli(self, p: float | np.ndarray, size: int) -> np.ndarray:
+    def bernoulli(self, p: float | Fraction | np.ndarray, size: int) -> np.ndarray:
         size = _check_size(size)
         p = _check_probability(p, size)
         if isinstance(p, np.ndarray):

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from shuffledp.protocol.errors import InvalidParameter
 from shuffledp.protocol.wire.messages import (
@@ -265,11 +266,15 @@ def skellam_tail(mu: float, failure: float) -> int:
 # --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SummationChoice:
-    """Chosen parameters, the budget split, and the figures behind them."""
+_Params = TypeVar("_Params", ModularSumParams, VectorSumParams)
 
-    params: ModularSumParams | VectorSumParams
+
+@dataclass(frozen=True)
+class SummationChoice(Generic[_Params]):
+    """Chosen parameters (scalar :class:`ModularSumParams` or :class:`VectorSumParams`), the budget
+    split, and the figures behind them."""
+
+    params: _Params
     epsilon: float
     delta: float
     split_delta: float
@@ -297,7 +302,7 @@ def choose_scalar_sum(
     modulus: int | None = None,
     messages: int | None = None,
     wrap_probability: float = 1e-9,
-) -> SummationChoice:
+) -> SummationChoice[ModularSumParams]:
     """Parameters of scalar summation for ``users`` users at central ``(epsilon, delta)``.
 
     * ``precision`` ``p``: the smallest with rounding variance (at most ``n / 4``
@@ -375,7 +380,7 @@ def choose_vector_sum(
     levels: int | None = None,
     messages: int | None = None,
     wrap_probability: float = 1e-9,
-) -> SummationChoice:
+) -> SummationChoice[VectorSumParams]:
     """Parameters of vector summation for ``users`` users at central ``(epsilon, delta)``.
 
     Half of ``delta`` to the split (``M`` per coordinate from the BBGN bound over ``D``

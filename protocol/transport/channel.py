@@ -172,7 +172,7 @@ class QueueSubscription:
         """Everything already delivered (at most ``limit`` messages), without waiting.
 
         Used to drain bursts cheaply. Never raises the failure; a later :meth:`get` does."""
-        items = []
+        items: list[bytes] = []
         while not self._queue.empty() and (limit is None or len(items) < limit):
             item = self._queue.get_nowait()
             if item is _FAILED:

@@ -143,7 +143,8 @@ def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
 
 
 def _build(cls: type[T], body: dict, where: str) -> T:
-    hints, fields = _schema(cls)
+    message_class: type = cls
+    hints, fields = _schema(message_class)
     unknown = set(body) - set(fields)
     if unknown:
         raise MalformedMessage(f"{where}: {len(unknown)} unknown key(s), e.g. {m.short_repr(min(map(str, unknown)))}")

@@ -728,7 +728,7 @@ MechanismParams = Union[
     LocalVectorParams,
 ]
 #: Every mechanism's parameter class by its wire name (the members of :data:`MechanismParams`).
-MECHANISMS: dict[str, type] = {cls.MECHANISM: cls for cls in get_args(MechanismParams)}
+MECHANISMS: dict[str, type[MechanismParams]] = {cls.MECHANISM: cls for cls in get_args(MechanismParams)}
 
 
 def messages_per_user(params: MechanismParams) -> int:

@@ -36,7 +36,7 @@ import functools
 import hashlib
 import os
 import threading
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -60,7 +60,21 @@ from shuffledp.protocol.wire.sealing import SUITE, PartyKeys, round_binding, ver
 
 ENVELOPE_INFO_LABEL = b"shuffledp/v3/envelope"
 SIGNED_LABEL = b"shuffledp/v3/signed/"
-M = TypeVar("M")
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+
+class SignedMessage(Protocol):
+    """A signed wire message: a dataclass with a ``signature`` field (see the module docstring)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    @property
+    def signature(self) -> bytes: ...
+
+
+M = TypeVar("M", bound=SignedMessage)
 
 
 def envelope_info(session_id: bytes, round_id: int, spec_digest: bytes) -> bytes:
@@ -179,7 +193,7 @@ class FixedLayout:
     decoder on a mismatch, for its precise typed error.
     """
 
-    def __init__(self, template: object, variable: tuple[str, ...]) -> None:
+    def __init__(self, template: DataclassInstance, variable: tuple[str, ...]) -> None:
         markers = {name: os.urandom(len(getattr(template, name))) for name in variable}
         encoded = codec.encode(dataclasses.replace(template, **markers))
         spans = sorted((encoded.index(marker), name, len(marker)) for name, marker in markers.items())
@@ -279,7 +293,8 @@ class EnvelopeOpener:
             raise SealingError(f"envelope does not open for this session, round and spec ({type(exc).__name__})") from None
         fields = self._admission_layout.values(plaintext)
         if fields is not None:  # the one valid encoding: the constructor's checks all hold
-            return fields
+            credential, nonce, sealed = fields
+            return credential, nonce, sealed
         admission = self._admission_slow(plaintext)
         return admission.credential, admission.nonce, admission.sealed
 
@@ -328,7 +343,7 @@ def _signature_at(data: bytes, signature: bytes) -> int | None:
     return at if data[at : at + SIGNATURE_BYTES] == signature else None
 
 
-def signed_encoding(private: Ed25519PrivateKey, message: object) -> bytes:
+def signed_encoding(private: Ed25519PrivateKey, message: SignedMessage) -> bytes:
     """``codec.encode(signed(private, message))``, the same bytes, with the message encoded once.
 
     The message is encoded with its signature field zeroed, that encoding hashed and signed, and
@@ -344,12 +359,12 @@ def signed_encoding(private: Ed25519PrivateKey, message: object) -> bytes:
     return data[:at] + signature + data[at + SIGNATURE_BYTES :]
 
 
-def verify_signed(public: bytes, message: object) -> None:
+def verify_signed(public: bytes, message: SignedMessage) -> None:
     """Raise :class:`BadSignature` unless ``message.signature`` is ``public``'s signature of it."""
     _verify(public, _label(type(message)) + _digest(message), message.signature, type(message))
 
 
-def _digest(message: object) -> bytes:
+def _digest(message: SignedMessage) -> bytes:
     """SHA-256 of a signed message's encoding with its signature field zeroed."""
     return hashlib.sha256(codec.encode(dataclasses.replace(message, signature=bytes(SIGNATURE_BYTES)))).digest()
 

@@ -243,6 +243,7 @@ def verify_session(session: Session, analyzer_signing_key: bytes, *, session_id:
 
     key = _check_key(analyzer_signing_key)
     rounds = []
+    specs: list[RoundSpec] = []
     for r in session.rounds:
         try:
             spec = verified_spec(r.signed_spec, key)
@@ -259,14 +260,15 @@ def verify_session(session: Session, analyzer_signing_key: bytes, *, session_id:
                     f"{signed_value!r} (the file was altered; the signed spec is what clients answered)"
                 )
         rounds.append(RecordedRound(r.index, r.signed_spec, r.batch_sizes, r.recorded, spec))
-    sessions = {spec.session_id for spec in (r.spec for r in rounds)}
+        specs.append(spec)
+    sessions = {spec.session_id for spec in specs}
     if len(sessions) > 1:
         raise SessionFileError(f"{session.path}: rounds of {len(sessions)} different sessions")
     signed_session = next(iter(sessions))
     for expected, what in ((session.session_id, "the file's session_id"), (session_id.hex() if session_id else None, "the expected session")):
         if expected is not None and expected.lower() != signed_session.hex():
             raise SessionFileError(f"{session.path}: the signed specs are of session {signed_session.hex()}, not {what} {expected}")
-    ids = [r.spec.round_id for r in rounds]
+    ids = [spec.round_id for spec in specs]
     if len(set(ids)) != len(ids):
         raise SessionFileError(f"{session.path}: a round id appears twice ({sorted(ids)})")
     return Session(session.path, tuple(rounds), session.session_id, session.named_signing_key,
@@ -366,11 +368,13 @@ def plan_guarantee(params, epsilon0: float):
 
 def _unamplified_claim(spec: RoundSpec, smallest: int) -> tuple[float | None, float | None, str]:
     """``(eps, delta, method)`` of a round :func:`round_guarantee` does not amplify."""
-    if getattr(spec.params, "LOCAL_GUARANTEE", True) is False:
-        floor = spec.params.min_reports
+    params = spec.params
+    if getattr(params, "LOCAL_GUARANTEE", True) is False:
+        assert isinstance(params, (ModularSumParams, VectorSumParams))  # the summations: no local guarantee
+        floor = params.min_reports
         if smallest < floor:
             return None, None, (
-                f"none: a batch of {smallest} reports holds fewer than the {spec.params.users} users' shares "
+                f"none: a batch of {smallest} reports holds fewer than the {params.users} users' shares "
                 f"({floor} reports) the summation's noise and split are calibrated to"
             )
         return spec.epsilon0, spec.delta0, "summation: the signed central (eps0, delta0), checked by protocol/mechanisms/summation_params.py"
@@ -545,7 +549,9 @@ def _rule_group(spec: RoundSpec, users: int) -> tuple:
     from shuffledp.protocol.accounting.composition import mechanism_rule
 
     mechanism, plan = plan_params(spec.params)
-    kind, epsilon0, size, _, blocks = mechanism_rule(mechanism, spec.epsilon0, plan)  # amplified: not a reason
+    rule = mechanism_rule(mechanism, spec.epsilon0, plan)
+    assert not isinstance(rule, str)  # called for amplified rounds only: a rule, not a reason
+    kind, epsilon0, size, _, blocks = rule
     return (kind, epsilon0, size, 1, users, blocks, None)
 
 

@@ -280,6 +280,7 @@ class ExternalClient:
         self._process = process
         _start_without_signals(threading.Thread(target=self._drain_stderr, args=(process.stderr,), daemon=True))
         self._selector = selectors.DefaultSelector()
+        assert process.stdin is not None and process.stdout is not None  # both opened as pipes
         self._selector.register(process.stdout, selectors.EVENT_READ)
         return process
 
@@ -299,6 +300,7 @@ class ExternalClient:
         process, self._process = self._process, None
         if process is None:
             return
+        assert process.stdin is not None and process.stdout is not None  # both opened as pipes
         try:
             process.stdin.close()
         except OSError:
@@ -337,7 +339,7 @@ class ExternalClient:
     def _write_all(self, data: bytes, what: str) -> None:
         """Write ``data`` to the command's stdin, giving up after ``timeout`` seconds without progress."""
         process = self._process
-        assert process is not None
+        assert process is not None and process.stdin is not None
         fd = process.stdin.fileno()
         view = memoryview(data)
         with selectors.DefaultSelector() as selector:
@@ -355,7 +357,7 @@ class ExternalClient:
     def _read_exact(self, size: int, what: str) -> bytes:
         """Exactly ``size`` bytes of the command's stdout, or a typed error (EOF, silence)."""
         process = self._process
-        assert process is not None and self._selector is not None
+        assert process is not None and process.stdout is not None and self._selector is not None
         fd = process.stdout.fileno()
         chunks = bytearray()
         while len(chunks) < size:
@@ -369,7 +371,7 @@ class ExternalClient:
             chunks += data
         return bytes(chunks)
 
-    def randomize(self, spec: RoundSpec, local_input: float | Sequence[float] | np.ndarray, count: int,
+    def randomize(self, spec: RoundSpec, local_input: float | np.floating | Sequence[float] | np.ndarray, count: int,
                   spec_hex: str | None = None) -> np.ndarray:
         """``count`` runs of the command's randomizer of ``spec`` on ``local_input``: int64
         ``(count, messages, values)``, every value checked against the round's report ranges.
@@ -448,7 +450,7 @@ def _categories(pooled: np.ndarray) -> np.ndarray:
     column has few distinct values; a column with more than :data:`_MAX_LEVELS` is first cut at
     quantiles of the pooled runs into as many bins as keep about :data:`_CELL_RUNS` runs per
     joint cell (at least 2, at most 50)."""
-    columns = []
+    columns: list[np.ndarray | None] = []
     small_levels = 1
     wide = []
     for j in range(pooled.shape[1]):
@@ -465,7 +467,8 @@ def _categories(pooled: np.ndarray) -> np.ndarray:
         for j in wide:
             edges = np.unique(np.quantile(pooled[:, j], np.arange(1, bins) / bins, method="inverted_cdf"))
             columns[j] = np.searchsorted(edges, pooled[:, j], side="right")
-    _, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    cut = [column for column in columns if column is not None]  # every wide column was cut just above
+    _, inverse = np.unique(np.stack(cut, axis=1), axis=0, return_inverse=True)
     return inverse.ravel()
 
 
@@ -559,6 +562,8 @@ class _Sampler:
         spec, spec_hex = self._specs[id(case)]
         size = messages_per_user(spec.params) * type(spec.params).VALUES_PER_REPORT
         per_request = max(1, min(_REQUEST_RUNS, MAX_ANSWER_VALUES // size))
+        if case.pair is None:
+            raise InvalidParameter("case", f"{case.mechanism}: an external client is audited on cases with a data pair")
         parts = []
         for done in range(0, n, per_request):
             parts.append(self.client.randomize(spec, case.pair[side], min(per_request, n - done), spec_hex))

@@ -184,6 +184,7 @@ import math
 import time
 import zlib
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -592,6 +593,8 @@ def gaussian_parametric_bound(
 # --------------------------------------------------------------------------
 
 Runner = Callable[[int, int, RandomSource], np.ndarray]
+#: The two local means (datasets D0 and D1) of a data-driven case: scalars, or vectors.
+DataPair = tuple[np.floating | np.ndarray, np.floating | np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -622,7 +625,7 @@ class AuditCase:
     threshold: bool = False
     gaussian: bool = False
     params: object | None = None
-    pair: tuple[np.ndarray, np.ndarray] | None = None
+    pair: DataPair | None = None
 
 
 @dataclass(frozen=True)
@@ -670,7 +673,7 @@ class AuditResult:
         return out
 
 
-def _data_runner(params, epsilon0: float, delta0: float, pair: tuple[np.ndarray, np.ndarray]) -> Runner:
+def _data_runner(params, epsilon0: float, delta0: float, pair: DataPair) -> Runner:
     """Runs :func:`randomize_round` on ``n`` copies of ``pair[side]`` (a scalar or a vector)."""
 
     def run(side: int, n: int, source: RandomSource) -> np.ndarray:
@@ -924,7 +927,7 @@ def _stream(seed: int, case: AuditCase, purpose: int, side: int) -> SeededSource
 
 
 def _statistics(case: AuditCase, draw: Callable[[int], np.ndarray], n: int, progress: Progress | None, stage: str,
-                chunk: int = _CHUNK):
+                chunk: int = _CHUNK) -> np.ndarray:
     """The case's statistic over ``n`` runs of one side (``draw(m)``: the reports of ``m`` runs), in
     chunks of ``chunk`` runs."""
     parts = []
@@ -938,7 +941,10 @@ def _statistics(case: AuditCase, draw: Callable[[int], np.ndarray], n: int, prog
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _memoized(memo: dict | None, key: tuple, compute: Callable[[], object]):
+_Value = TypeVar("_Value")
+
+
+def _memoized(memo: dict | None, key: tuple, compute: Callable[[], _Value]) -> _Value:
     """``memo[key]`` when another row of the case computed it (``key`` names everything that fixes
     the value), else ``compute()`` (kept there); always ``compute()`` without a memo."""
     if memo is None:
@@ -1057,10 +1063,10 @@ def run_audit(
 
     if case.threshold:
         memo = None if sampler is not None else selection_memo
-        sel = [_memoized(memo, ("runs", seed, side, selection_trials, chunk),
-                         lambda side=side: _statistics(case, draw(side, 0), selection_trials, progress,
-                                                       stage + " (select)", chunk))
-               for side in (0, 1)]
+        def selection_runs(side: int) -> Callable[[], np.ndarray]:
+            return lambda: _statistics(case, draw(side, 0), selection_trials, progress, stage + " (select)", chunk)
+
+        sel = [_memoized(memo, ("runs", seed, side, selection_trials, chunk), selection_runs(side)) for side in (0, 1)]
         forecast = _memoized(memo, ("forecast", seed, selection_trials, chunk), lambda: _selection_forecast(*sel))
         t = _choose_threshold(forecast, trials, case.delta0, confidence)
         event = case.event.format(t=t)

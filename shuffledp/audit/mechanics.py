@@ -66,11 +66,16 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shuffledp.protocol.errors import InvalidParameter, ShuffleDPError
+
+if TYPE_CHECKING:  # imported where used, lazily
+    from shuffledp.protocol.wire.messages import ShuffledBatch
+    from shuffledp.protocol.wire.report_format import BatchChunk
+    from shuffledp.shuffler.service import Shuffler
 
 Progress = Callable[[str, int], None]
 
@@ -359,7 +364,7 @@ def check_quota_and_replay(view: RoundView | None, attacks: dict[str, bytes] | N
     if not view.batch:
         return _fail(name, f"the round was not released ({view.outcome.reason if view.outcome else 'no outcome'})")
     honest = [s for s, c in zip(view.sealed, view.clients) if c >= 0 and s is not None]
-    batch = [view.sealed[i] for i in view.forwarded() if i >= 0]
+    batch = [s for i in view.forwarded() if i >= 0 and (s := view.sealed[i]) is not None]  # forwarded: sent
     admitted = [label for label, sealed in (attacks or {}).items() if batch.count(sealed) > (1 if sealed in honest else 0)]
     duplicates = len(batch) - len(set(batch))
     if admitted or duplicates or sorted(batch) != sorted(honest):
@@ -388,8 +393,8 @@ class _Auditor:
         # A running service never re-opens a round it served: an audit of one starts at a fresh,
         # random round id (2^40 up), clear of the session's own rounds and of earlier audits.
         self.next_round = (1 << 40) + int.from_bytes(os.urandom(4), "big") * 1024 if self.external else 0
-        self.shuffler = None
-        self.task = None
+        self.shuffler: Shuffler | None = None
+        self.task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> "_Auditor":
         if not self.external:
@@ -477,7 +482,7 @@ class _Auditor:
                     if (outcome.session_id, outcome.round_id) == (sid, rid):
                         view.outcome = outcome
                         view.outcome_bytes = data
-            pieces: dict[int, tuple] = {}
+            pieces: dict[int, list[bytes]] = {}
             expected = None
             wait_until = time.monotonic() + (self.round_timeout if view.outcome.outcome == "released" else 0.2)
             while time.monotonic() < wait_until and (expected is None or len(pieces) < expected):
@@ -487,6 +492,7 @@ class _Auditor:
                 except TimeoutError:
                     break
                 view.chunks.append(data)
+                chunk: BatchChunk | ShuffledBatch
                 try:  # as the analyzer reads it: the fixed layout, then the shuffler's signature
                     chunk = read_signed_chunk(data, spec)
                 except ShuffleDPError as exc:

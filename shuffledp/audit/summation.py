@@ -273,10 +273,12 @@ def _check_common(n: object, epsilon: object, delta: object, rounds: object, con
 def _check_args(n: object, epsilon: object, delta: object, rounds: object, confidence: object,
                 lower: object, upper: object, seed: object) -> None:
     _check_common(n, epsilon, delta, rounds, confidence, seed)
+    bounds = []
     for name, value in (("lower", lower), ("upper", upper)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise InvalidParameter(name, f"must be a finite number, got {value!r}")
-    if not lower < upper:
+        bounds.append(float(value))
+    if not bounds[0] < bounds[1]:
         raise InvalidParameter("upper", f"must exceed lower = {lower!r}, got {upper!r}")
 
 
@@ -348,7 +350,7 @@ def _histograms(t0: np.ndarray, t1: np.ndarray, include: int | None = None) -> t
 
 def summation_claim(
     n: int, epsilon: float, delta: float, lower: float = 0.0, upper: float = 1.0
-) -> tuple[SummationChoice, float, str]:
+) -> tuple[SummationChoice[ModularSumParams], float, str]:
     """The parameters the project picks for a round at central ``(epsilon, delta)`` and what it claims.
 
     Returns ``(choice, claimed_epsilon, method)``: the chooser's
@@ -449,7 +451,7 @@ def _check_vector_args(dim: object, radius: object) -> None:
 
 def vector_summation_claim(
     n: int, epsilon: float, delta: float, dim: int, radius: float = VECTOR_RADIUS, rotation_seed: int = 0
-) -> tuple[SummationChoice, float, str]:
+) -> tuple[SummationChoice[VectorSumParams], float, str]:
     """The parameters the project picks for a vector round at central ``(epsilon, delta)`` and what it claims.
 
     Returns ``(choice, claimed_epsilon, method)`` from

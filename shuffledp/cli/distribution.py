@@ -73,9 +73,13 @@ def run(args: argparse.Namespace) -> int:
         return fail("distribution", exc, EXIT_USAGE)
     results = []
     try:
-        with engine_client(args) as client, progress_bar(3 * args.users * len(configs), quiet=args.quiet) as step:
+        # Progress in samples: each of the 3 stages of a run handles n users of m samples, and the
+        # time a run takes grows with m, so a count of users alone would project the later runs
+        # (larger m) from the earlier ones' faster pace.
+        total = 3 * args.users * sum(config.m for config in configs)
+        with engine_client(args) as client, progress_bar(total, quiet=args.quiet, unit="sample") as step:
             for config in configs:
-                results.append(run_distribution(config, progress=step, client=client))
+                results.append(run_distribution(config, progress=_in_samples(step, config.m), client=client))
     except ShuffleDPError as exc:
         return fail("distribution", exc, EXIT_FAILED)
     if args.json:
@@ -87,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
         plot(ms, results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def _in_samples(step, samples_per_user: int):
+    """``step`` with each count of users turned into their samples (None stays None: quiet)."""
+    if step is None:
+        return None
+    return lambda stage, users: step(stage, users * samples_per_user)
 
 
 def _central(privacy: dict) -> str:

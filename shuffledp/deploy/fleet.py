@@ -70,7 +70,7 @@ import logging
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -86,6 +86,15 @@ from shuffledp.protocol.mechanisms.randomness import RandomSource
 from shuffledp.protocol.wire.sealing import Sealer
 
 _log = logging.getLogger(__name__)
+
+
+class ReportValues(Protocol):
+    """Every client's report values for a round, in the clients' order (an array of rows, or a list
+    whose ``None`` entries mean the client draws its own)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
 
 
 @dataclass
@@ -354,7 +363,7 @@ class Fleet:
         )
         return state
 
-    def _values(self, spec: RoundSpec) -> Sequence[np.ndarray | None]:
+    def _values(self, spec: RoundSpec) -> ReportValues:
         """Every client's report values for the round, or ``None`` each: every client draws its own."""
         if self.draw is not None:
             return self.draw(spec, self._local_means)

@@ -272,6 +272,7 @@ def calibrate_epsilon0(
                 lo = nxt
             else:
                 hi = nxt
+    assert lo is not None and hi is not None  # the bracket's two ends, found above
     while hi / lo > 1 + rtol:
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
@@ -438,10 +439,12 @@ def train(
             if method == "nonprivate":
                 estimate = grads.mean(axis=0)
             elif method == "central":
+                assert noise_multiplier is not None  # checked above for central
                 clipped = clip_rows(grads, config.clip)
                 noise = noise_rng.normal(0.0, noise_multiplier * config.clip, size=p)
                 estimate = (clipped.sum(axis=0) + noise) / config.cohort
             else:
+                assert epsilon0 is not None  # checked above for uldp-shuffle
                 clipped = clip_rows(grads, config.clip)
                 vcfg = step_vector_config(p, config.clip, epsilon0, config.cohort, _step_seed(config.seed, t, 1),
                                           gamma=gamma, rotated_tau=rotated_tau)
@@ -476,9 +479,11 @@ def train(
     seconds = time.perf_counter() - started
     privacy: dict[str, Any] = {"model": "none"}
     if account and method == "uldp-shuffle":
+        assert epsilon0 is not None  # checked above for uldp-shuffle
         range_round = step_has_range_round(data.dim, config.clip, config.cohort, gamma=gamma, rotated_tau=rotated_tau)
         privacy = uldp_privacy(epsilon0, users, config.cohort, config.steps, delta, range_round=range_round)
     elif account and method == "central":
+        assert noise_multiplier is not None  # checked above for central
         privacy = {
             "model": "central", "delta": delta, "noise_multiplier": noise_multiplier, "sampling_rate": q,
             "epsilon": central_epsilon(noise_multiplier, q, config.steps, delta) if noise_multiplier > 0 else math.inf,

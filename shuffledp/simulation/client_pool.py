@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from shuffledp.client.client import Client, PreparedRound, verified_spec
-from shuffledp.deploy.fleet import Fleet, FleetRound, _Pending as _PendingEnvelope, cancel_and_wait
+from shuffledp.deploy.fleet import Fleet, FleetRound, ReportValues, _Pending as _PendingEnvelope, cancel_and_wait
 from shuffledp.protocol.transport.channel import Channel, InProcessChannel, reports_topic, spec_topic
 from shuffledp.protocol.wire.key_workers import WorkerProcesses
 from shuffledp.protocol.wire.envelope_packing import MAX_ENVELOPES_PER_MESSAGE, pack_envelopes
@@ -111,7 +111,7 @@ class _Progress:
     """A round's report values, telling ``on_progress`` every :data:`PROGRESS_STEP` clients as
     the fleet's sender takes them (each value is taken when the previous client is done)."""
 
-    def __init__(self, values: Sequence[np.ndarray | None], on_progress: Callable[[int], None]) -> None:
+    def __init__(self, values: ReportValues, on_progress: Callable[[int], None]) -> None:
         self.values = values
         self.on_progress = on_progress
         self.reported = 0
@@ -223,10 +223,12 @@ class ClientPool(Fleet):
         finally:
             await cancel_and_wait([waiting])
             self._sending.pop(spec.round_id, None)
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            raise task.exception()
+        if task.done() and not task.cancelled():
+            failure = task.exception()
+            if failure is not None:
+                raise failure
 
-    def _values(self, spec: RoundSpec) -> Sequence[np.ndarray | None]:
+    def _values(self, spec: RoundSpec) -> ReportValues:
         values = super()._values(spec)
         if self.on_progress is None:
             return values
@@ -272,11 +274,13 @@ class ClientPool(Fleet):
         credentials: list[bytes] = []
         messages: list[list[tuple[int, ...]]] = []
 
-        workers = self.sealing.workers
+        sealing = self.sealing
+        assert sealing is not None  # called only where the fleet has sealing workers (_send)
+        workers = sealing.workers
         block = seal_block_users(len(self.clients), workers)
 
         def submit() -> None:
-            blocks.append((list(indices), self.sealing.submit(spec, list(credentials), list(messages))))
+            blocks.append((list(indices), sealing.submit(spec, list(credentials), list(messages))))
             indices.clear()
             credentials.clear()
             messages.clear()

@@ -152,7 +152,7 @@ def vector_rounds(config: DistributionConfig) -> dict[str, Any]:
 
     def sd(width: float, epsilon: float) -> float:
         grid = PerUserGrid(np.array([0.0]), np.array([width]), pc.noise, pc.grid_levels)
-        return float(math.sqrt(noise_variance(grid, epsilon, pc.delta0)[0]))
+        return float(math.sqrt(np.asarray(noise_variance(grid, epsilon, pc.delta0))[0]))
 
     window = 6.0 * tau if pc.range_round else 2.0 * bound
     noise_sd, one_round_sd = sd(window, pc.mean_epsilon), sd(2.0 * bound, pc.epsilon0)
@@ -214,7 +214,7 @@ def estimator_privacy(config: DistributionConfig, delta: float | None = None) ->
     hr = choose_hadamard_response(config.k, config.epsilon0)
     pc = config.vector_config().protocol_config()
     plan = oracle_plan(config, delta)
-    oracle = {
+    oracle: dict[str, Any] = {
         "local_epsilon0": float(config.epsilon0),
         "local_delta0": 0.0,
         "rounds": [{"mechanism": "block-hadamard-response", "reports_per_user": 1, "report_epsilon0": config.epsilon0,
@@ -224,7 +224,7 @@ def estimator_privacy(config: DistributionConfig, delta: float | None = None) ->
     }
     central = central_guarantee_at(pc, config.n, delta)
     rounds = central.pop("rounds")
-    vector = {
+    vector: dict[str, Any] = {
         "local_epsilon0": float(sum(r["report_epsilon0"] * r["reports_per_user"] for r in rounds)),
         "local_delta0": float(pc.delta0),
         "rounds": rounds,

@@ -197,6 +197,8 @@ def streamed_round(plan: RoundPlan, local_data: Any, seed: int, round_index: int
     """One round folded block by block into the plan's collector: ``(collector, reports)``.
     The reports of :func:`draw_round`, never all held at once (no permutation: a collector's
     statistics do not depend on the order)."""
+    if plan.collect is None:
+        raise InvalidParameter("plan", "a streamed round needs the plan's collector")
     collector = plan.collect()
     count = 0
     for values in draw_blocks(plan, local_data, seed, round_index, progress):
@@ -222,6 +224,7 @@ def run_fast(
 
     def execute(plan: RoundPlan) -> Any:
         index = len(runs)
+        answer: Collector | np.ndarray
         if stream and plan.collect is not None:
             answer, count = streamed_round(plan, data, seed, index, progress)
         else:
@@ -302,7 +305,8 @@ async def _run_parties(protocol: Protocol, data: np.ndarray, channels: tuple, se
                       on_progress=on_sealed, retry_interval=retry_interval, sealing=sealing, window=window)
     # An in-process simulation has nothing to resume, so it skips the durable spool; the admission rules are the shuffler's and unchanged.
     shuffler = deployment.shuffler(shuffler_channel, workers=workers, spool=MemorySpool())
-    if workers > 1:  # every party's worker processes start now, while the first round is announced
+    if sealing is not None and shuffler.opener_pool is not None:  # workers > 1: every party's worker
+        # processes start now, while the first round is announced
         for start in (sealing.start, analyzer.start_workers, shuffler.opener_pool.start):
             start()
     shuffler_task = asyncio.create_task(shuffler.serve())

@@ -265,7 +265,7 @@ def run_simulation(config: SimulationConfig, progress: Progress | None = None, c
     if config.path == "fast":
         data = means if client is None else generated_users(config.population, config.n, config.seed)
         run = run_fast_on(scalar_mean, data, config.seed, progress, client)
-        extra = {}
+        extra: dict[str, Any] = {}
     else:
         run = run_messages(scalar_mean, means, config.seed, config.broker, progress)
         extra = {"transport": run.transport}

@@ -30,7 +30,12 @@ from shuffledp.simulation.engine import ENGINES, run_messages
 from shuffledp.simulation.population import Population, block_samples, user_blocks
 from shuffledp.protocol.accounting.composition import check_central_delta
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.mechanisms.summation_params import choose_scalar_sum, choose_vector_sum, scalar_sum_variance
+from shuffledp.protocol.mechanisms.summation_params import (
+    SummationChoice,
+    choose_scalar_sum,
+    choose_vector_sum,
+    scalar_sum_variance,
+)
 from shuffledp.simulation.vector_population import VectorPopulation
 
 Progress = Callable[[str, int], None]
@@ -82,18 +87,20 @@ def run_summation(config: SummationConfig, progress: Progress | None = None, cli
     started = time.perf_counter()
     data = _local_data(config)
     n = config.n
+    choice: SummationChoice[Any]
+    truth: float | np.ndarray
     if config.protocol == "sum":
         bound = config.population.bound
-        choice = choose_scalar_sum(n, config.epsilon, config.delta, -bound, bound)
-        protocol = SummationProtocol(choice.params, config.epsilon, config.delta)
-        truth = scalar_clipped_sum(data, choice.params)
-        variance = scalar_sum_variance(choice.params, config.epsilon, scalar_rounding_variance(data, choice.params))
+        scalar = choose_scalar_sum(n, config.epsilon, config.delta, -bound, bound)
+        choice, protocol = scalar, SummationProtocol(scalar.params, config.epsilon, config.delta)
+        truth = scalar_clipped_sum(data, scalar.params)
+        variance = scalar_sum_variance(scalar.params, config.epsilon, scalar_rounding_variance(data, scalar.params))
     else:
         seed = int(np.random.SeedSequence([config.seed, 0x2077]).generate_state(1, np.uint64)[0] >> 1)
-        choice = choose_vector_sum(n, config.epsilon, config.delta, data.shape[1], config.clip_radius, seed)
-        protocol = SummationProtocol(choice.params, config.epsilon, config.delta)
+        vector = choose_vector_sum(n, config.epsilon, config.delta, data.shape[1], config.clip_radius, seed)
+        choice, protocol = vector, SummationProtocol(vector.params, config.epsilon, config.delta)
         truth = clipped_sum(data, config.clip_radius)
-        variance = vector_sum_variance(choice.params, vector_rounding_variance(data, choice.params))
+        variance = vector_sum_variance(vector.params, vector_rounding_variance(data, vector.params))
     if config.path == "fast":
         run = run_fast_on(protocol, data, config.seed, progress, client)
     else:

@@ -102,7 +102,7 @@ class VectorPopulation:
     def block_local_means(self, group) -> tuple[np.ndarray, np.ndarray]:
         """Local means of the users of ``group`` (blocks from :meth:`blocks`) and their samples' sum."""
         parts = [self.local_means(np.random.default_rng(seed), count) for _, count, seed in group]
-        return np.concatenate([p[0] for p in parts]), sum(p[1] for p in parts)
+        return np.concatenate([p[0] for p in parts]), np.asarray(sum(p[1] for p in parts))
 
     def blocks(self, n: int, seed: int) -> list[tuple[int, int, np.random.SeedSequence]]:
         return fixed_blocks(n, self.block_users, seed, 0x7EC7)

@@ -167,11 +167,11 @@ def craft_reports(plan: RoundPlan, honest_data: np.ndarray, honest_reports: np.n
         scalar = params.scalar
         leaf_modes = _mode_bins(rotation_of(params).apply(honest_data), scalar)
         honest_node = np.right_shift(leaf_modes[coords], params.levels - level)
-        target = (np.left_shift(1, level) - 1) if up else np.zeros_like(level)
+        nodes = (np.left_shift(1, level) - 1) if up else np.zeros_like(level)
         rows = np.empty(coords.size, dtype=np.int64)
         bits = np.empty(coords.size, dtype=np.int64)
-        for t in np.unique(target):
-            pick = target == t
+        for t in np.unique(nodes):
+            pick = nodes == t
             rows[pick], bits[pick] = claim_and_deny(int(t), honest_node[pick], int(pick.sum()), scalar.padded_bins, rng)
         flat[:, 1], flat[:, 2] = rows, bits
     elif isinstance(params, ShiftedNormParams):
