@@ -742,7 +742,74 @@ def parent_death_signal(sig: int = signal.SIGTERM):
 # --------------------------------------------------------------------------- broker
 
 
-class Broker:
+class BrokerTier:
+    """What every broker tier the deployment runs shares, whatever its server: the accounts
+    (``users``), where parties connect, and a lifetime bound to ``with`` / ``async with``.
+
+    A subclass sets ``users``, ``host``, ``directory`` and ``_owns_directory`` and provides
+    :meth:`start` (returning itself) and :meth:`stop`; :meth:`close` stops it and removes a
+    directory it made. :class:`Broker` is one mosquitto; ``shuffledp.deploy.nats_cluster``'s
+    ``NatsCluster`` is a cluster of NATS servers.
+    """
+
+    users: "BrokerUsers"
+    host: str
+    directory: Path
+    _owns_directory: bool
+
+    def start(self):  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def stop(self, timeout: float = 5.0) -> None:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def credentials(self, role: str) -> tuple[str, str]:
+        """``(username, password)`` of the first account of ``role`` (``KeyError`` if none)."""
+        users = self.users.for_role(role)
+        if not users:
+            raise KeyError(f"no broker user has role {role!r}")
+        return users[0].username, users[0].password
+
+    def _account(self, role_or_username: str) -> tuple[str, str]:
+        """The account named ``role_or_username``, else the first account of that role."""
+        try:
+            user = self.users.get(role_or_username)
+        except KeyError:
+            return self.credentials(role_or_username)
+        return user.username, user.password
+
+    def _connect_host(self) -> str:
+        """Where a party connects to reach a listener bound to ``host`` (a wildcard: loopback)."""
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+
+    def close(self) -> None:
+        """Stop and, if the directory was a temporary one made here, remove it."""
+        self.stop()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self):
+        try:
+            return await asyncio.to_thread(self.start)
+        except BaseException:
+            await asyncio.to_thread(self.close)
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.to_thread(self.close)
+
+
+class Broker(BrokerTier):
     """A mosquitto broker configured for shuffledp, run as a subprocess.
 
     ``Broker(directory)`` writes users, passwords, TLS material and the config into
@@ -955,29 +1022,14 @@ class Broker:
 
     # -- accounts
 
-    def credentials(self, role: str) -> tuple[str, str]:
-        """``(username, password)`` of the first account of ``role`` (``KeyError`` if none)."""
-        users = self.users.for_role(role)
-        if not users:
-            raise KeyError(f"no broker user has role {role!r}")
-        return users[0].username, users[0].password
-
     def channel_options(self, role_or_username: str) -> dict[str, object]:
         """Keyword arguments for ``MqttChannel(broker.host, broker.port, **...)``: the
         username and password of an account (by username, else the first of a role)
         and the CA file."""
-        try:
-            user = self.users.get(role_or_username)
-        except KeyError:
-            username, password = self.credentials(role_or_username)
-        else:
-            username, password = user.username, user.password
+        username, password = self._account(role_or_username)
         return {"username": username, "password": password, "tls_ca_file": str(self.ca_file)}
 
     # -- process
-
-    def _connect_host(self) -> str:
-        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
 
     @property
     def running(self) -> bool:
@@ -1098,32 +1150,6 @@ class Broker:
         """Stop if running, then start again on the same host and ports."""
         self.stop()
         self.start()
-
-    def close(self) -> None:
-        """Stop mosquitto and, if the directory was a temporary one made here, remove it."""
-        self.stop()
-        if self._owns_directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> "Broker":
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> "Broker":
-        try:
-            return await asyncio.to_thread(self.start)
-        except BaseException:
-            await asyncio.to_thread(self.close)
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await asyncio.to_thread(self.close)
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

@@ -66,7 +66,6 @@ the ``$MQTT_msgs``, ``$MQTT_rmsgs`` and ``$MQTT_sess`` streams, ``mqtt.stream_re
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -83,6 +82,7 @@ from typing import Sequence
 
 from shuffledp.deploy.broker import (
     BrokerError,
+    BrokerTier,
     BrokerUsers,
     TlsFiles,
     _accepts,
@@ -256,7 +256,7 @@ def nats_conf(
     ])
 
 
-class NatsCluster:
+class NatsCluster(BrokerTier):
     """A local cluster of ``nodes`` NATS servers with MQTT, run as subprocesses.
 
     The surface the parties use is :class:`~shuffledp.deploy.broker.Broker`'s: ``host``,
@@ -320,9 +320,6 @@ class NatsCluster:
 
     # -- addresses and accounts
 
-    def _connect_host(self) -> str:
-        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
-
     @property
     def port(self) -> int:
         """Node 0's MQTT port (``host:port`` is one address of the tier, as for ``Broker``)."""
@@ -358,23 +355,11 @@ class NatsCluster:
     def role_limits_status(self) -> dict[str, object]:
         return {"on": False, "reason": self.role_limits_off_reason, "limits": {}}
 
-    def credentials(self, role: str) -> tuple[str, str]:
-        """``(username, password)`` of the first account of ``role`` (``KeyError`` if none)."""
-        users = self.users.for_role(role)
-        if not users:
-            raise KeyError(f"no broker user has role {role!r}")
-        return users[0].username, users[0].password
-
     def channel_options(self, role_or_username: str, *, first: int = 0) -> dict[str, object]:
         """Keyword arguments for ``MqttChannel(cluster.host, cluster.port, **...)``: the account
         (by username, else the first of a role), the CA file, and every other node as
         ``failover`` (in ring order from node ``first`` + 1)."""
-        try:
-            user = self.users.get(role_or_username)
-        except KeyError:
-            username, password = self.credentials(role_or_username)
-        else:
-            username, password = user.username, user.password
+        username, password = self._account(role_or_username)
         ring = self.addresses[first:] + self.addresses[:first]
         return {"username": username, "password": password, "tls_ca_file": str(self.ca_file), "failover": ring[1:],
                 "subscribe_qos": SUBSCRIBE_QOS}
@@ -555,32 +540,6 @@ class NatsCluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-    def close(self) -> None:
-        """Stop every node and, if the directory was a temporary one made here, remove it."""
-        self.stop()
-        if self._owns_directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
-
-    def __enter__(self) -> "NatsCluster":
-        try:
-            return self.start()
-        except BaseException:
-            self.close()
-            raise
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> "NatsCluster":
-        try:
-            return await asyncio.to_thread(self.start)
-        except BaseException:
-            await asyncio.to_thread(self.close)
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await asyncio.to_thread(self.close)
 
     def __repr__(self) -> str:
         up = sum(self.running(i) for i in range(self.nodes))
