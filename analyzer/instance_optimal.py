@@ -42,7 +42,7 @@ reporting one random coefficient (variance ``c^2 / n``, ``c = (e^eps0 + 1) / (e^
 near 1) more than by the budget; the summation's ``k`` is 96 at eight tenths of the budget
 against 149 at half. The price is paid where the tree is barely informative: its counts come
 from ``n / (D levels)`` users (59 at n = 3 x 10^4, d = 64), and there its descents wander
-(centre RMS 62, radius 65 at n = 3 x 10^4 in the same benchmark). Moving budget from the norm
+(centre RMS 56, mean radius 60 at n = 3 x 10^4 in the same benchmark). Moving budget from the norm
 round to the tree (3/20, 1/20, 8/10) helps there, but leaves small batches with no detected
 norm bin (n = 120 at eps = 4: ``tests/mqtt/test_instance_optimal_mqtt.py``), so both quantile
 rounds keep a tenth. In the local model the quantile rounds are uninformative at these n either
@@ -58,7 +58,10 @@ one eps0-LDP report per user; composing ``D levels`` reports would not); (ii) th
 norm quantile is read on a log2 grid (``C`` within a factor ``2^(1/bins_per_octave)``),
 because shifted norms span unknown scales; (iii) the local mean round uses Skellam
 rather than continuous Gaussian noise (exact sampling on devices, the same RDP
-analysis as the summation).
+analysis as the summation); (iv) the summation round rotates with its own seed
+(:attr:`InstanceOptimalConfig.sum_rotation_seed`), not the tree's: the centre's errors sit
+on single axes of the tree's rotation, and the summation's modulus assumes vectors drawn
+independently of its rotation.
 """
 
 from __future__ import annotations
@@ -143,6 +146,20 @@ class InstanceOptimalConfig:
     @property
     def padded_dim(self) -> int:
         return next_power_of_two(self.dim)
+
+    @property
+    def sum_rotation_seed(self) -> int:
+        """Rotation seed of the shuffle model's summation round: ``rotation_seed + 1`` (mod 2^64),
+        not the tree's. The summation's modulus holds each rotated coordinate's sum only under
+        *rotation flatness* (``choose_vector_sum``: Hoeffding over the public random signs, for
+        vectors drawn independently of them). The centre is the tree's medians rotated back, so
+        under the tree's own rotation ``U (x - centre) = U x - medians`` and the medians' errors
+        sit on single rotated coordinates: one wrong turn near the root of one coordinate's
+        descent puts nearly ``n C`` on it, past the modulus (measured with a centre 84 from the
+        mean at n = 3 x 10^4: every coordinate of the estimate off by 20.6). Under a rotation
+        drawn independently of the tree the shifted, clipped vectors are independent of the
+        signs, as the bound needs. Accuracy only: the round's privacy holds for any rotation."""
+        return (self.rotation_seed + 1) % (1 << 64)
 
     def tree_params(self) -> CoordinateTreeParams:
         tau = self.radius / self.leaves

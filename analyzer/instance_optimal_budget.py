@@ -100,7 +100,7 @@ def final_round_params(config: InstanceOptimalConfig, budgets: RoundBudgets, cen
         levels = local_levels(config.padded_dim)
         mu = smallest_skellam_mu(levels, config.padded_dim, budgets.mean_epsilon0, budgets.mean_delta0)
         return LocalVectorParams(config.dim, float(radius), levels, config.rotation_seed, mu, center_tuple)
-    choice = _summation(config.users, budgets.mean_epsilon0, budgets.mean_delta0, config.dim, config.rotation_seed)
+    choice = _summation(config.users, budgets.mean_epsilon0, budgets.mean_delta0, config.dim, config.sum_rotation_seed)
     fields = dataclasses.asdict(choice)
     fields["radius"] = float(radius)
     return ShiftedVectorSumParams(**fields, center=center_tuple)

@@ -19,6 +19,7 @@ from shuffledp.analyzer.decoders import hadamard_scale
 from shuffledp.analyzer.instance_optimal import (
     InstanceOptimalConfig,
     InstanceOptimalProtocol,
+    RoundBudgets,
     local_mean_decode,
     noise_per_radius,
     THRESHOLD_ALPHA,
@@ -663,3 +664,30 @@ def test_noise_per_radius_and_final_params(big_budgets):
     shuffle = final_round_params(_big_config("shuffle"), big_budgets["shuffle"], np.ones(BIG_D), 2.0)
     assert shuffle.radius == 2.0 and shuffle.center == (1.0,) * BIG_D and shuffle.users == BIG_N
     assert noise_per_radius(shuffle, BIG_N) == pytest.approx(math.sqrt(BIG_D * 2 * shuffle.mu) / shuffle.levels)
+
+
+def test_summation_rotation_is_independent_of_the_trees_so_a_centre_off_on_one_axis_cannot_wrap():
+    # A wrong turn at the root of one coordinate's descent leaves the centre off by nearly the
+    # radius along one axis of the tree's rotation U: here every user sits at x0 and
+    # U (x0 - centre) = 0.99 C e_3. The summation's modulus holds a coordinate sum only up to the
+    # flatness bound n L sqrt(2 ln(2 D / beta) / D) (choose_vector_sum, beta = 5e-10; 0.906 n L
+    # at D = 64), which needs vectors independent of the rotation's signs. Under U itself the
+    # honest sum on axis 3 is 0.99 n L, past half the modulus (it would wrap); under the summation
+    # round's own rotation it is within the bound (w.p. >= 1 - 1e-9 over its signs; fixed seed).
+    config = InstanceOptimalConfig(dim=64, users=3000, radius=100.0, epsilon=1.0, delta=1e-6, rotation_seed=7)
+    budgets = RoundBudgets(1.0, 1.0, 0.8, 5e-7, 1.0, 1e-6, "test")
+    tree_rotation = RandomRotation(64, config.rotation_seed)
+    x0 = np.random.default_rng(3).normal(size=64) * 3.0
+    radius = 40.0
+    axis = np.zeros(64)
+    axis[3] = 0.99 * radius
+    centre = tree_rotation.inverse(tree_rotation.apply(x0[None])[0] - axis)
+    params = final_round_params(config, budgets, centre, radius)
+    assert params.rotation_seed == config.sum_rotation_seed != config.rotation_seed
+    users, levels, half = config.users, params.levels, (params.modulus - 1) // 2
+    flat = users * levels * math.sqrt(2.0 * math.log(2.0 * 64 / 5e-10) / 64)
+    data = np.tile(x0, (users, 1))
+    sums = encode_vectors(data - centre, params, SeededSource(8)).sum(axis=0)
+    assert np.abs(sums).max() <= flat + users < half
+    same_rotation = encode_vectors(data - centre, dataclasses.replace(params, rotation_seed=config.rotation_seed), SeededSource(8))
+    assert np.abs(same_rotation.sum(axis=0)).max() > half

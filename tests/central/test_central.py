@@ -43,8 +43,9 @@ from shuffledp.central import (
     zcdp_epsilon,
 )
 from shuffledp.central._data import clip_to_ball, clipped_average
+from shuffledp.central.instance_optimal import gaussian_composition_rho
 from shuffledp.protocol.errors import InvalidParameter
-from shuffledp.protocol.mechanisms.gaussian_calibration import analytic_gaussian_sigma
+from shuffledp.protocol.mechanisms.gaussian_calibration import analytic_gaussian_sigma, gaussian_delta
 from shuffledp.protocol.mechanisms.rotation import RandomRotation
 
 Z_CRIT = 4.5
@@ -335,9 +336,24 @@ def test_instance_optimal_ratio_at_small_d_matches_its_prediction_and_the_publis
     assert abs(ratio / 1.03 - 1) < 0.10 + Z_CRIT * se / 1.03
 
 
+@pytest.mark.parametrize("epsilon, delta", [(1.0, 1e-6), (0.1, 1e-5), (4.0, 1e-9)])
+def test_gaussian_composition_rho_sits_on_the_gaussian_privacy_curve(epsilon, delta):
+    # A composition of Gaussian mechanisms of total zCDP cost rho is sqrt(2 rho)-GDP, i.e. the
+    # Gaussian mechanism with Delta = 1, sigma = 1 / sqrt(2 rho) (Dong, Roth & Su 2022). Its
+    # exact delta at epsilon (Balle & Wang, Thm. 8) must be <= delta at the returned rho and
+    # exceed it 1e-6 (relative) above: the largest such rho. Prop. 1.3 (any zCDP mechanism)
+    # can only give less rho.
+    rho = gaussian_composition_rho(epsilon, delta)
+    assert gaussian_delta(1.0 / math.sqrt(2.0 * rho), epsilon, 1.0) <= delta
+    assert gaussian_delta(1.0 / math.sqrt(2.0 * rho * (1.0 + 1e-6)), epsilon, 1.0) > delta
+    assert rho >= rho_for_approx_dp(epsilon, delta)
+
+
 def test_instance_optimal_accepts_approx_dp_and_the_released_configuration():
     x = np.random.default_rng(16).standard_normal((500, 8))
     res = instance_optimal_mean(x, ApproxDP(1.0, 1e-6), np.random.default_rng(1), radius=20.0)
+    assert res.rho == pytest.approx(gaussian_composition_rho(1.0, 1e-6))
+    res = instance_optimal_mean(x, ApproxDP(1.0, 1e-6), np.random.default_rng(1), radius=20.0, conversion="zcdp")
     assert res.rho == pytest.approx(rho_for_approx_dp(1.0, 1e-6))
     res = instance_optimal_mean(
         x, ZCDP(0.5), np.random.default_rng(1), radius=20.0, split=RELEASED_CODE_SPLIT,
@@ -485,6 +501,7 @@ def test_bad_inputs_raise_invalid_parameter():
         lambda: instance_optimal_mean(x, ZCDP(1), rng, radius=5.0, steps=0),
         lambda: instance_optimal_mean(x, ZCDP(1), rng, radius=5.0, rank_rule="median"),
         lambda: instance_optimal_mean(x, ZCDP(1), rng, radius=5.0, split=(0.25, 0.25, 0.5)),
+        lambda: instance_optimal_mean(x, ApproxDP(1, 1e-6), rng, radius=5.0, conversion="rdp"),
         lambda: BudgetSplit(0.5, 0.5, 0.5),
         lambda: BudgetSplit(0.0, 0.5, 0.5),
         lambda: instance_optimal_mean(np.ones((5, 2, 3)), ZCDP(1), rng, radius=5.0, samples_per_user=3),
