@@ -80,7 +80,7 @@ of the exact one at every ``E``, and ``E <= e^eps0`` (a shuffle of ``eps0``-LDP 
 References: Balle, Bell, Gascon & Nissim, CRYPTO 2019 (shuffle model, replace-one
 neighbours, the hockey-stick divergence); Girgis, Data & Diggavi, "Distributed user-level
 private mean estimation", ISIT 2022 (the two reports). ``docs/accounting.md`` ("The worst
-dataset at small n") states the finding; ``benchmarks/worst_dataset.py`` makes the table.
+dataset at small n") states the finding; ``benchmarks/bench_worst_dataset.py`` makes the table.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class ChildShuffler:
 
     def __init__(self, deployment, broker, tmp_path: Path, *, tell: tuple[str, ...] = ("served",),
                  identifier: str | None = None, ack_timeout: float | None = None,
-                 chunk_size: int | None = None, control_connection: bool = False) -> None:
+                 chunk_size: int | None = None, control_connection: bool = False,
+                 log: Path | None = None) -> None:
         unknown = set(tell) - set(EVENTS)
         if unknown:
             raise ValueError(f"unknown events {sorted(unknown)}; known: {EVENTS}")
@@ -67,13 +68,21 @@ class ChildShuffler:
             self.arguments += ["--chunk-size", str(chunk_size)]
         if control_connection:
             self.arguments.append("--control-connection")
+        #: Where the process's stderr (its log) goes: appended to this file, else inherited.
+        self.log = log
         self.process: subprocess.Popen | None = None
         self.kills = 0
         #: The lines read by :meth:`follow`.
         self.lines: list[str] = []
 
     def start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, __file__, *self.arguments], stdout=subprocess.PIPE, text=True)
+        log = open(self.log, "a") if self.log is not None else None
+        try:
+            self.process = subprocess.Popen([sys.executable, __file__, *self.arguments], stdout=subprocess.PIPE,
+                                            stderr=log, text=True)
+        finally:
+            if log is not None:
+                log.close()
         first = self.process.stdout.readline().strip()
         assert first == "ready", f"the shuffler printed {first!r}, exit status {self.process.poll()}"
 

@@ -4,11 +4,12 @@
 * the roles' accounts work across nodes (a message published through one node is delivered by
   another), the ACL translated from ``TOPIC_ACCESS`` refuses what it refuses, a retained spec is
   served by every node, and ``MqttChannel`` skips a dead address on its first connection;
-* the node leading the stream of QoS 1 publishes, with the shuffler on it, SIGKILLed mid-round
-  (receipts outstanding, the batch not yet out): the shuffler fails over to another node
-  (``MqttChannel(failover=...)``) while the survivors elect new leaders, the round completes with
-  every report counted once and every client charged once, and a device joining after the kill,
-  on another node, still gets the round's spec.
+* a node SIGKILLed in each of two rounds (:mod:`tests.mqtt.cluster_kill_round`, which
+  ``scripts/cluster_kills.py`` runs over many rounds): the node leading the stream of QoS 1
+  publishes, with the shuffler on it, with receipts outstanding; then, that node back, the
+  analyzer's node with the batch opened and its acknowledgement held until after the kill. The parties fail over (``MqttChannel(failover=...)``) while the
+  survivors elect new leaders; the round completes with every report counted once, every client
+  charged once, the batch served, and a device joining after the kill still gets the round's spec.
 
 A missing ``nats-server`` is a failure, as a missing mosquitto is (``scripts/test.sh`` installs
 both); SHUFFLEDP_SKIP_MQTT=1 skips.
@@ -17,25 +18,19 @@ both); SHUFFLEDP_SKIP_MQTT=1 skips.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib.util
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from shuffledp.analyzer.coordinator import NO_LIVENESS_MARGIN
-from shuffledp.client.ledger import PrivacyLedger
-from shuffledp.deploy.broker import BrokerError, BrokerUsers, free_port
-from shuffledp.deploy.deployment import Deployment
-from shuffledp.deploy.fleet import Fleet
+from shuffledp.deploy.broker import BrokerError, free_port
 from shuffledp.deploy.nats_cluster import NatsCluster, find_nats_server, mqtt_filter_to_subject
 from shuffledp.protocol.errors import TransportError
-from shuffledp.protocol.mechanisms.randomness import SeededSource
 from shuffledp.protocol.transport import channel as topics
 from shuffledp.protocol.transport.mqtt_channel import MqttChannel
-from tests.mqtt.child_shuffler import ChildShuffler
-from tests.mqtt.test_faults import EPSILON0, PARAMS, _check_exactly_once, _served, _wait_receipts
+from tests.mqtt.cluster_kill_round import MOMENTS, NODES, Kill, KillRoundResult, kill_cluster, run_kill_round
 
 pytestmark = pytest.mark.mqtt
 
@@ -47,7 +42,7 @@ def _cluster(directory: Path | None = None) -> NatsCluster:
         if os.environ.get("SHUFFLEDP_SKIP_MQTT") == "1":
             pytest.skip(f"{exc} and SHUFFLEDP_SKIP_MQTT=1")
         pytest.fail(f"{exc}; or set SHUFFLEDP_SKIP_MQTT=1")
-    return NatsCluster(directory, users=BrokerUsers.default(("client", "device-2")))
+    return kill_cluster(directory)
 
 
 def _on_node(cluster: NatsCluster, index: int, role: str) -> MqttChannel:
@@ -67,6 +62,32 @@ async def _retained_once_replicated(channel: MqttChannel, topic: str, attempts: 
         if found is not None:
             return found
     return None
+
+
+def _cluster_kills_script():
+    spec = importlib.util.spec_from_file_location("cluster_kills", Path(__file__).resolve().parents[2] / "scripts" / "cluster_kills.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cluster_kills_script_covers_every_moment_and_node_and_fails_a_round_not_served_once():
+    script = _cluster_kills_script()
+    assert {(k.moment, k.node) for k in script.schedule(6)} == {(m, n) for m in MOMENTS for n in NODES}
+    with pytest.raises(SystemExit) as refused:  # before any cluster starts
+        script.main(["--kills", "0"])
+    assert refused.value.code == 2
+    served = KillRoundResult(
+        kill=Kill("unacknowledged", "shuffler"), nodes={"fleet": 0, "shuffler": 1, "analyzer": 2}, killed=1,
+        killed_leader=False, shuffler_at_kill=1, receipted_at_kill=5, sent=5, counted=5, duplicates=0, charged_once=True,
+        late_saw_spec=True, batch="served", outcome="released", retransmitted=0, shuffler_failed_over=True,
+        analyzer_reconnects=0, fleet_reconnects=0, spool_state="served", spool_holds_ciphertext=False, seconds=1.0)
+    assert served.exactly_once and script.row(1, served)[2:9] == (
+        "1 (shuffler)", "5", "5", "0", "yes", "yes", "served (acknowledged)")
+    # each way a round can go wrong fails it (the script's exit status 1)
+    for wrong in (dict(counted=4), dict(duplicates=1), dict(charged_once=False), dict(late_saw_spec=False),
+                  dict(batch="expired", spool_state="failed"), dict(spool_holds_ciphertext=True)):
+        assert not dataclasses.replace(served, **wrong).exactly_once, wrong
 
 
 def test_mqtt_filters_map_to_the_subjects_nats_matches():
@@ -119,58 +140,38 @@ async def test_roles_across_nodes_acl_and_retained_spec():
                 pass
 
 
-async def test_node_killed_mid_round_counts_every_report_once(tmp_path, capfd):
-    """The node leading the stream that stores QoS 1 publishes is SIGKILLed once the shuffler on
-    it has sent its first receipts, before the batch is out (reports and receipts outstanding,
-    the batch yet to be published and acknowledged): the survivors elect a new leader while the
-    parties fail over. Shuffler on that node, devices and analyzer on the two others."""
-    n = 200
+async def test_node_killed_mid_round_counts_every_report_once(tmp_path):
+    """Two rounds over one cluster (:mod:`tests.mqtt.cluster_kill_round`), a node SIGKILLed in each:
+
+    * the node leading the stream that stores QoS 1 publishes, with the shuffler on it, once the
+      first receipts are out (reports outstanding: the fleet holds receipts for fewer than all): the
+      shuffler fails over while the survivors elect new leaders, and the fleet sends again what the
+      outage lost;
+    * that node back and the cluster healthy, the analyzer's node once the analyzer has opened the
+      batch, its acknowledgement held until the node is dead: the acknowledgement goes out from the
+      analyzer's new node and serves the batch at the shuffler on another one.
+
+    Each round completes with every report counted once, every device charged once, the batch
+    served, and a device joining after the kill (the dead node first in its list) finds the round's
+    spec on a survivor."""
+    results = []
     with _cluster(tmp_path / "nats") as cluster:
-        deployment = Deployment()
-        spec = topics.spec_topic(deployment.session_id)
-        spec_watch = _on_node(cluster, 0, "device-2")
-        await spec_watch.connect()  # the first MQTT connection creates the MQTT streams
-        try:
-            victim = cluster.leader("$MQTT_msgs")
-            assert victim is not None
-            others = [(victim + 1) % 3, (victim + 2) % 3]
-            # the shuffler's channel: the victim node first, then the others
-            on_victim = SimpleNamespace(host=cluster.addresses[victim][0], port=cluster.addresses[victim][1],
-                                        channel_options=lambda role: cluster.channel_options(role, first=victim))
-            identifier = f"shuffledp-shuffler-{os.urandom(8).hex()}"
-            shuffler = ChildShuffler(deployment, on_victim, tmp_path, identifier=identifier)
-            shuffler.start()
-            clients = [deployment.client(np.array([0.01 * i]), PrivacyLedger(1.0)) for i in range(n)]
-            specs = await spec_watch.subscribe(spec)
-            async with _on_node(cluster, others[1], "analyzer") as analyzer_channel, \
-                    _on_node(cluster, others[0], "client") as fleet_channel:
-                coordinator = deployment.coordinator(analyzer_channel, round_timeout=60.0, grace=10.0,
-                                                     batch_margin=NO_LIVENESS_MARGIN)
-                fleet = Fleet(fleet_channel, deployment.session_id, clients, SeededSource(3), rate=100.0,
-                              retry_interval=0.5)
-                watch = await fleet_channel.subscribe(topics.receipts_topic(deployment.session_id, 0))
-                fleet_task = asyncio.create_task(fleet.serve(rounds=1))
-                round_task = asyncio.create_task(coordinator.run_round(PARAMS, EPSILON0, min_batch=n))
-                await _wait_receipts(watch, 2)
-                await asyncio.to_thread(cluster.kill, victim)
-                # the analyzer had no batch yet: the batch and its acknowledgement cross the cluster after the kill
-                assert not round_task.done()
-                record = await asyncio.wait_for(round_task, 90)
-                await asyncio.wait_for(fleet_task, 60)
-                await _served(shuffler, 30)
-                seen_spec = await asyncio.wait_for(specs.get(), 30)
-            # a device joining after the kill, on a surviving node, still finds the round's spec
-            host, port = cluster.addresses[others[1]]
-            async with MqttChannel(host, port, **cluster.channel_options("client", first=others[1])) as late:
-                assert late.address == f"{host}:{port}"
-                assert await late.retained(spec) == seen_spec
-        finally:
-            await spec_watch.close()
-            if "shuffler" in locals():
-                shuffler.stop()
-        assert not cluster.running(victim) and cluster.leader("$MQTT_msgs") in others
-        _check_exactly_once(n, deployment, clients, fleet, record, shuffler, coordinator)
-        # the shuffler's channel lost its node and went on to another one (its log line)
-        survivors = {f"{h}:{p}" for h, p in (cluster.addresses[i] for i in others)}
-        err = capfd.readouterr().err
-        assert any(f"MQTT channel {identifier} reconnected to {address}" in err for address in survivors), err[-2000:]
+        results.append(await run_kill_round(cluster, tmp_path / "receipts", Kill("receipts", "leader")))
+        assert not cluster.running(results[0].killed)
+        await asyncio.to_thread(cluster.start_node, results[0].killed)
+        await asyncio.to_thread(cluster.wait_healthy)
+        results.append(await run_kill_round(cluster, tmp_path / "unacknowledged", Kill("unacknowledged", "analyzer"),
+                                            seed=4))
+    leader_kill, ack_kill = results
+    assert leader_kill.killed_leader and leader_kill.killed == leader_kill.nodes["shuffler"]
+    assert leader_kill.receipted_at_kill < leader_kill.sent  # reports were outstanding at the kill
+    assert leader_kill.shuffler_failed_over and leader_kill.retransmitted > 0, leader_kill
+    assert ack_kill.killed == ack_kill.nodes["analyzer"] and ack_kill.analyzer_reconnects >= 1, ack_kill
+    for result in results:
+        # every report counted once, none twice; every device charged once; the round released
+        assert result.counted == result.sent == 200 and result.duplicates == 0, result
+        assert result.charged_once and result.outcome == "released", result
+        # the acknowledgement served the batch at the shuffler, whose spool holds no ciphertext any more
+        assert result.batch == "served" and result.spool_state == "served" and not result.spool_holds_ciphertext, result
+        assert result.late_saw_spec, result
+        assert result.exactly_once

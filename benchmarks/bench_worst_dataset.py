@@ -12,7 +12,7 @@ value below the certified lower bound would be a soundness bug: the run says so 
 Writes ``worst_dataset.json`` into the output folder (``cells`` and ``fine_scan``: a list of
 columns and one ``" | "``-separated line per record); prints every cell where a mixed dataset
 is certified worse than every homogeneous one, and a summary per mechanism. Run:
-``python benchmarks/worst_dataset.py [--quick] [--out DIR]`` (about 7 minutes on one core, 4 of
+``python benchmarks/bench_worst_dataset.py [--quick] [--out DIR]`` (about 7 minutes on one core, 4 of
 them the searches and the rest the accountant; ``--quick``: n = 3 and eps0 = 1, a few seconds).
 The same searches also scan 60 deltas from 1e-6 to 0.3 (no accountant call there) and record,
 per (mechanism, n, eps0), the deltas where a mixed dataset is certified worse than every
