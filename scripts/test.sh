@@ -84,13 +84,15 @@ else
   echo "creating a fresh virtual environment in $venv ($("$python" --version))" >&2
   rm -rf "$venv"
   "$python" -m venv "$venv"
+  # --no-compile: the suite keeps its bytecode under PYTHONPYCACHEPREFIX (below), where Python
+  # looks instead of the packages' own __pycache__ folders, so what pip would compile is never read.
   "$venv/bin/python" -m pip install -q --upgrade pip
   if [ "$latest" = 1 ]; then
     echo "installing the newest versions pyproject.toml allows (no lock)" >&2
-    "$venv/bin/python" -m pip install -q --upgrade --upgrade-strategy eager -e ".[test]"
+    "$venv/bin/python" -m pip install -q --no-compile --upgrade --upgrade-strategy eager -e ".[test]"
   else
     echo "installing the locked versions of requirements/test.lock" >&2
-    "$venv/bin/python" -m pip install -q -c requirements/test.lock -e ".[test]"
+    "$venv/bin/python" -m pip install -q --no-compile -c requirements/test.lock -e ".[test]"
   fi
   "$venv/bin/python" -m pip list --format=freeze >&2
 fi

@@ -22,10 +22,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import email
+import fcntl
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -62,28 +65,63 @@ def _pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
+def _once_per_session(tmp_path_factory, name: str):
+    """A folder for ``name`` that one pytest process of this session fills, and the others reuse.
+
+    Under pytest-xdist every worker has its own ``basetemp`` below one folder of the session: the
+    first worker to take the lock makes ``name`` there (the body runs with ``ready`` False and
+    fills the folder), the others wait on the lock and find it made (``ready`` True). Without
+    xdist the folder is this process's own."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield tmp_path_factory.mktemp(name), False
+        return
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        folder, done = shared / name, shared / f"{name}.done"
+        if done.exists():
+            yield folder, True
+            return
+        if folder.exists():
+            pytest.fail(f"{name}: another test process of this session failed to make it (its error says why)")
+        folder.mkdir()
+        yield folder, False
+        done.touch()
+
+
+def _copy_of_the_checkout(target: Path) -> Path:
+    """The checkout's tracked files as they are in the working tree, and its git folder (setuptools-scm
+    reads the version from it), copied to ``target``: building writes ``shuffledp/_version.py``,
+    ``build/`` and ``*.egg-info`` into the tree it builds, which must not be the checkout."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    shutil.copytree(ROOT / ".git", target / ".git", symlinks=True)
+    return target
+
+
+@pytest.fixture(scope="session")
 def built(tmp_path_factory) -> dict[str, Path]:
-    """The sdist and the wheel ``python -m build`` makes from the checkout (the wheel from the sdist).
+    """The sdist and the wheel ``python -m build`` makes from a copy of the checkout (the wheel
+    from the sdist), once per test session.
 
     The build runs as ``python -m build --no-isolation`` with the build requirements of
     pyproject.toml (and ``build`` itself) installed into a folder of their own on PYTHONPATH:
-    the same backend and versions an isolated build would fetch. setuptools-scm writes
-    shuffledp/_version.py into the checkout as it builds; the file is put back as it was."""
-    work = tmp_path_factory.mktemp("build")
-    tools = work / "build-requirements"
-    requires = PYPROJECT["build-system"]["requires"]
-    subprocess.run(_pip("install", "-q", "--target", str(tools), "build", *requires),
-                   check=True, capture_output=True, text=True, timeout=300)
-    version_file = ROOT / "shuffledp" / "_version.py"
-    before = version_file.read_bytes() if version_file.exists() else None
-    try:
-        done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(work / "dist"), str(ROOT)],
-                              capture_output=True, text=True, timeout=300, env=_clean_env(PYTHONPATH=str(tools)))
-    finally:
-        if before is not None:
-            version_file.write_bytes(before)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    the same backend and versions an isolated build would fetch."""
+    with _once_per_session(tmp_path_factory, "package-build") as (work, ready):
+        if not ready:
+            tools = work / "build-requirements"
+            requires = PYPROJECT["build-system"]["requires"]
+            subprocess.run(_pip("install", "-q", "--no-compile", "--target", str(tools), "build", *requires),
+                           check=True, capture_output=True, text=True, timeout=300)
+            tree = _copy_of_the_checkout(work / "checkout")
+            done = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(work / "dist"), str(tree)],
+                                  capture_output=True, text=True, timeout=300, env=_clean_env(PYTHONPATH=str(tools)))
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     wheels, sdists = list((work / "dist").glob("*.whl")), list((work / "dist").glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list((work / "dist").iterdir())
     return {"wheel": wheels[0], "sdist": sdists[0], "work": work}
@@ -160,17 +198,20 @@ def test_the_wheel_metadata_states_dependencies_extras_and_licence(built):
     assert set(meta.get_all("Classifier")) == set(project["classifiers"])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def installed(built, tmp_path_factory) -> Path:
-    """A fresh virtual environment with the wheel installed (its dependencies: see the module docstring)."""
-    env_dir = tmp_path_factory.mktemp("wheel-install") / "venv"
-    venv.create(env_dir, with_pip=False)
-    subprocess.run(_pip("--python", str(env_dir / "bin" / "python"), "install", "-q", "--no-deps", "--no-index",
-                        "--no-compile", str(built["wheel"])), check=True, capture_output=True, text=True, timeout=120)
-    site = Path(subprocess.run([str(env_dir / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True, env=_clean_env()).stdout.strip())
-    # A plain path entry: its folder's own .pth files (this environment's editable install) are not run.
-    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    """A fresh virtual environment with the wheel installed, once per test session (its
+    dependencies: see the module docstring)."""
+    with _once_per_session(tmp_path_factory, "wheel-install") as (folder, ready):
+        env_dir = folder / "venv"
+        if not ready:
+            venv.create(env_dir, with_pip=False)
+            subprocess.run(_pip("--python", str(env_dir / "bin" / "python"), "install", "-q", "--no-deps", "--no-index",
+                                "--no-compile", str(built["wheel"])), check=True, capture_output=True, text=True, timeout=120)
+            site = Path(subprocess.run([str(env_dir / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                       capture_output=True, text=True, check=True, env=_clean_env()).stdout.strip())
+            # A plain path entry: its folder's own .pth files (this environment's editable install) are not run.
+            (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return env_dir
 
 
