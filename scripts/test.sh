@@ -8,10 +8,10 @@
 #      requirements/test.lock (made by scripts/lock.sh);
 #   3. installs the JavaScript client's npm packages from js/package-lock.json (npm ci),
 #      compiles it, and installs Debian's chromium for its browser tests if missing;
-#   4. runs the JavaScript client's own tests (Node's test runner), and beside them the
-#      type check (tests/layout/test_types.py: mypy over the package), then pytest with
-#      one process per core plus one (pytest-xdist, unless -n is given), BLAS pinned
-#      to one thread per process.
+#   4. runs pytest with one process per core plus one (pytest-xdist, unless -n is given),
+#      BLAS pinned to one thread per process, and beside it the JavaScript client's own
+#      tests (Node's test runner) and the type check (tests/layout/test_types.py: mypy over
+#      the package), whose results follow pytest's.
 #
 # Options (the rest goes to pytest):
 #   --latest   ignore the lock: the newest versions that pyproject.toml allows
@@ -73,8 +73,12 @@ if { [ ! -x /usr/bin/chromium ] || ! command -v certutil >/dev/null 2>&1; } && [
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium libnss3-tools >/dev/null
 fi
+# npm ci and tsc run beside the Python environment's installation (below): one waits mostly on
+# the disk, the other on a core.
 echo "installing the JavaScript client's packages from js/package-lock.json (npm ci) and compiling it" >&2
-(cd js && npm ci --no-audit --no-fund --loglevel=error && npx tsc -p tsconfig.json)
+js_build_log="$(mktemp)"
+(cd js && npm ci --no-audit --no-fund --loglevel=error && npx tsc -p tsconfig.json) >"$js_build_log" 2>&1 &
+js_build_pid=$!
 
 venv="${SHUFFLEDP_TEST_VENV:-.venv-test}"
 python="${PYTHON:-python3}"
@@ -96,6 +100,13 @@ else
   fi
   "$venv/bin/python" -m pip list --format=freeze >&2
 fi
+if ! wait "$js_build_pid"; then
+  cat "$js_build_log" >&2
+  echo "the JavaScript client did not install or compile (above)" >&2
+  exit 1
+fi
+cat "$js_build_log" >&2
+rm -f "$js_build_log"
 
 # One BLAS thread per process: the suite runs a process per core and more, and
 # threaded BLAS in each slowed the accounting tests many times over.
@@ -108,21 +119,29 @@ case "$venv" in /*) venv_dir="$venv" ;; *) venv_dir="$PWD/$venv" ;; esac
 export PYTHONPYCACHEPREFIX="$venv_dir/pycache"
 export PATH="$venv_dir/bin:$PATH"
 status=0
-# The type check (mypy over the package, about 10 CPU-seconds from a cold cache) runs beside the
-# JavaScript client's own tests (Node's test runner), which mostly wait on their clients: a core is
-# free for it there, where in the Python suite it would add to cores already busy. The Python suite,
-# which also runs the JavaScript client against the Python parties (tests/js/), then skips it.
+# The JavaScript client's own tests (Node's test runner, which mostly waits on its clients) and the
+# type check (mypy over the package, about 14 CPU-seconds from a cold cache) run beside the Python
+# suite, which also runs the JavaScript client against the Python parties (tests/js/) and skips
+# the type check; their output follows the suite's.
 types_test=tests/layout/test_types.py
 types_log="$venv_dir/typecheck.log"
+node_log="$venv_dir/node-tests.log"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$types_test" >"$types_log" 2>&1 &
 types_pid=$!
-(cd js && node --test --test-reporter=dot test/*.test.mjs) || status=$?
+(cd js && node --test --test-reporter=tap test/*.test.mjs) >"$node_log" 2>&1 &
+node_pid=$!
+# shellcheck disable=SC2086  # $workers is two words or none
+"$venv/bin/python" -m pytest -q -p no:cacheprovider $workers --deselect "$types_test" "${pytest_args[@]}" || status=$?
+if wait "$node_pid"; then
+  echo "JavaScript client's own tests (node --test): $(grep -E '^# (pass|fail) ' "$node_log" | tr '\n' ' ')" >&2
+else
+  status=1
+  cat "$node_log" >&2
+fi
 if wait "$types_pid"; then
   echo "type check (tests/layout/test_types.py): $(tail -n 1 "$types_log")" >&2
 else
   status=1
   cat "$types_log" >&2
 fi
-# shellcheck disable=SC2086  # $workers is two words or none
-"$venv/bin/python" -m pytest -q -p no:cacheprovider $workers --deselect "$types_test" "${pytest_args[@]}" || status=$?
 exit "$status"
