@@ -2,7 +2,9 @@
 # Build the HTML API reference with pdoc (the `docs` extra, which brings pdoc and every extra
 # the documented modules import: pip install -e ".[docs]").
 #
-#   scripts/api_docs.sh [OUTDIR]      # default OUTDIR: api-docs/ at the repository root
+#   scripts/api_docs.sh [--no-source] [OUTDIR]   # default OUTDIR: api-docs/ at the repository root
+#
+# --no-source leaves out each function's highlighted source listing, half the build's time.
 #
 # What it documents:
 #   * the guide pages of docs/api/ (simulate, embed, audit, account), as the pages of
@@ -27,6 +29,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
+show_source=True
+if [ "${1:-}" = "--no-source" ]; then
+  show_source=False
+  shift
+fi
 out="${1:-$root/api-docs}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -68,7 +75,7 @@ fi
 find "$out" -mindepth 1 -delete
 touch "$out/$marker"
 cd "$root"
-exec "$python" - "$out" <<'PYTHON'
+exec "$python" - "$out" "$show_source" <<'PYTHON'
 import ast
 import importlib
 import inspect
@@ -151,7 +158,7 @@ with warnings.catch_warnings(record=True) as caught:
         docformat="restructuredtext",
         footer_text=f"shuffledp {shuffledp.__version__}",
         search=True,
-        show_source=True,
+        show_source=sys.argv[2] == "True",
     )
     modules = {name: pdoc.doc.Module.from_name(name) for name in names}
     for module in modules.values():

@@ -32,7 +32,7 @@ def device_env(tmp_path_factory) -> Path:
     env_dir = tmp_path_factory.mktemp("device") / "venv"
     venv.create(env_dir, with_pip=False)
     subprocess.run(
-        _pip(env_dir, "install", "-q", "--disable-pip-version-check",
+        _pip(env_dir, "install", "-q", "--disable-pip-version-check", "--no-compile",
              "-c", str(ROOT / "requirements" / "test.lock"), "-e", str(ROOT)),
         check=True, capture_output=True, text=True, timeout=240,
     )
