@@ -1,13 +1,15 @@
 """The JavaScript client's samplers against the exact laws, and its rotation signs against numpy.
 
-Draws come from ``js/test/support/draw.mjs`` (the compiled package, ``SystemSource``: the
-platform CSPRNG, so these tests are not reproducible bit for bit; their false-failure
-probability is stated instead). Each law is checked by a chi-square goodness-of-fit test
+Draws come from ``js/test/support/draw.mjs`` (the compiled package). The laws are checked on
+``SeededSource`` with fixed seeds, so each check is reproducible; both sources feed the same
+samplers (``WordSource``) and differ only in where their 32-bit words come from, so one more
+check runs the platform CSPRNG (``SystemSource``, not reproducible) through the uniform
+integers at a false-failure probability of ``SYSTEM_FALSE_FAILURE = 1e-9``, which a source that
+is not uniform fails at once. Each law is checked by a chi-square goodness-of-fit test
 against its exact pmf, after merging bins until every expected count is at least 5 (the
 usual condition for the chi-square approximation). The threshold is the chi-square
-quantile at ``1 - FALSE_FAILURE``: an exact sampler fails each test with probability
-about ``FALSE_FAILURE = 1e-4`` (up to the chi-square approximation), so the file's eight
-statistical tests fail spuriously with probability below ~1e-3 in all.
+quantile at ``1 - FALSE_FAILURE``: an exact sampler fails a check with probability
+about ``FALSE_FAILURE = 1e-4`` over seeds (up to the chi-square approximation).
 
 The rotation signs and the rotation itself must equal Python's ``RandomRotation`` exactly
 (bit for bit): the signs come from the same generator (numpy's SeedSequence, PCG64 and
@@ -36,6 +38,8 @@ DRAW = Path(__file__).resolve().parents[2] / "js" / "test" / "support" / "draw.m
 
 #: Probability that one chi-square test below fails although the sampler is exact.
 FALSE_FAILURE = 1e-4
+#: The same for the one check on the platform CSPRNG, whose draws no seed fixes.
+SYSTEM_FALSE_FAILURE = 1e-9
 N_DRAWS = 200_000
 
 
@@ -45,7 +49,7 @@ def draw(sampler: str, params: dict, count: int = 0, seed: int | None = None, dt
     return np.frombuffer(out, dtype=np.dtype(dtype).newbyteorder("<"))
 
 
-def chi_square_check(samples: np.ndarray, pmf: dict[int, float]) -> None:
+def chi_square_check(samples: np.ndarray, pmf: dict[int, float], false_failure: float = FALSE_FAILURE) -> None:
     """Chi-square goodness of fit of integer ``samples`` to ``pmf`` (a dict k -> P(k)).
 
     ``pmf`` covers a contiguous range ``[lo, hi]``; samples below ``lo`` (above ``hi``) are
@@ -80,7 +84,7 @@ def chi_square_check(samples: np.ndarray, pmf: dict[int, float]) -> None:
     e = np.array(merged_exp)
     statistic = float(((o - e) ** 2 / e).sum())
     df = len(o) - 1
-    threshold = float(stats.chi2.ppf(1.0 - FALSE_FAILURE, df))
+    threshold = float(stats.chi2.ppf(1.0 - false_failure, df))
     assert df >= 1, f"too few bins ({len(o)}) for a meaningful test"
     assert statistic <= threshold, f"chi-square {statistic:.1f} > {threshold:.1f} (df {df})"
 
@@ -106,16 +110,16 @@ def skellam_pmf(mu: float, radius: int) -> dict[int, float]:
 
 def test_discrete_laplace_law(js_package):
     # scale t/s = 7/3: q = exp(-3/7); a non-integer scale exercises Y = floor(X / s).
-    samples = draw("discreteLaplace", {"num": "7", "den": "3"}, N_DRAWS)
+    samples = draw("discreteLaplace", {"num": "7", "den": "3"}, N_DRAWS, seed=101)
     chi_square_check(samples, discrete_laplace_pmf(math.exp(-3 / 7), 60))
 
 
 def test_discrete_gaussian_law(js_package):
     # sigma2 = 0.1 (as its exact double) and 9/2: a tiny and a moderate variance.
     sigma2 = Fraction(0.1)
-    samples = draw("discreteGaussian", {"num": str(sigma2.numerator), "den": str(sigma2.denominator)}, N_DRAWS // 4)
+    samples = draw("discreteGaussian", {"num": str(sigma2.numerator), "den": str(sigma2.denominator)}, N_DRAWS // 4, seed=102)
     chi_square_check(samples, discrete_gaussian_pmf(float(sigma2)))
-    samples = draw("discreteGaussian", {"num": "9", "den": "2"}, N_DRAWS)
+    samples = draw("discreteGaussian", {"num": "9", "den": "2"}, N_DRAWS, seed=103)
     chi_square_check(samples, discrete_gaussian_pmf(4.5))
 
 
@@ -123,7 +127,7 @@ def test_polya_shares_sum_is_discrete_laplace(js_package):
     # The sum of `users` shares is DLap(alpha) (up to the double-precision gamma step, far
     # below what 50k samples can detect).
     alpha, users, sums = 0.7, 3, 50_000
-    shares = draw("polyaShares", {"alpha": alpha, "users": users}, users * sums)
+    shares = draw("polyaShares", {"alpha": alpha, "users": users}, users * sums, seed=104)
     total = shares.reshape(sums, users).sum(axis=1)
     chi_square_check(total, discrete_laplace_pmf(alpha, 80))
 
@@ -131,18 +135,23 @@ def test_polya_shares_sum_is_discrete_laplace(js_package):
 def test_skellam_shares_and_their_sum(js_package):
     # mu / users = 3/4 exercises the binomial thinning of the exact Poisson.
     mu, users, sums = 3.0, 4, 50_000
-    shares = draw("skellamShares", {"mu": mu, "users": users}, users * sums)
+    shares = draw("skellamShares", {"mu": mu, "users": users}, users * sums, seed=105)
     chi_square_check(shares, skellam_pmf(mu / users, 40))
     chi_square_check(shares.reshape(sums, users).sum(axis=1), skellam_pmf(mu, 60))
 
 
 def test_uniform_integers_and_bernoulli(js_package):
-    samples = draw("integer", {"high": "7"}, N_DRAWS // 4)
+    samples = draw("integer", {"high": "7"}, N_DRAWS // 4, seed=106)
     chi_square_check(samples, {k: 1 / 7 for k in range(7)})
     # p = 0.3 realises floor(0.3 * 2^53) / 2^53, within 2^-53 of 0.3; a two-outcome test
     # with expected counts in the tens of thousands cannot see that difference.
-    flips = draw("bernoulli", {"p": 0.3}, N_DRAWS // 4)
+    flips = draw("bernoulli", {"p": 0.3}, N_DRAWS // 4, seed=107)
     chi_square_check(flips, {0: 0.7, 1: 0.3})
+
+
+def test_the_platform_csprng_feeds_the_samplers_uniformly(js_package):
+    samples = draw("integer", {"high": "7"}, N_DRAWS // 4)  # SystemSource: no seed
+    chi_square_check(samples, {k: 1 / 7 for k in range(7)}, SYSTEM_FALSE_FAILURE)
 
 
 SEEDS = [0, 1, 2**63, 2**64 - 1, 12345]
