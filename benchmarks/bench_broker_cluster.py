@@ -30,17 +30,16 @@ import dataclasses
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _common import arguments, parse, write_result
-from bench_mqtt_load import over_mqtt, seal_all
+from bench_mqtt_load import load_round, over_mqtt, seal_all
 
 from shuffledp.deploy.broker import Broker, default_role_limits
 from shuffledp.deploy.deployment import Deployment
 from shuffledp.deploy.nats_cluster import NatsCluster
 from shuffledp.progress import progress_bar
-from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec
+from shuffledp.protocol.wire.messages import RoundSpec
 
 PUBLISHERS = int(os.environ.get("SHUFFLEDP_BENCH_PUBLISHERS", "4"))
 QUICK = {"n": 300, "publishers": 2}
@@ -83,13 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(parser, argv)
     sizes = dict(QUICK) if args.quick else {"n": args.n, "publishers": args.publishers}
     n, publishers = sizes["n"], sizes["publishers"]
-    deployment = Deployment()
-    spec = RoundSpec(
-        session_id=deployment.session_id, round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
-        analyzer_key=deployment.analyzer_keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
-        shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=n, max_batch=n,
-        deadline=time.time() + 3600,
-    )
+    deployment, spec = load_round(n)
     brokers: dict[str, dict] = {}
     with progress_bar(4, unit="step") as step:
         step("sealing (the devices' work)", 0)

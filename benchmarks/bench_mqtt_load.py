@@ -76,6 +76,18 @@ def _seal_share(args) -> list[bytes]:
     return [deployment.client(np.array([y]), PrivacyLedger(1.0), source=source).answer_verified(spec, sealer)[0] for y in means]
 
 
+def load_round(n: int) -> tuple[Deployment, RoundSpec]:
+    """A new deployment and its round 0 of exactly ``n`` Hadamard range reports, open for an hour."""
+    deployment = Deployment()
+    spec = RoundSpec(
+        session_id=deployment.session_id, round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
+        analyzer_key=deployment.analyzer_keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
+        shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=n, max_batch=n,
+        deadline=time.time() + 3600,
+    )
+    return deployment, spec
+
+
 def seal_all(deployment: Deployment, spec: RoundSpec, n: int) -> tuple[list[bytes], float]:
     means = np.random.default_rng(0).normal(1.7, 0.3, n)
     workers = os.cpu_count() or 1
@@ -216,13 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(parser, argv)
     sizes = dict(QUICK) if args.quick else {"n": args.n, "publishers": args.publishers}
     n, publishers = sizes["n"], sizes["publishers"]
-    deployment = Deployment()
-    spec = RoundSpec(
-        session_id=deployment.session_id, round_id=0, params=HadamardRangeParams(-20.0, 20.0, 0.8), epsilon0=0.5,
-        analyzer_key=deployment.analyzer_keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
-        shuffler_signing_key=deployment.shuffler_keys.signing_public, min_batch=n, max_batch=n,
-        deadline=time.time() + 3600,
-    )
+    deployment, spec = load_round(n)
     with progress_bar(5, unit="step") as step:
         step("sealing (the devices' work)", 0)
         envelopes, t_seal = seal_all(deployment, spec, n)
