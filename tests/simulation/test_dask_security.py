@@ -59,9 +59,17 @@ def cluster():
         yield client, _listening(me) - before
 
 
+def _identity(client) -> dict:
+    """The scheduler's account of the cluster, every worker included, fetched now.
+
+    Not ``Client.scheduler_info()``: when its fetch fails (a comm timeout on a loaded machine) it
+    returns its cached answer, and the client's periodic refresh of that cache carries no workers."""
+    return client.sync(client.scheduler.identity, n_workers=-1)
+
+
 def _endpoints(client) -> list[str]:
     """Every comm address of the cluster: the scheduler's, each worker's and each worker's nanny's."""
-    info = client.scheduler_info()
+    info = _identity(client)
     workers = info["workers"]
     addresses = [client.scheduler.address, *workers, *(w["nanny"] for w in workers.values() if w.get("nanny"))]
     assert len(addresses) == 5  # scheduler, two workers, two nannies
@@ -151,7 +159,7 @@ def test_every_socket_of_the_cluster_is_on_loopback_and_no_page_is_served(cluste
         assert address.startswith("tls://127.0.0.1:"), address
         host, port = _host_port(address).rsplit(":", 1)
         assert (host, int(port)) in added
-    info = client.scheduler_info()
+    info = _identity(client)
     http_ports = [info["services"].get("dashboard")] + [w["services"].get("dashboard") for w in info["workers"].values()]
     assert all(http_ports) and len(http_ports) == 3  # Dask starts one HTTP server per scheduler and worker
     for port in http_ports:
