@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from shuffledp.install import install_command, source_tree  # noqa: F401 (source_tree: part of this module's API)
+from shuffledp.install import install_command
 
 #: The importable top-level modules each extra provides.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {

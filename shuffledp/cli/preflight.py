@@ -41,12 +41,11 @@ import sys
 from pathlib import Path
 
 from shuffledp.cli.common import UsageError
+from shuffledp.protocol.wire.credentials import CREDENTIAL_BYTES
 
 #: Most users in one seed block of the fast engines (``shuffledp.simulation.population.BLOCK_USERS``,
 #: the cap of ``VectorPopulation.block_users``).
 MAX_BLOCK_USERS = 1 << 16
-#: A device credential's length in bytes (``protocol/wire/credentials.py``).
-CREDENTIAL_BYTES = 48
 #: Size of a list slot (a pointer).
 _SLOT = 8
 _FLOAT = 8

@@ -228,7 +228,7 @@ def test_shuffledp_simulate_runs_from_the_installed_wheel(built, installed, tmp_
     assert result["config"]["n"] == 500
     where = subprocess.run(
         [str(installed / "bin" / "python"), "-c",
-         "import json, sys, shuffledp, shuffledp.protocol.wire.codec as c, shuffledp.cli.extras as e\n"
+         "import json, sys, shuffledp, shuffledp.protocol.wire.codec as c, shuffledp.install as e\n"
          "print(json.dumps([shuffledp.__file__, c.__file__, sys.path, str(e.source_tree())]))"],
         capture_output=True, text=True, cwd=tmp_path, env=_clean_env(), check=True)
     package, codec, path, tree = json.loads(where.stdout)
