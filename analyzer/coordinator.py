@@ -6,7 +6,8 @@ to the round's batch and outcome topics, announces the spec, and assembles the
 shuffled batch from its signed chunks, opening each as it arrives (until the round's
 deadline plus a grace period). It accepts only chunks signed by the shuffler the
 spec names, takes the first batch id to complete with at least ``min_batch`` valid
-reports, and acknowledges it with a signed :class:`BatchAck`; a signed ``failed``
+reports, and acknowledges it with a signed :class:`BatchAck` (again whenever the shuffler
+publishes the batch again, until :meth:`Coordinator.close`: ``analyzer/ack_keeper.py``); a signed ``failed``
 outcome from the shuffler ends the wait early. The announcement is published again every
 ``reannounce_interval`` seconds until the shuffler shows it opened the round (it relays the
 signed spec on the spec topic) or every instance has sent a chunk or an outcome of the round: a
@@ -33,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from shuffledp.analyzer.ack_keeper import AcknowledgementKeeper
 from shuffledp.analyzer.protocols import Protocol
 from shuffledp.analyzer.service import Analyzer, BatchOpening, OpenedBatch, read_signed_chunk
 from shuffledp.analyzer.session_store import (
@@ -239,6 +241,9 @@ class Coordinator:
         self.rejected_batches: Counter = Counter()
         #: Announcements published again because no shuffler had answered them yet.
         self.reannounced: int = 0
+        #: Acknowledged rounds' batch topics, still read: a batch the shuffler publishes again is
+        #: acknowledged again (its first acknowledgement was lost). :meth:`close` ends it.
+        self.ack_keeper = AcknowledgementKeeper(self._publish_ack)
 
     async def run_round(
         self,
@@ -350,6 +355,7 @@ class Coordinator:
         result not yet written when the process dies would be lost for good."""
         subscriptions = []
         signed_spec = b""
+        kept = False  # whether the batch subscriptions went on to the acknowledgement keeper
         try:
             for instance in range(spec.shuffler_instances):
                 subscriptions.append(("batch", instance, await self.channel.subscribe(batch_topic(spec.session_id, spec.round_id, instance))))
@@ -360,18 +366,40 @@ class Coordinator:
                 subscriptions.append(("spec", -1, await self.channel.subscribe(spec_topic(spec.session_id))))
                 await self.channel.publish(announce_topic(spec.session_id), signed_spec, retain=True)
             batches, failed = await self._collect_batches(spec, subscriptions, signed_spec)
+            for kind, _, subscription in subscriptions:
+                if kind != "batch":
+                    await subscription.close()
+            record = _record(spec, batches, failed, signed_spec)
+            if before_ack is not None:
+                before_ack(record)
+            await self._acknowledge(spec, record.batch_ids)
+            # A batch published again after this means the acknowledgement was lost (analyzer/ack_keeper.py).
+            acks = {batch_id: self.analyzer.acknowledge(spec, batch_id) for batch_id in record.batch_ids}
+            await self.ack_keeper.keep(spec, acks, [s for kind, _, s in subscriptions if kind == "batch"])
+            kept = True
         finally:
-            for _, _, subscription in subscriptions:
-                await subscription.close()
-        record = _record(spec, batches, failed, signed_spec)
-        if before_ack is not None:
-            before_ack(record)
-        await self._acknowledge(spec, record.batch_ids)
+            if not kept:
+                for _, _, subscription in subscriptions:
+                    await subscription.close()
         return record
+
+    async def close(self) -> None:
+        """Stop answering re-published batches of acknowledged rounds (:attr:`ack_keeper`) and close
+        their subscriptions. The channel stays open: it is the caller's."""
+        await self.ack_keeper.close()
+
+    async def __aenter__(self) -> "Coordinator":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     async def _acknowledge(self, spec: RoundSpec, batch_ids: tuple[bytes, ...]) -> None:
         for batch_id in batch_ids:
-            await self.channel.publish(acks_topic(spec.session_id), self.analyzer.acknowledge(spec, batch_id))
+            await self._publish_ack(spec, self.analyzer.acknowledge(spec, batch_id))
+
+    async def _publish_ack(self, spec: RoundSpec, ack: bytes) -> None:
+        await self.channel.publish(acks_topic(spec.session_id), ack)
 
     async def _collect_batches(self, spec: RoundSpec, subscriptions, signed_spec: bytes = b"") -> tuple[list[_Batch], int]:
         """Assemble and open the round's batches, signed by its shuffler, until every instance is heard from.

@@ -11,10 +11,11 @@ every round (each round is a session of its own).
 
 It prints a line per round and a table: reports sent, counted by the analyzer, copies counted
 twice, whether every device's ledger was charged exactly once, whether a device joining after
-the kill read the round's spec, and how the round ended at the shuffler (``served``: the
-analyzer's acknowledgement reached it; ``failed: not acknowledged``: it never did, and the
-shuffler gave the batch up ``ack_timeout`` seconds after the deadline, with a signed ``failed``
-outcome, although the analyzer had counted it).
+the kill read the round's spec, how many acknowledgements the analyzer sent again (the shuffler
+published the batch again because the first was lost with the node: ``analyzer/ack_keeper.py``),
+and how the round ended at the shuffler (``served``: an acknowledgement reached it; ``failed: not
+acknowledged``: none did, and the shuffler gave the batch up ``ack_timeout`` seconds after the
+deadline, with a signed ``failed`` outcome, although the analyzer had counted it).
 
     python scripts/cluster_kills.py              # 10 kills, about 3 minutes on 2 cores
                                                  # (a round that ends unserved takes about 45 s)
@@ -39,7 +40,7 @@ if str(ROOT) not in sys.path:  # the round runner lives with the tests it is sha
 from tests.mqtt.cluster_kill_round import MOMENTS, NODES, Kill, KillRoundResult, kill_cluster, run_kill_round  # noqa: E402
 
 COLUMNS = ("round", "moment", "node killed", "sent", "counted", "duplicates", "ledgers charged once",
-           "late device saw spec", "round outcome", "seconds")
+           "late device saw spec", "acks sent again", "round outcome", "seconds")
 #: How a round ended at the shuffler (its spool), by the batch's end.
 OUTCOMES = {"served": "served (acknowledged)", "expired": "failed: not acknowledged", "unsettled": "unsettled"}
 
@@ -61,7 +62,7 @@ def _node_label(result: KillRoundResult) -> str:
 def row(number: int, result: KillRoundResult) -> tuple[str, ...]:
     yes = {True: "yes", False: "no"}
     return (str(number), result.kill.moment, _node_label(result), str(result.sent), str(result.counted),
-            str(result.duplicates), yes[result.charged_once], yes[result.late_saw_spec],
+            str(result.duplicates), yes[result.charged_once], yes[result.late_saw_spec], str(result.reacknowledged),
             OUTCOMES[result.batch], f"{result.seconds:.1f}")
 
 

@@ -9,6 +9,8 @@ status 1.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,10 @@ def add_parser(subparsers) -> None:
                      help="shuffler instances per round (each must reach min_batch on its own)")
     run.add_argument("--round-timeout", type=float, default=60.0, metavar="S", help="each round's deadline, from its announcement")
     run.add_argument("--grace", type=float, default=5.0, metavar="S", help="extra wait for the batch after the deadline")
+    run.add_argument("--linger", type=float, default=0.0, metavar="S",
+                     help="seconds to stay after the last round, acknowledging again any batch the shuffler publishes "
+                          "again (its acknowledgement was lost). On a broker cluster, where a node that dies can lose "
+                          "an acknowledgement, set it above the shuffler's --republish-interval. Default 0: exit at once")
     run.add_argument("--workers", type=int, default=1, help="processes opening large batches")
     run.add_argument("--state", type=Path, default=None, metavar="FILE",
                      help="the session's durable state (SQLite, 0600; default KEYS/analyzer-state.db): a restarted "
@@ -207,6 +213,8 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
     log = setup_logging("analyzer", args.verbose)
     if args.users < 2:
         raise UsageError("--users: need at least 2")
+    if not 0 <= args.linger < math.inf:
+        raise UsageError(f"--linger: must be a finite number of seconds >= 0, got {args.linger}")
     if args.shuffler_instances < 1:
         raise UsageError("--shuffler-instances: must be >= 1")
     if args.shuffler_instances > 1 and args.min_batch is None:
@@ -259,6 +267,10 @@ async def _analyzer_run_async(args: argparse.Namespace) -> int:
         # The decoder's sums are correctly rounded: the estimate depends on the reports' multiset only, not on
         # the shuffler's order, so with the same data and draws it is `shuffledp simulate`'s to the last bit.
         outcome, records = await coordinator.run_protocol(ScalarMeanProtocol(config), min_batch)
+        if args.linger > 0:
+            log.info("session %s: staying %g s for batches published again (--linger)", side.session_id.hex(), args.linger)
+            await asyncio.sleep(args.linger)
+        await coordinator.close()
     finally:
         store.close()
         analyzer.close()

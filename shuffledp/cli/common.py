@@ -206,8 +206,23 @@ def fail(command: str, exc: BaseException | str, status: int) -> int:
 
 def interrupted(command: str) -> int:
     """Ctrl-C: print ``shuffledp <command>: interrupted`` on stderr (the one line a stopped command
-    writes, no traceback); return :data:`EXIT_INTERRUPTED`."""
+    writes, no traceback); return :data:`EXIT_INTERRUPTED`. From here on, another SIGINT ends the
+    process at once with the same status (:func:`exit_on_another_interrupt`)."""
+    exit_on_another_interrupt()
     return fail(command, "interrupted", EXIT_INTERRUPTED)
+
+
+def exit_on_another_interrupt() -> None:
+    """Make any further SIGINT end the process at once with status 130 and nothing more on stderr.
+
+    The command is already stopping. With Python's own handler, a SIGINT while it winds down (a
+    second Ctrl-C, or a signal delivered late) raises ``KeyboardInterrupt`` in the middle of the
+    clean-up: a traceback, or, once the interpreter has put SIGINT back to its default at exit,
+    death by the signal (status -2, not 130). Only the main thread may set a handler."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(EXIT_INTERRUPTED))
 
 
 # --------------------------------------------------------------------------- JSON

@@ -167,7 +167,8 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
         stop = asyncio.Event()
         on_signals(stop.set)
         serve = asyncio.create_task(shuffler.serve(), name="shuffler-serve")
-        watch = asyncio.create_task(_watch_shuffler(snapshot, args, log), name="shuffler-watch")
+        changes = _ChangeLog(log)
+        watch = asyncio.create_task(_watch_shuffler(snapshot, args, log, changes), name="shuffler-watch")
         stopping = asyncio.create_task(stop.wait())
         status = EXIT_OK
         try:
@@ -181,6 +182,7 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
         finally:
             await cancel_and_wait([serve, watch, stopping])  # re-cancels: one cancel can be lost on 3.11
             final = snapshot()
+            changes.update(final)  # what changed since the watcher's last look is logged too
             if args.stats_file is not None:
                 write_json_atomic(args.stats_file, final)
             log.info(_stats_line(final))
@@ -199,31 +201,44 @@ async def _shuffler_serve_async(args: argparse.Namespace) -> int:
         spool.close()
 
 
-async def _watch_shuffler(snapshot: Callable[[], dict[str, Any]], args: argparse.Namespace, log: logging.Logger) -> None:
-    """Log each round's changes of outcome, a stats line every --log-interval, the stats file every --stats-interval."""
+class _ChangeLog:
+    """Logs each round's changes of outcome, re-published batches and acknowledgements of earlier
+    batches, each once, from successive stats snapshots."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self.seen: dict[int, str] = {}
+        self.republished = 0
+        self.earlier_acks = 0
+
+    def update(self, stats: dict[str, Any]) -> None:
+        for r in stats["rounds"]:
+            before = self.seen.get(r["round_id"])
+            if before == r["outcome"]:
+                continue
+            if r["outcome"] == "served" and before not in ("forwarded",):
+                self.log.info(_round_line({**r, "outcome": "forwarded"}))
+            self.log.info(_round_line(r))
+            self.seen[r["round_id"]] = r["outcome"]
+        if stats["republished_batches"] > self.republished:
+            self.log.info("re-published %d unacknowledged batch(es)", stats["republished_batches"] - self.republished)
+            self.republished = stats["republished_batches"]
+        # Acks of batches released before this process started (rounds it never ran itself).
+        earlier = stats["acknowledged_batches"] - sum(r["outcome"] == "served" for r in stats["rounds"])
+        if earlier > self.earlier_acks:
+            self.log.info("the analyzer acknowledged %d batch(es) released before this process started", earlier - self.earlier_acks)
+            self.earlier_acks = earlier
+
+
+async def _watch_shuffler(snapshot: Callable[[], dict[str, Any]], args: argparse.Namespace, log: logging.Logger,
+                          changes: _ChangeLog) -> None:
+    """Log each round's changes of outcome (``changes``), a stats line every --log-interval, the stats file every --stats-interval."""
     loop = asyncio.get_running_loop()
-    seen: dict[int, str] = {}
-    republished = earlier_acks = 0
     next_write = loop.time()
     next_log = loop.time() + args.log_interval
     while True:
         stats = snapshot()
-        for r in stats["rounds"]:
-            before = seen.get(r["round_id"])
-            if before == r["outcome"]:
-                continue
-            if r["outcome"] == "served" and before not in ("forwarded",):
-                log.info(_round_line({**r, "outcome": "forwarded"}))
-            log.info(_round_line(r))
-            seen[r["round_id"]] = r["outcome"]
-        if stats["republished_batches"] > republished:
-            log.info("re-published %d unacknowledged batch(es)", stats["republished_batches"] - republished)
-            republished = stats["republished_batches"]
-        # Acks of batches released before this process started (rounds it never ran itself).
-        earlier = stats["acknowledged_batches"] - sum(r["outcome"] == "served" for r in stats["rounds"])
-        if earlier > earlier_acks:
-            log.info("the analyzer acknowledged %d batch(es) released before this process started", earlier - earlier_acks)
-            earlier_acks = earlier
+        changes.update(stats)
         now = loop.time()
         if args.stats_file is not None and now >= next_write:
             try:

@@ -37,6 +37,9 @@ from shuffledp.cli.common import (
 
 #: Users ``shuffledp up`` simulates by default: about 20 s on 2 cores (a device seals ~1 ms per round).
 UP_DEFAULT_USERS = 8000
+#: Seconds between the shuffler's re-publications of an unacknowledged batch on a broker cluster
+#: (`--broker-nodes` > 1), where a dying node can lose an acknowledgement; the analyzer lingers twice that.
+CLUSTER_REPUBLISH_INTERVAL = 3.0
 
 
 def add_parser(subparsers) -> None:
@@ -294,9 +297,14 @@ async def _up_async(args: argparse.Namespace) -> int:
                 out.write(f"{options['password']}\n")
             accounts[role] = ["--username", str(options["username"]), "--password-file", str(path)]
         python = [sys.executable, "-m", "shuffledp.cli"]
+        # On a cluster a node that dies can lose the analyzer's acknowledgement of a batch: the shuffler
+        # publishes an unacknowledged batch again every few seconds, and the analyzer stays that long
+        # after its last round to acknowledge it again (analyzer/ack_keeper.py).
+        republish = ["--republish-interval", str(CLUSTER_REPUBLISH_INTERVAL)] if args.broker_nodes > 1 else []
+        linger = ["--linger", str(2 * CLUSTER_REPUBLISH_INTERVAL)] if args.broker_nodes > 1 else []
         commands = {
             "shuffler": [*python, "shuffler", "serve", *common, *accounts["shuffler"], "--spool", str(base / "spool" / "shuffler.db"),
-                         "--stats-file", str(base / "shuffler-stats.json"), "--stats-interval", "1", "--metrics-port", "0"],
+                         "--stats-file", str(base / "shuffler-stats.json"), "--stats-interval", "1", "--metrics-port", "0", *republish],
             "clients": [*python, "clients", "run", *common, *accounts["client"], "--users", str(args.users),
                         "--samples", str(args.samples), "--distribution", args.distribution, "--mu", repr(args.mu),
                         "--sigma", repr(args.sigma), "--bound", repr(args.bound), "--budget", repr(args.epsilon0),
@@ -306,7 +314,7 @@ async def _up_async(args: argparse.Namespace) -> int:
                          "--samples", str(args.samples), "--bound", str(args.bound), "--tau", repr(tau),
                          "--epsilon0", str(args.epsilon0), "--round-timeout", str(args.round_timeout),
                          *(["--delta", repr(args.delta)] if args.delta is not None else []),
-                         "--output", str(base / "result.json")],
+                         *linger, "--output", str(base / "result.json")],
         }
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for name, command in commands.items():

@@ -327,6 +327,7 @@ async def _run_parties(protocol: Protocol, data: np.ndarray, channels: tuple, se
         shuffler_task.cancel()
         pool_task.cancel()
         await asyncio.gather(shuffler_task, pool_task, protocol_task, return_exceptions=True)
+        await coordinator.close()
         shuffler.close()
         analyzer.close()
         if sealing is not None:

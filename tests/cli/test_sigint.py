@@ -142,3 +142,18 @@ def test_ctrl_c_during_up_is_one_line_and_status_130():
     status, before, after = interrupt_mid_run(["up", "--users", "400", "--round-timeout", "120"],
                                               re.compile(r"^\[up\] analyzer: pid \d+"), stream="stdout")
     assert_one_line("up", status, before, after)
+
+
+def test_another_sigint_while_a_stopped_command_winds_down_exits_130_without_a_traceback():
+    """After the one line, a second Ctrl-C (or a SIGINT delivered late) during the clean-up ends the
+    process at once with status 130: without this it raised KeyboardInterrupt mid-clean-up (a
+    traceback, or death by the signal at interpreter exit)."""
+    code = ("import os, signal, time\n"
+            "from shuffledp.cli.common import interrupted\n"
+            "status = interrupted('audit')\n"
+            "os.kill(os.getpid(), signal.SIGINT)  # arrives while the command winds down\n"
+            "time.sleep(30)\n"
+            "raise SystemExit(status)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT,
+                          preexec_fn=_as_from_a_terminal)
+    assert done.returncode == 130 and done.stderr.splitlines() == ["shuffledp audit: interrupted"], done.stderr

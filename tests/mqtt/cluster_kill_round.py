@@ -124,6 +124,8 @@ class KillRoundResult:
     #: Reconnections of the analyzer's and the fleet's channels.
     analyzer_reconnects: int
     fleet_reconnects: int
+    #: Acknowledgements the analyzer sent again because the shuffler published the batch again.
+    reacknowledged: int
     #: The spool's state of the round (``served`` once the acknowledgement was written).
     spool_state: str
     #: Whether the spool still holds the round's ciphertext (admitted envelopes or an unacknowledged batch).
@@ -253,6 +255,8 @@ async def run_kill_round(cluster: NatsCluster, directory: Path, kill: Kill, *, u
                 await asyncio.gather(round_task, fleet_task, return_exceptions=True)
             seen_spec = await asyncio.wait_for(specs.get(), TIMEOUT)
             await asyncio.to_thread(settled.wait, ROUND_TIMEOUT + ACK_TIMEOUT + TIMEOUT)
+            reacknowledged = coordinator.ack_keeper.resent  # read on until the shuffler settled the batch
+            await coordinator.close()
             analyzer_reconnects, fleet_reconnects = analyzer_channel.reconnects, fleet_channel.reconnects
         # a device joining now lists the dead node first: it goes on to a survivor and finds the spec there
         async with _channel(cluster, killed, "client") as late:
@@ -275,7 +279,7 @@ async def run_kill_round(cluster: NatsCluster, directory: Path, kill: Kill, *, u
         batch=next((line.split()[0] for line in shuffler.lines if line in ("served 0", "expired 0")), "unsettled"),
         outcome=state.outcomes.get(0, "none"), retransmitted=state.retransmitted,
         shuffler_failed_over=log.is_file() and reconnected in log.read_text(errors="replace"),
-        analyzer_reconnects=analyzer_reconnects, fleet_reconnects=fleet_reconnects,
+        analyzer_reconnects=analyzer_reconnects, fleet_reconnects=fleet_reconnects, reacknowledged=reacknowledged,
         spool_state=stored.state if stored is not None else "none",
         spool_holds_ciphertext=bool(spool.admitted(deployment.session_id, 0) or spool.unacknowledged()),
         seconds=time.monotonic() - started,
