@@ -4,6 +4,8 @@
 * the roles' accounts work across nodes (a message published through one node is delivered by
   another), the ACL translated from ``TOPIC_ACCESS`` refuses what it refuses, a retained spec is
   served by every node, and ``MqttChannel`` skips a dead address on its first connection;
+* two shuffler instances of one round on two nodes, devices on both, the analyzer on the third:
+  every report counted once in its instance's batch, every device charged once;
 * a node SIGKILLed in each of two rounds (:mod:`tests.mqtt.cluster_kill_round`, which
   ``scripts/cluster_kills.py`` runs over many rounds): the node leading the stream of QoS 1
   publishes, with the shuffler on it, with receipts outstanding; then, that node back, the
@@ -190,3 +192,54 @@ async def test_node_killed_mid_round_counts_every_report_once(tmp_path):
         assert result.batch == "served" and result.spool_state == "served" and not result.spool_holds_ciphertext, result
         assert result.late_saw_spec, result
         assert result.exactly_once
+
+
+async def test_shuffler_instances_on_two_nodes_devices_on_both_and_the_analyzer_on_the_third():
+    """Two shuffler instances of one round, on nodes 0 and 1; the devices split over nodes 0 and 1
+    (each node's devices answer both instances, so reports cross nodes both ways); the analyzer on
+    node 2. Every report is counted once, in its instance's batch, and every device charged once."""
+    import time
+
+    import numpy as np
+
+    from shuffledp.client.ledger import PrivacyLedger
+    from shuffledp.deploy.deployment import Deployment
+    from shuffledp.deploy.fleet import Fleet
+    from shuffledp.protocol.mechanisms.randomness import SeededSource
+    from shuffledp.protocol.wire.messages import HadamardRangeParams, RoundSpec, messages_per_user
+
+    each = 40  # devices per instance: the round releases each batch the moment it holds them all
+    deployment = Deployment()
+    params = HadamardRangeParams(-4.0, 4.0, 0.5)
+    spec = RoundSpec(
+        session_id=deployment.session_id, round_id=0, params=params, epsilon0=0.5, delta0=0.0,
+        analyzer_key=deployment.analyzer_keys.hpke_public, shuffler_key=deployment.shuffler_keys.hpke_public,
+        shuffler_signing_key=deployment.shuffler_keys.signing_public, messages_per_user=messages_per_user(params),
+        min_batch=each, max_batch=each, deadline=time.time() + 60.0, shuffler_instances=2)
+    clients: dict[int, list] = {0: [], 1: []}
+    while min(map(len, clients.values())) < each:  # the round assigns devices to instances by credential
+        client = deployment.client(np.array([0.01 * sum(map(len, clients.values()))]), PrivacyLedger(1.0))
+        if len(clients[client.instance_for(spec)]) < each:
+            clients[client.instance_for(spec)].append(client)
+    on_node = {0: clients[0][::2] + clients[1][::2], 1: clients[0][1::2] + clients[1][1::2]}
+    with _cluster() as cluster:
+        async with _on_node(cluster, 0, "shuffler") as s0, _on_node(cluster, 1, "shuffler") as s1, \
+                _on_node(cluster, 2, "analyzer") as analyzer_channel, \
+                _on_node(cluster, 0, "client") as devices0, _on_node(cluster, 1, "client") as devices1:
+            shufflers = [deployment.shuffler(channel, instance=i) for i, channel in enumerate((s0, s1))]
+            serving = [asyncio.create_task(s.serve()) for s in shufflers]
+            fleets = [Fleet(channel, deployment.session_id, on_node[i], SeededSource(i), retry_interval=0.5)
+                      for i, channel in enumerate((devices0, devices1))]
+            answering = [asyncio.create_task(f.serve(rounds=1)) for f in fleets]
+            try:
+                async with deployment.coordinator(analyzer_channel, round_timeout=60.0, grace=10.0) as coordinator:
+                    record = await asyncio.wait_for(coordinator.receive_round(spec, announce=True), 90)
+                await asyncio.wait_for(asyncio.gather(*answering), 30)
+            finally:
+                for task in (*serving, *answering):
+                    task.cancel()
+                await asyncio.gather(*serving, *answering, return_exceptions=True)
+    assert record.batch_sizes == (each, each) and record.opened.size == 2 * each and record.failed_instances == 0
+    assert sum(record.opened.rejected.values()) == 0
+    assert [s.rounds[0].admitted for s in shufflers] == [each, each]
+    assert all(c.ledger.spent_epsilon == 0.5 and len(c.ledger.answered) == 1 for c in clients[0] + clients[1])
