@@ -48,6 +48,8 @@ _log = logging.getLogger(__name__)
 MIN_REACK_INTERVAL = 1.0
 #: Rounds whose batch subscriptions are kept; the oldest is closed when one more is kept.
 KEPT_ROUNDS = 8
+#: Messages read from a kept round's topics and not yet answered, at most.
+INBOX_SIZE = 64
 
 
 @dataclass
@@ -109,11 +111,12 @@ class AcknowledgementKeeper:
                 pass
 
     async def _watch(self, kept: _KeptRound) -> None:
-        inbox: asyncio.Queue = asyncio.Queue()
+        # Bounded: a flood waits in the subscription's own (bounded) queue, not in memory here.
+        inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_SIZE)
 
         async def pump(subscription) -> None:
             while True:
-                inbox.put_nowait(await subscription.get())
+                await inbox.put(await subscription.get())
 
         pumps = [asyncio.create_task(pump(s)) for s in kept.subscriptions]
         live = set(pumps)
