@@ -303,7 +303,7 @@ def negative_binomial(shape: float, success_prob: float, size, source) -> np.nda
         )
     shp = _check_size(size)
     if isinstance(source, SeededSource):
-        return source.generator.negative_binomial(r, p, size=shp).astype(np.int64)
+        return source.generator.negative_binomial(r, p, size=shp).astype(np.int64, copy=False)
     if theta > DEVICE_MAX_MEAN:
         raise InvalidParameter(
             "success_prob",
@@ -369,7 +369,7 @@ def skellam_shares(mu_total: float, users: int, size, source) -> np.ndarray:
     if isinstance(source, SeededSource):
         g = source.generator
         lam = mu / n
-        return g.poisson(lam, size=shp).astype(np.int64) - g.poisson(lam, size=shp).astype(np.int64)
+        return g.poisson(lam, size=shp).astype(np.int64, copy=False) - g.poisson(lam, size=shp).astype(np.int64, copy=False)
     lam_exact = Fraction(mu) / n  # exact rational value of the double mu, divided by n
     if lam_exact > DEVICE_MAX_MEAN:
         raise InvalidParameter(

@@ -1,9 +1,13 @@
 """Every input answers in bounded time: a finite epsilon, or one clear refusal line.
 
-The command-line cases run ``shuffledp account`` in a subprocess under a wall-clock limit (a hang
-detector, not a speed assertion): exit 0 with a finite epsilon, or exit 2 with exactly one
-stderr line and no traceback. The sweep calls the library entry points the command uses over
-extreme sizes, with the accounting cache off (so nothing is answered from a stored value).
+The command-line cases run ``shuffledp account`` in a process of its own under a wall-clock limit
+(a hang detector, not a speed assertion): exit 0 with a finite epsilon, or exit 2 with exactly one
+stderr line and no traceback. Each runs as ``python -m shuffledp.cli`` runs it, in a fresh fork of
+one runner process that imported the libraries the command uses once (``tests/docs/script_forks.py``:
+past the limit the fork is killed and the case fails); one answered and one refused case also run
+through the real command line, an interpreter started afresh, which must print the same. The sweep
+calls the library entry points the command uses over extreme sizes, with the accounting cache off
+(so nothing is answered from a stored value).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -32,12 +37,96 @@ from shuffledp.protocol.errors import InvalidParameter
 EVALUATION_MAX_N = 10**9
 #: Wall-clock limit of one command (a hang detector: every case takes a few seconds).
 WALL = 60
+#: The runner that starts each command as a fork of one process (``python script_forks.py MODULE...``).
+SCRIPT_FORKS = Path(__file__).resolve().parents[2] / "docs" / "script_forks.py"
+#: What ``shuffledp account`` imports (numpy, scipy, dp-accounting, the command and the accountant):
+#: imported once by the runner, before it forks a child per command; about 0.6 CPU-seconds a command.
+PRELOAD = ("numpy", "scipy.fft", "scipy.integrate", "scipy.interpolate", "scipy.optimize", "scipy.signal",
+           "scipy.special", "scipy.stats", "dp_accounting", "dp_accounting.pld", "dp_accounting.rdp",
+           "shuffledp.cli.account", "shuffledp.protocol.accounting.session",
+           "shuffledp.protocol.accounting.shuffle_round", "shuffledp.protocol.accounting.iid_dataset",
+           "shuffledp.protocol.accounting.iid_lattice", "shuffledp.protocol.accounting.rr_any_n",
+           "shuffledp.protocol.accounting.thinned_rr")
+#: ``python -m shuffledp.cli`` as a script: ``runpy.run_module`` of the package as ``__main__``.
+CLI_SCRIPT = 'import runpy\n\nrunpy.run_module("shuffledp.cli", run_name="__main__", alter_sys=True)\n'
+#: Cases that also run through the real command line (an answer and a refusal).
+AFRESH = {("-e", "1e-300", "--users", "1000"), ("-e", "1", "--users", str(10**19))}
 
 
-def account(*argv: str) -> subprocess.CompletedProcess:
+def _env() -> dict[str, str]:
+    """The commands' environment: the cache off, and OpenBLAS on one thread, as the command itself sets
+    it before it imports numpy (the runner imports numpy before the command runs: on one thread, OpenBLAS
+    has no worker threads for a fork to lose)."""
     env = dict(os.environ, SHUFFLEDP_ACCOUNTING_CACHE="off")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return env
+
+
+def account_afresh(*argv: str) -> subprocess.CompletedProcess:
+    """``shuffledp account --quiet --json ARGV`` in an interpreter started afresh."""
     return subprocess.run([sys.executable, "-m", "shuffledp.cli", "account", "--quiet", "--json", *argv],
-                          capture_output=True, text=True, timeout=WALL, env=env)
+                          capture_output=True, text=True, timeout=WALL, env=_env())
+
+
+class ForkedCommands:
+    """``shuffledp account`` runs, each in a fresh fork of one ``script_forks.py`` runner (one per test
+    process, commands run one at a time): its own process, environment, standard streams and exit, and
+    nothing shared with another command but the modules of :data:`PRELOAD`. Where the runner cannot
+    work (no ``os.fork`` or ``os.pidfd_open``: not Linux), each command is started afresh."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.script = folder / "shuffledp_cli.py"
+        self.script.write_text(CLI_SCRIPT)
+        self.process: subprocess.Popen | None = None
+        if hasattr(os, "fork") and hasattr(os, "pidfd_open"):
+            with (folder / "runner.stderr").open("w") as stderr:
+                self.process = subprocess.Popen([sys.executable, str(SCRIPT_FORKS), *PRELOAD], stdin=subprocess.PIPE,
+                                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env(),
+                                                cwd=folder)
+
+    def account(self, *argv: str) -> subprocess.CompletedProcess:
+        """``shuffledp account --quiet --json ARGV``; fails the test if it runs past :data:`WALL` seconds."""
+        if self.process is None:
+            return account_afresh(*argv)
+        args = ["account", "--quiet", "--json", *argv]
+        stdout, stderr = self.folder / "stdout", self.folder / "stderr"
+        request = {"script": str(self.script), "args": args, "cwd": str(self.folder), "env": _env(),
+                   "stdout": str(stdout), "stderr": str(stderr), "timeout": WALL}
+        answer = ""
+        if self.process.poll() is None:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline()
+        runner_errors = self.folder / "runner.stderr"
+        assert answer, f"the runner ended ({self.process.wait()}): {runner_errors.read_text()[-3000:]}"
+        result = json.loads(answer)
+        assert not result["timed_out"], f"shuffledp account {' '.join(argv)}: no answer in {WALL} s (killed)"
+        return subprocess.CompletedProcess([sys.executable, "-m", "shuffledp.cli", *args], result["status"],
+                                           stdout.read_text(), stderr.read_text())
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def account(tmp_path_factory: pytest.TempPathFactory):
+    """Runs ``shuffledp account --quiet --json ARGV`` (forked; the :data:`AFRESH` cases also afresh, and
+    the two runs must agree to the byte)."""
+    forks = ForkedCommands(tmp_path_factory.mktemp("account-forks"))
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        forked = forks.account(*argv)
+        if argv not in AFRESH:
+            return forked
+        afresh = account_afresh(*argv)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (afresh.returncode, afresh.stdout, afresh.stderr)
+        return afresh
+
+    yield run
+    forks.close()
 
 
 def answered_or_refused(proc: subprocess.CompletedProcess) -> dict | None:
@@ -70,12 +159,12 @@ def answered_or_refused(proc: subprocess.CompletedProcess) -> dict | None:
     ids=["generic-1e15", "laplace-1e12", "hadamard-1e12", "rounds-1e9", "rate-1e-300", "eps0-1e-300",
          "binary-rr-2e9", "binary-rr-1e15"],
 )
-def test_the_reported_inputs_are_answered(argv):
+def test_the_reported_inputs_are_answered(argv, account):
     rep = answered_or_refused(account(*argv))
     assert rep is not None  # each of these has a sound answer
 
 
-def test_a_huge_batch_is_answered_from_a_smaller_one_and_says_so():
+def test_a_huge_batch_is_answered_from_a_smaller_one_and_says_so(account):
     from shuffledp.protocol.accounting import shuffle_round
 
     assert shuffle_round.EVALUATION_MAX_N == EVALUATION_MAX_N
@@ -98,7 +187,7 @@ def test_a_huge_batch_is_answered_from_a_smaller_one_and_says_so():
     ],
     ids=["n-1e19", "block-hr-eps0-1e6", "k-1e18", "rounds-1e19"],
 )
-def test_out_of_range_inputs_are_one_line(argv):
+def test_out_of_range_inputs_are_one_line(argv, account):
     assert answered_or_refused(account(*argv)) is None
 
 
@@ -112,7 +201,7 @@ def test_out_of_range_inputs_are_one_line(argv):
     ],
     ids=["laplace-G-2^24", "block-hr-eps0-1e-300"],
 )
-def test_more_extreme_parameters_answer_or_refuse(argv, answered):
+def test_more_extreme_parameters_answer_or_refuse(argv, answered, account):
     rep = answered_or_refused(account(*argv))
     assert (rep is not None) == answered, rep
 
@@ -120,7 +209,7 @@ def test_more_extreme_parameters_answer_or_refuse(argv, answered):
 @pytest.mark.parametrize("mechanism", [["--mechanism", "hadamard-response", "--num-bins", "32"], ["--mechanism", "k-rr", "-k", "16"],
                                        ["--mechanism", "block-hadamard-response", "-k", "64"]],
                          ids=["hadamard-response", "k-rr", "block-hadamard-response"])
-def test_at_eps0_50_no_bound_goes_below_the_binary_rr_floor(mechanism):
+def test_at_eps0_50_no_bound_goes_below_the_binary_rr_floor(mechanism, account):
     """At eps0 = 50 the clone pairs' evaluation loses e^-eps0 to rounding (37.38 came out, reported as
     the round's epsilon); FMT21's and the stronger clone's bounds hold for binary RR, so none may be
     below its floor, whatever the mechanism. The round is answered (its one-dataset lower bound,
