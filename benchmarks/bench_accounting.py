@@ -32,8 +32,9 @@ accountant alone in a fresh process, imports included.
 Progress goes to stderr: one line as each target and each row starts, with its place in the
 total. Results go to ``accounting_speed.json`` in the output folder (default ``bench-out/``).
 
-Run: ``python benchmarks/bench_accounting.py [--quick] [--out DIR]`` (``--quick``: n = 1e3, two
-targets, budgets of a fraction of a second; ``--targets-only`` for the speed targets alone).
+Run: ``python benchmarks/bench_accounting.py [--quick] [--out DIR]`` (``--quick``: n = 1e3, budgets
+of 0.05 s and two targets, one round at n = 1e6 and a session of 100 rounds at n = 1e4;
+``--targets-only`` for the speed targets alone).
 """
 
 from __future__ import annotations
@@ -65,10 +66,12 @@ T_BISECT = 20
 OLD_COMMIT = "4a4e458"
 REPO = Path(__file__).resolve().parent.parent
 FULL = {"fmt21": ((10**6, (4.0, 1.0)), (10**8, (4.0,))), "vr_n": 10**6, "vr_eps0": (4.0, 1.0), "targets": None}
-#: --quick: the same rows at n = 1e3 and two of the targets (a session and a round; the simulation
-#: targets take seconds with the old accountant), small budgets.
-QUICK = {"fmt21": ((10**3, (1.0,)),), "vr_n": 10**3, "vr_eps0": (1.0,), "budget": 0.2, "repeats": 1, "timeout": 60.0,
-         "targets": ("session 100 x laplace-mean", "round binary-rr eps0=1 n=1e6")}
+#: --quick: the same rows at n = 1e3 with small budgets (a naive run still extrapolates past its
+#: budget), and two targets, a session and a round. A target runs in a fresh process per accountant,
+#: most of a quick run's time: the simulation targets take seconds with the old accountant, and its
+#: session of 100 rounds a third of a second at n = 1e4 against half a second at n = 1e5.
+QUICK = {"fmt21": ((10**3, (1.0,)),), "vr_n": 10**3, "vr_eps0": (1.0,), "budget": 0.05, "repeats": 1, "timeout": 60.0,
+         "targets": ("session 100 x laplace-mean n=1e4", "round laplace-mean eps0=1 n=1e6")}
 
 
 # --------------------------------------------------------------- naive baselines
@@ -244,6 +247,9 @@ def speed_targets(quick: bool) -> list[dict]:
         {"name": "session 2 x binary-rr n=1e6", "goal": 1.0, "kind": "session", "mechanism": "binary-rr",
          "eps0": 1.0, "n": 10**6, "count": 2, "delta": 1e-6},
     ]
+    if quick:  # the session target at a smoke run's size
+        out.append({"name": "session 100 x laplace-mean n=1e4", "goal": 1.0, "kind": "session",
+                    "mechanism": "laplace-mean", "eps0": 1.0, "n": 10**4, "count": 100, "delta": 1e-6})
     mechanisms = ("laplace-mean", "hadamard-response/64", "binary-rr", "k-rr/8", "block-hadamard-response/1024")
     for n, goal in ((10**6, 0.1), (10**8, 1.0)):
         for mech in mechanisms:
@@ -326,7 +332,7 @@ def run_targets(targets: list[dict], old_commit: str | None, repeats: int, timeo
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = arguments(__doc__, quick="n = 1e3, two targets, small budgets (a smoke run)")
+    ap = arguments(__doc__, quick="n = 1e3, two small targets, budgets of 0.05 s (a smoke run)")
     ap.add_argument("--budget", type=float, default=30.0, help="seconds allowed per naive run before extrapolating")
     ap.add_argument("--targets-only", action="store_true",
                     help="only the speed targets (keeps the other rows from the JSON in the output folder)")

@@ -19,8 +19,9 @@ node, from /proc) over the round per 1,000 reports, with the ratio to mosquitto'
 publishers, the brokers and the parties share the machine's cores (the JSON records how many).
 
 Run: ``python benchmarks/bench_broker_cluster.py [N] [--quick] [--out DIR]`` (default N =
-20,000; ``--quick``: 300 reports, 2 publishers); writes broker_cluster.json into the output
-folder (default ``bench-out/``). Needs mosquitto and nats-server.
+20,000; ``--quick``: 100 reports, 2 publishers given 0.5 s instead of 2 s to start and connect
+before the clock starts, so a quick run's rates may include their start-up); writes
+broker_cluster.json into the output folder (default ``bench-out/``). Needs mosquitto and nats-server.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 from _common import arguments, parse, write_result
-from bench_mqtt_load import load_round, over_mqtt, seal_all
+from bench_mqtt_load import HEAD_START, QUICK_HEAD_START, load_round, over_mqtt, seal_all
 
 from shuffledp.deploy.broker import Broker, default_role_limits
 from shuffledp.deploy.deployment import Deployment
@@ -42,7 +43,7 @@ from shuffledp.progress import progress_bar
 from shuffledp.protocol.wire.messages import RoundSpec
 
 PUBLISHERS = int(os.environ.get("SHUFFLEDP_BENCH_PUBLISHERS", "4"))
-QUICK = {"n": 300, "publishers": 2}
+QUICK = {"n": 100, "publishers": 2}
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -64,10 +65,11 @@ def broker_pids(broker: Broker | NatsCluster) -> list[int]:
 
 
 def run_round(broker: Broker | NatsCluster, deployment: Deployment, spec: RoundSpec, envelopes: list[bytes],
-              spool: Path, publishers: int) -> dict:
+              spool: Path, publishers: int, head_start: float = HEAD_START) -> dict:
     pids = broker_pids(broker)
     before = cpu_seconds(pids)
-    record, seconds, admitted = asyncio.run(over_mqtt(broker, deployment, spec, envelopes, spool, publishers))
+    record, seconds, admitted = asyncio.run(over_mqtt(broker, deployment, spec, envelopes, spool, publishers,
+                                                      head_start=head_start))
     cpu = cpu_seconds(pids) - before
     n = len(envelopes)
     return {"reports_per_s": n / seconds, "seconds": seconds, "broker_cpu_s": cpu,
@@ -76,12 +78,14 @@ def run_round(broker: Broker | NatsCluster, deployment: Deployment, spec: RoundS
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = arguments(__doc__, quick=f"{QUICK['n']} reports, {QUICK['publishers']} publishers (a smoke run)")
+    parser = arguments(__doc__, quick=f"{QUICK['n']} reports, {QUICK['publishers']} publishers, a "
+                                      f"{QUICK_HEAD_START:g} s head start (a smoke run)")
     parser.add_argument("n", nargs="?", type=int, default=20_000, help="reports in the round (default 20,000)")
     parser.add_argument("--publishers", type=int, default=PUBLISHERS, help="publishing processes (default %(default)s)")
     args = parse(parser, argv)
     sizes = dict(QUICK) if args.quick else {"n": args.n, "publishers": args.publishers}
     n, publishers = sizes["n"], sizes["publishers"]
+    head_start = QUICK_HEAD_START if args.quick else HEAD_START
     deployment, spec = load_round(n)
     brokers: dict[str, dict] = {}
     with progress_bar(4, unit="step") as step:
@@ -93,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
             limits = default_role_limits()  # every publishing process is one connection of the client account
             limits["client"] = dataclasses.replace(limits["client"], max_connections=publishers)
             with Broker(base / "mosquitto", role_limits=limits) as broker:
-                brokers["mosquitto"] = run_round(broker, deployment, spec, envelopes, base / "m.db", publishers)
+                brokers["mosquitto"] = run_round(broker, deployment, spec, envelopes, base / "m.db", publishers,
+                                                 head_start)
             for replicas in (3, 1):
                 step(f"NATS, 3 nodes, {replicas} replica(s)", 1)
                 with NatsCluster(base / f"nats-r{replicas}", nodes=3, replicas=replicas) as cluster:
                     brokers[f"nats_3_nodes_r{replicas}"] = run_round(cluster, deployment, spec, envelopes,
-                                                                     base / f"n{replicas}.db", publishers)
+                                                                     base / f"n{replicas}.db", publishers, head_start)
     baseline = brokers["mosquitto"]
     for row in brokers.values():
         row["rate_vs_mosquitto"] = row["reports_per_s"] / baseline["reports_per_s"]

@@ -53,7 +53,7 @@ from shuffledp.simulation.worker_parent import message_workers
 from shuffledp.simulation.engine import run_messages
 
 N = 20_000
-N_QUICK = 300
+N_QUICK = 100
 
 
 def report_sizes(range_spec: RoundSpec, source: SeededSource, users: int = 5000) -> dict:
