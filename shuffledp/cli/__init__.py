@@ -21,7 +21,7 @@ import sys
 from typing import Sequence
 
 from shuffledp import __version__
-from shuffledp.cli.common import Parser, command_name, exit_status, fail, interrupted
+from shuffledp.cli.common import EXIT_INTERRUPTED, Parser, command_name, exit_status, fail, interrupted
 from shuffledp.cli.extras import MissingExtraError, as_missing_extra, require_extras
 from shuffledp.cli.preflight import refuse_before_work
 from shuffledp.size_cap import apply_size_cap
@@ -86,8 +86,28 @@ def console_main() -> int:
     size). Nothing is lost: the command has returned, its output is flushed, and finalizers at
     exit were never promised for what is still alive."""
     status = main()
+    if status == EXIT_INTERRUPTED:
+        forget_unhandled_interrupt()
     gc.freeze()
     return status
+
+
+def forget_unhandled_interrupt() -> None:
+    """Let a command stopped by Ctrl-C end with its status 130 under ``python -m`` too.
+
+    CPython (3.8 and later) sets a process-wide flag when a ``KeyboardInterrupt`` leaves code run
+    through its ``PyRun_*`` C API (a library's embedded Python), even if the command catches it
+    further up and prints its one line. With ``python -m``, the interpreter then ends the process
+    by SIGINT after finalization (status -2, where a shell shows 130) instead of with the status
+    the command returned; a parent that checks the status sees a death by signal. The command
+    did handle the interrupt, so the flag is cleared. Interpreters without the flag are left as
+    they are."""
+    try:
+        import ctypes
+
+        ctypes.c_int.in_dll(ctypes.pythonapi, "_Py_UnhandledKeyboardInterrupt").value = 0
+    except (ImportError, AttributeError, ValueError, OSError):
+        pass
 
 
 def single_threaded_blas() -> None:

@@ -157,3 +157,22 @@ def test_another_sigint_while_a_stopped_command_winds_down_exits_130_without_a_t
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=LIMIT,
                           preexec_fn=_as_from_a_terminal)
     assert done.returncode == 130 and done.stderr.splitlines() == ["shuffledp audit: interrupted"], done.stderr
+
+
+def test_an_interrupt_that_crossed_a_library_s_embedded_python_still_exits_130_under_python_m(tmp_path):
+    """A ``KeyboardInterrupt`` that leaves code run through CPython's ``PyRun_*`` API sets a process-wide
+    flag, and ``python -m`` then ends the process by SIGINT (status -2) even though the command caught
+    the interrupt and returned 130: seen in ``audit --quick`` under load. ``console_main`` clears it."""
+    (tmp_path / "stopped_command.py").write_text(
+        "import ctypes, sys\n"
+        "import shuffledp.cli as cli\n"
+        "from shuffledp.cli.common import interrupted\n"
+        "def main(argv=None):\n"
+        "    ctypes.pythonapi.PyRun_SimpleString(b'raise KeyboardInterrupt')  # a library's embedded code, interrupted\n"
+        "    return interrupted('audit')\n"
+        "cli.main = main\n"
+        "sys.exit(cli.console_main())\n")
+    done = subprocess.run([sys.executable, "-m", "stopped_command"], capture_output=True, text=True, timeout=LIMIT,
+                          cwd=tmp_path, preexec_fn=_as_from_a_terminal)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.splitlines()[-1] == "shuffledp audit: interrupted"
