@@ -48,8 +48,6 @@ _log = logging.getLogger(__name__)
 MIN_REACK_INTERVAL = 1.0
 #: Rounds whose batch subscriptions are kept; the oldest is closed when one more is kept.
 KEPT_ROUNDS = 8
-#: Messages read from a kept round's topics and not yet answered, at most.
-INBOX_SIZE = 64
 
 
 @dataclass
@@ -58,7 +56,7 @@ class _KeptRound:
     #: batch id -> the signed acknowledgement sent for it
     acks: dict[bytes, bytes]
     subscriptions: list[Any]
-    task: asyncio.Task | None = None
+    readers: list[asyncio.Task] = field(default_factory=list)
     last_sent: dict[bytes, float] = field(default_factory=dict)
 
 
@@ -88,7 +86,8 @@ class AcknowledgementKeeper:
         if previous is not None:
             await self._close_round(previous)
         kept = _KeptRound(spec, dict(acks), list(subscriptions))
-        kept.task = asyncio.create_task(self._watch(kept), name=f"ack-keeper-{spec.round_id}")
+        kept.readers = [asyncio.create_task(self._read(kept, s), name=f"ack-keeper-{spec.round_id}")
+                        for s in kept.subscriptions]
         self._rounds[key] = kept
         while len(self._rounds) > KEPT_ROUNDS:
             _, oldest = self._rounds.popitem(last=False)
@@ -101,40 +100,24 @@ class AcknowledgementKeeper:
             await self._close_round(kept)
 
     async def _close_round(self, kept: _KeptRound) -> None:
-        if kept.task is not None:
-            kept.task.cancel()
-            await asyncio.gather(kept.task, return_exceptions=True)
+        for reader in kept.readers:
+            reader.cancel()
+        await asyncio.gather(*kept.readers, return_exceptions=True)
         for subscription in kept.subscriptions:
             try:
                 await subscription.close()
             except ShuffleDPError:  # the channel is gone already: nothing left to close
                 pass
 
-    async def _watch(self, kept: _KeptRound) -> None:
-        # Bounded: a flood waits in the subscription's own (bounded) queue, not in memory here.
-        inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_SIZE)
-
-        async def pump(subscription) -> None:
-            while True:
-                await inbox.put(await subscription.get())
-
-        pumps = [asyncio.create_task(pump(s)) for s in kept.subscriptions]
-        live = set(pumps)
-        getter: asyncio.Task | None = None
+    async def _read(self, kept: _KeptRound, subscription) -> None:
+        """Answer each message of one kept topic until its subscription ends (its channel closed or
+        failed it). A flood waits in the subscription's own bounded queue: one message is held here
+        at a time."""
         try:
-            while live or not inbox.empty():
-                getter = asyncio.create_task(inbox.get())
-                done, _ = await asyncio.wait([getter, *live], return_when=asyncio.FIRST_COMPLETED)
-                live -= done  # a subscription that ended (its channel closed or failed it) is read no more
-                if getter in done:
-                    await self._answer(kept, getter.result())
-                else:
-                    getter.cancel()
-        finally:
-            tasks = [*pumps, *([getter] if getter is not None else [])]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            while True:
+                await self._answer(kept, await subscription.get())
+        except ShuffleDPError:
+            return
 
     async def _answer(self, kept: _KeptRound, data: bytes) -> None:
         try:

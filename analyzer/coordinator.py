@@ -372,9 +372,8 @@ class Coordinator:
             record = _record(spec, batches, failed, signed_spec)
             if before_ack is not None:
                 before_ack(record)
-            await self._acknowledge(spec, record.batch_ids)
+            acks = await self._acknowledge(spec, record.batch_ids)
             # A batch published again after this means the acknowledgement was lost (analyzer/ack_keeper.py).
-            acks = {batch_id: self.analyzer.acknowledge(spec, batch_id) for batch_id in record.batch_ids}
             await self.ack_keeper.keep(spec, acks, [s for kind, _, s in subscriptions if kind == "batch"])
             kept = True
         finally:
@@ -394,9 +393,12 @@ class Coordinator:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _acknowledge(self, spec: RoundSpec, batch_ids: tuple[bytes, ...]) -> None:
-        for batch_id in batch_ids:
-            await self._publish_ack(spec, self.analyzer.acknowledge(spec, batch_id))
+    async def _acknowledge(self, spec: RoundSpec, batch_ids: tuple[bytes, ...]) -> dict[bytes, bytes]:
+        """Sign and publish an acknowledgement of each batch; return them, by batch id."""
+        acks = {batch_id: self.analyzer.acknowledge(spec, batch_id) for batch_id in batch_ids}
+        for ack in acks.values():
+            await self._publish_ack(spec, ack)
+        return acks
 
     async def _publish_ack(self, spec: RoundSpec, ack: bytes) -> None:
         await self.channel.publish(acks_topic(spec.session_id), ack)

@@ -225,7 +225,7 @@ async def run_kill_round(cluster: NatsCluster, directory: Path, kill: Kill, *, u
                 async def held_acknowledge(spec, batch_ids):
                     held.set()  # the batch is opened; its acknowledgement waits for the kill
                     await go.wait()
-                    await acknowledge(spec, batch_ids)
+                    return await acknowledge(spec, batch_ids)
 
                 coordinator._acknowledge = held_acknowledge
             fleet = Fleet(fleet_channel, deployment.session_id, clients, SeededSource(seed), rate=100.0,

@@ -152,7 +152,7 @@ async def test_an_acknowledgement_published_while_the_shuffler_lags_behind_a_flo
             if spec.round_id == 0:
                 ready.set()
                 await go.wait()
-            await acknowledge(spec, batch_ids)
+            return await acknowledge(spec, batch_ids)
 
         coordinator._acknowledge = held_acknowledge
         fleet, clients = _fleet(fleet_channel, deployment)
