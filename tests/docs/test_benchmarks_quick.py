@@ -16,23 +16,20 @@ a script) is shared. The default-output-folder test starts ``python SCRIPT`` its
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 import shuffledp
+from tests.forked_scripts import ScriptForks
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
-#: Runs each script in a fresh fork of an interpreter that imported :data:`PRELOAD` once.
-SCRIPT_FORKS = Path(__file__).resolve().parent / "script_forks.py"
 #: The slow imports the scripts share (numpy, scipy, dp-accounting, matplotlib's figures, the
 #: accountant, the parties): imported once by the runner, before it forks a child per script. Not
 #: ``matplotlib.pyplot`` (a script must import it itself; what it costs above these is negligible).
@@ -71,65 +68,10 @@ def _check_exit(script: Path, status: int, stdout: str, stderr: str, timed_out: 
     )
 
 
-@dataclasses.dataclass
-class ForkedRun:
-    """What a script's run left: its exit status, standard streams, and whether it ran past the timeout."""
-
-    status: int
-    stdout: str
-    stderr: str
-    timed_out: bool
-
-
-class ScriptForks:
-    """The ``script_forks.py`` runner: one per test process, scripts run one at a time. Where the
-    runner cannot work (no ``os.fork`` or ``os.pidfd_open``: not Linux), each script is started afresh."""
-
-    def __init__(self, stderr_path: Path) -> None:
-        self.stderr_path = stderr_path  # the runner's own errors (a failed import)
-        self.process = None
-        if hasattr(os, "fork") and hasattr(os, "pidfd_open"):
-            with stderr_path.open("w") as stderr:
-                self.process = subprocess.Popen([sys.executable, str(SCRIPT_FORKS), *PRELOAD], stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env(), cwd=ROOT)
-
-    def run(self, script: Path, args: list[str], cwd: Path, timeout: float = TIMEOUT) -> ForkedRun:
-        """``python SCRIPT ARGS`` in ``cwd``, as a fresh fork of the runner."""
-        if self.process is None:
-            return self._run_afresh(script, args, cwd, timeout)
-        with tempfile.TemporaryDirectory(prefix="script-forks-") as logs:
-            stdout, stderr = Path(logs) / "stdout", Path(logs) / "stderr"
-            request = {"script": str(script), "args": args, "cwd": str(cwd), "env": _env(),
-                       "stdout": str(stdout), "stderr": str(stderr), "timeout": timeout}
-            answer = ""
-            if self.process.poll() is None:
-                self.process.stdin.write(json.dumps(request) + "\n")
-                self.process.stdin.flush()
-                answer = self.process.stdout.readline()
-            assert answer, f"the script runner ended ({self.process.wait()}): {self.stderr_path.read_text()[-3000:]}"
-            result = json.loads(answer)
-            return ForkedRun(result["status"], stdout.read_text(errors="replace"), stderr.read_text(errors="replace"),
-                             result["timed_out"])
-
-    @staticmethod
-    def _run_afresh(script: Path, args: list[str], cwd: Path, timeout: float) -> ForkedRun:
-        try:
-            proc = subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=_env(), capture_output=True,
-                                  text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            return ForkedRun(-9, str(exc.stdout or ""), str(exc.stderr or ""), True)
-        return ForkedRun(proc.returncode, proc.stdout, proc.stderr, False)
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.stdin.close()
-            self.process.wait(timeout=60)
-
-
 @pytest.fixture(scope="module")
 def script_forks(tmp_path_factory: pytest.TempPathFactory):
     """The runner for this module's quick runs (started once per test process)."""
-    runner = ScriptForks(tmp_path_factory.mktemp("script-forks") / "stderr")
+    runner = ScriptForks(PRELOAD, _env(), tmp_path_factory.mktemp("script-forks") / "stderr", cwd=ROOT)
     yield runner
     runner.close()
 
@@ -177,7 +119,7 @@ def test_quick_run_writes_results(script: Path, tmp_path: Path, script_forks: Sc
             pytest.fail(f"{exc}; or set SHUFFLEDP_SKIP_MQTT=1")
     out = tmp_path / "out"
     committed = _results_state()
-    run = script_forks.run(script, ["--quick", "--out", str(out)], cwd=tmp_path)
+    run = script_forks.run(script, ["--quick", "--out", str(out)], cwd=tmp_path, timeout=TIMEOUT)
     _check_exit(script, run.status, run.stdout, run.stderr, run.timed_out)
     written = sorted(out.glob("*.json"))
     assert written, f"{script.name} --quick wrote no JSON into {out}"
@@ -206,10 +148,10 @@ def test_a_forked_run_is_the_scripts_own_process(tmp_path: Path, script_forks: S
     probe = tmp_path / "scripts" / "probe.py"
     probe.parent.mkdir()
     probe.write_text(PROBE)
-    run = script_forks.run(probe, ["3"], cwd=tmp_path)
+    run = script_forks.run(probe, ["3"], cwd=tmp_path, timeout=TIMEOUT)
     assert (run.status, run.timed_out) == (3, False)
     assert run.stdout.splitlines() == [f"{tmp_path} ['3'] {probe.parent} __main__ Agg", "atexit ran"]
-    failed = script_forks.run(probe, ["raise"], cwd=tmp_path)
+    failed = script_forks.run(probe, ["raise"], cwd=tmp_path, timeout=TIMEOUT)
     assert failed.status == 1 and failed.stderr.rstrip().endswith("RuntimeError: probe failed")
 
 

@@ -32,13 +32,12 @@ from shuffledp.protocol.accounting import (
     shuffled_round,
 )
 from shuffledp.protocol.errors import InvalidParameter
+from tests.forked_scripts import ScriptForks
 
 #: Largest batch size the numerical bounds are evaluated at (``shuffle_round.EVALUATION_MAX_N``).
 EVALUATION_MAX_N = 10**9
 #: Wall-clock limit of one command (a hang detector: every case takes a few seconds).
 WALL = 60
-#: The runner that starts each command as a fork of one process (``python script_forks.py MODULE...``).
-SCRIPT_FORKS = Path(__file__).resolve().parents[2] / "docs" / "script_forks.py"
 #: What ``shuffledp account`` imports (numpy, scipy, dp-accounting, the command and the accountant):
 #: imported once by the runner, before it forks a child per command; about 0.6 CPU-seconds a command.
 PRELOAD = ("numpy", "scipy.fft", "scipy.integrate", "scipy.interpolate", "scipy.optimize", "scipy.signal",
@@ -69,46 +68,26 @@ def account_afresh(*argv: str) -> subprocess.CompletedProcess:
 
 
 class ForkedCommands:
-    """``shuffledp account`` runs, each in a fresh fork of one ``script_forks.py`` runner (one per test
-    process, commands run one at a time): its own process, environment, standard streams and exit, and
-    nothing shared with another command but the modules of :data:`PRELOAD`. Where the runner cannot
-    work (no ``os.fork`` or ``os.pidfd_open``: not Linux), each command is started afresh."""
+    """``shuffledp account`` runs, each in a fresh fork of one runner (:class:`tests.forked_scripts.ScriptForks`,
+    one per test process, commands run one at a time): its own process, environment, standard streams and
+    exit, and nothing shared with another command but the modules of :data:`PRELOAD`."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.script = folder / "shuffledp_cli.py"
         self.script.write_text(CLI_SCRIPT)
-        self.process: subprocess.Popen | None = None
-        if hasattr(os, "fork") and hasattr(os, "pidfd_open"):
-            with (folder / "runner.stderr").open("w") as stderr:
-                self.process = subprocess.Popen([sys.executable, str(SCRIPT_FORKS), *PRELOAD], stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env(),
-                                                cwd=folder)
+        self.forks = ScriptForks(PRELOAD, _env(), folder / "runner.stderr", cwd=folder)
 
     def account(self, *argv: str) -> subprocess.CompletedProcess:
         """``shuffledp account --quiet --json ARGV``; fails the test if it runs past :data:`WALL` seconds."""
-        if self.process is None:
-            return account_afresh(*argv)
         args = ["account", "--quiet", "--json", *argv]
-        stdout, stderr = self.folder / "stdout", self.folder / "stderr"
-        request = {"script": str(self.script), "args": args, "cwd": str(self.folder), "env": _env(),
-                   "stdout": str(stdout), "stderr": str(stderr), "timeout": WALL}
-        answer = ""
-        if self.process.poll() is None:
-            self.process.stdin.write(json.dumps(request) + "\n")
-            self.process.stdin.flush()
-            answer = self.process.stdout.readline()
-        runner_errors = self.folder / "runner.stderr"
-        assert answer, f"the runner ended ({self.process.wait()}): {runner_errors.read_text()[-3000:]}"
-        result = json.loads(answer)
-        assert not result["timed_out"], f"shuffledp account {' '.join(argv)}: no answer in {WALL} s (killed)"
-        return subprocess.CompletedProcess([sys.executable, "-m", "shuffledp.cli", *args], result["status"],
-                                           stdout.read_text(), stderr.read_text())
+        run = self.forks.run(self.script, args, self.folder, WALL)
+        assert not run.timed_out, f"shuffledp account {' '.join(argv)}: no answer in {WALL} s (killed)"
+        return subprocess.CompletedProcess([sys.executable, "-m", "shuffledp.cli", *args], run.status, run.stdout,
+                                           run.stderr)
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.stdin.close()
-            self.process.wait(timeout=60)
+        self.forks.close()
 
 
 @pytest.fixture(scope="module")
